@@ -1,0 +1,1 @@
+"""Telemetry backends (nvml, sim, replay) behind one interface."""

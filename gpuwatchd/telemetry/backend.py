@@ -1,0 +1,75 @@
+"""The one interface every telemetry source implements, and its errors.
+
+The rest of gpuwatchd sees only this module and :mod:`gpuwatchd.telemetry.types`;
+pynvml stays inside :mod:`gpuwatchd.telemetry.nvml`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol, runtime_checkable
+
+from gpuwatchd.telemetry.types import DeviceInfo, Sample
+
+
+class TelemetryError(Exception):
+    """Base class for telemetry failures."""
+
+
+class BackendUnavailable(TelemetryError):
+    """The backend cannot start at all (no NVML library, bad trace file, ...)."""
+
+
+class GpuLost(TelemetryError):
+    """The GPU fell off the bus or stopped answering; it may come back later."""
+
+    def __init__(self, gpu: int, detail: str = "") -> None:
+        super().__init__(f"GPU {gpu} is lost{': ' + detail if detail else ''}")
+        self.gpu = gpu
+
+
+class Clock(Protocol):
+    """Time source. Real time for NVML; simulated time for sim and replay."""
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    """Wall-clock monotonic time."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A source of GPU telemetry.
+
+    ``read`` must be cheap (the fast fields only); ``read_energy`` may be slow (4 ms a
+    call on an H200) and is called at a lower rate, off the hot path; ``device_info``
+    may be slow and is cached by callers. ``read``/``read_energy``/``device_info``
+    raise :class:`GpuLost` for a GPU that stopped answering.
+    """
+
+    name: str
+    clock: Clock
+
+    def devices(self) -> list[int]:
+        """GPU indices this backend serves."""
+        ...
+
+    def device_info(self, gpu: int) -> DeviceInfo: ...
+
+    def read(self, gpu: int) -> Sample: ...
+
+    def read_energy(self, gpu: int) -> float | None:
+        """Total energy in joules since an arbitrary origin, or None if unsupported."""
+        ...
+
+    def close(self) -> None: ...
