@@ -1,0 +1,3 @@
+from gpuwatchd.cli import main
+
+raise SystemExit(main())

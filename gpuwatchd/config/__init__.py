@@ -1,0 +1,23 @@
+"""Configuration: a TOML file, validated strictly, with CLI overrides on top."""
+
+from gpuwatchd.config.loader import (
+    DEFAULT_CONFIG_PATH,
+    Config,
+    ConfigError,
+    DaemonConfig,
+    ReplayConfig,
+    SimConfig,
+    load_config,
+    parse_config,
+)
+
+__all__ = [
+    "DEFAULT_CONFIG_PATH",
+    "Config",
+    "ConfigError",
+    "DaemonConfig",
+    "ReplayConfig",
+    "SimConfig",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,195 @@
+"""The long-running process: wires backend → poller → gate → exporter, handles signals.
+
+Control flow is one loop that waits on an event with a timeout (as APScheduler's
+blocking scheduler does): each tick checks for stalled reads, pings the systemd
+watchdog while the poller makes progress, and applies a pending config reload.
+This module never imports torch; tuning runs in a worker process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import signal
+import threading
+import time
+from types import FrameType
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from gpuwatchd import __version__
+from gpuwatchd.config import Config, ConfigError, load_config
+from gpuwatchd.exporter import (
+    DaemonInfo,
+    HttpServer,
+    build_registry,
+    build_state_json,
+    parse_listen,
+)
+from gpuwatchd.poller import Poller
+from gpuwatchd.sdnotify import Notifier
+from gpuwatchd.state import StateBoard
+from gpuwatchd.telemetry.backend import Backend
+from gpuwatchd.telemetry.factory import open_backend
+
+log = logging.getLogger("gpuwatchd")
+
+
+def setup_logging(level: str) -> None:
+    """Log to stderr; under systemd (JOURNAL_STREAM set) journald adds the timestamps."""
+    fmt = "%(levelname)s %(name)s: %(message)s"
+    if "JOURNAL_STREAM" not in os.environ:
+        fmt = "%(asctime)s " + fmt
+    logging.basicConfig(level=level.upper(), format=fmt, force=True)
+    # APScheduler logs every job run at INFO; only its problems are worth a line.
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+class Daemon:
+    """One gpuwatchd process. ``run`` blocks until SIGTERM/SIGINT or :meth:`request_stop`."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        config_path: str | None = None,
+        overrides: dict[str, dict[str, object]] | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.overrides = overrides or {}
+        self.backend = backend if backend is not None else open_backend(cfg)
+        self.board = StateBoard()
+        self.poller = Poller(
+            self.backend,
+            self.board,
+            cfg.gate,
+            period_s=cfg.daemon.poll_interval_s,
+            energy_period_s=cfg.daemon.energy_interval_s,
+            info_refresh_s=cfg.daemon.info_refresh_s,
+            stall_periods=cfg.daemon.stall_periods,
+        )
+        self.info = DaemonInfo(
+            version=__version__, backend=self.backend.name, python_version=platform.python_version()
+        )
+        self.registry = build_registry(self.board, self.info)
+        self.http = HttpServer(
+            self.board,
+            self.registry,
+            parse_listen(cfg.daemon.listen),
+            state_json=lambda: build_state_json(self.board, self.info),
+        )
+        self.scheduler = BackgroundScheduler(
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
+        )
+        self.notifier = Notifier.from_env()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+
+    # -- control -------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+
+    def install_signal_handlers(self) -> None:
+        def on_term(signum: int, _frame: FrameType | None) -> None:
+            log.info("received %s, stopping", signal.Signals(signum).name)
+            self.request_stop()
+
+        def on_hup(_signum: int, _frame: FrameType | None) -> None:
+            self.request_reload()
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+        signal.signal(signal.SIGHUP, on_hup)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def run(self) -> None:
+        self.http.start()
+        self.poller.start()
+        self.scheduler.add_job(
+            self.poller.dispatch_slow_reads,
+            "interval",
+            seconds=self.cfg.daemon.energy_interval_s,
+            id="slow-fields",
+        )
+        self.scheduler.start()
+        self.poller.dispatch_slow_reads()  # energy and static facts right away
+        host, port = self.http.address
+        log.info(
+            "gpuwatchd %s: backend %s, %d GPU(s), polling every %.3g s, serving on %s:%d",
+            __version__,
+            self.backend.name,
+            len(self.backend.devices()),
+            self.cfg.daemon.poll_interval_s,
+            host,
+            port,
+        )
+        self.notifier.ready(f"polling {len(self.backend.devices())} GPU(s)")
+        try:
+            self._main_loop()
+        finally:
+            self.shutdown()
+
+    def _main_loop(self) -> None:
+        ping_every = self.notifier.watchdog_interval_s()
+        last_ping = 0.0
+        tick = min(0.25, self.poller.period_s)
+        while not self._stop.wait(tick):
+            self.poller.check_stalls()
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload()
+            due = ping_every is not None and time.monotonic() - last_ping >= ping_every
+            if due and self.healthy():
+                self.notifier.watchdog()
+                last_ping = time.monotonic()
+
+    def healthy(self) -> bool:
+        """False once a GPU read is stuck past ``watchdog_stall_s``: let systemd restart us."""
+        stuck = self.poller.longest_stall_s()
+        if stuck > self.cfg.daemon.watchdog_stall_s:
+            log.error("a telemetry read has been stuck %.0f s; withholding watchdog pings", stuck)
+            return False
+        return True
+
+    def reload(self) -> bool:
+        """Re-read the config file (SIGHUP). A bad file is rejected and the old config kept."""
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path).with_overrides(**self.overrides)
+        except (ConfigError, ValueError) as exc:
+            log.error("config reload rejected, keeping the running config: %s", exc)
+            self.notifier.ready("config reload rejected")
+            return False
+        restart_needed = [
+            key
+            for key in ("backend", "listen", "state_dir")
+            if getattr(new.daemon, key) != getattr(self.cfg.daemon, key)
+        ]
+        if new.sim != self.cfg.sim or new.replay != self.cfg.replay:
+            restart_needed.append("[sim]/[replay]")
+        if restart_needed:
+            log.warning("config reload: %s change only on restart", ", ".join(restart_needed))
+        self.poller.reconfigure(new.gate, period_s=new.daemon.poll_interval_s)
+        logging.getLogger().setLevel(new.daemon.log_level.upper())
+        self.cfg = new
+        log.info("config reloaded from %s", self.config_path or "defaults")
+        self.notifier.ready("config reloaded")
+        return True
+
+    def shutdown(self) -> None:
+        self.notifier.stopping()
+        self.scheduler.shutdown(wait=False)
+        self.poller.stop(timeout=2.0)
+        self.http.stop()
+        try:
+            self.backend.close()
+        except Exception as exc:
+            log.warning("closing backend %s failed: %s", self.backend.name, exc)
+        log.info("stopped")

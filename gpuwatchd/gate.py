@@ -1,0 +1,360 @@
+"""The stability gate: is a GPU idle, cool and steady enough to tune on?
+
+Pure logic: a window of recent samples in, a :class:`GateDecision` out. No I/O, no
+clocks, no threads, so it is tested on recorded traces sample by sample and the poller
+can call it for every sample of every GPU: O(window) in C-level passes (map + sort)
+plus a few checks on the latest sample, ~13 µs for a quiet 50-sample window and ~3 µs
+for a throttled or busy one, which skips the window (see ``bench/gate_cost.py``).
+
+States, highest priority first (only ``cool_stable`` opens the gate):
+
+``unavailable``  GPU lost, no samples, the latest sample stale, or no temperature /
+                 SM clock reading.
+``busy``         a compute process that is not ours, or utilization over
+                 ``util_max`` while none of our own processes is on the GPU (our tuning
+                 worker's load must not close the gate as "busy" by itself).
+``throttled``    a throttle reason other than GPU_IDLE in the latest sample, or an SM
+                 clock well under max while the GPU draws real power.
+``warming``      temperature within the margin of slowdown, temperature / clock / power
+                 not steady over the window, clock under max while not idle, power over
+                 the idle ratio, too few samples, or less than ``settle_s`` since the last
+                 disturbance.
+
+A *disturbance* is anything above except the last two (too few samples, settling): it
+restarts the settle timer. Hysteresis: while the gate is shut every limit is tightened
+(temperature by ``hyst_temp_c``, ratio limits by the fraction ``hyst_ratio``), so a
+reading hovering at a limit keeps the gate shut instead of flapping. Only crossing the
+nominal limit counts as a disturbance, so the band delays opening without resetting
+the settle timer.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import math
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+from gpuwatchd.gate_types import GateDecision, GateState
+from gpuwatchd.telemetry.types import LIMITING_REASONS, DeviceInfo, Sample, ThrottleReason
+
+_IDLE_BIT = int(ThrottleReason.GPU_IDLE)
+_LIMITING_BITS = int(LIMITING_REASONS)
+_T = operator.attrgetter("t")
+_TEMP = operator.attrgetter("temp_c")
+_CLOCK = operator.attrgetter("sm_clock_mhz")
+_POWER = operator.attrgetter("power_w")
+
+
+@dataclass(frozen=True, slots=True)
+class GateConfig:
+    """Gate thresholds. Times in seconds (backend clock), temperatures in °C, ratios 0-1.
+
+    Defaults fit the measured H200 (idle 40 °C / 125 W of 700 W at 1980 MHz; under
+    load 61 °C, power-capped, 1410-1515 MHz) and leave room for smaller GPUs.
+    """
+
+    #: History examined: samples with ``t >= latest.t - window_s``.
+    window_s: float = 5.0
+    #: Fewer samples than this in the window: not enough evidence, stay shut.
+    min_samples: int = 5
+    #: With ``now`` given, a latest sample older than this means unavailable.
+    stale_after_s: float = 2.0
+    #: Quiet time required after the last disturbance before the gate opens.
+    settle_s: float = 10.0
+    #: Temperature must stay this far below the GPU's slowdown temperature.
+    temp_margin_c: float = 15.0
+    #: Temperature limit when the slowdown temperature is unknown.
+    max_temp_c: float = 75.0
+    #: Largest temperature spread (max - min) over the window; NVML reports whole °C.
+    temp_jitter_max_c: float = 3.0
+    #: SM clock must be at least this fraction of max, unless the GPU reports GPU_IDLE
+    #: (many GPUs park their clock when idle; an H200 sits at 885 MHz right after start).
+    clock_ratio_min: float = 0.95
+    #: Under load (power over ``power_ratio_max``), a clock below this fraction of max
+    #: is throttling even when no reason bit says so (nvbench uses 0.75).
+    clock_ratio_throttled: float = 0.75
+    #: Largest SM clock spread, (max - min) / max, over the window's non-idle samples.
+    clock_jitter_max: float = 0.02
+    #: Utilization ratio above which another user is assumed (when none of ours runs).
+    util_max: float = 0.05
+    #: Power / power limit above which the GPU is not idle.
+    power_ratio_max: float = 0.4
+    #: Largest power spread over the window, as a fraction of the power limit (of the
+    #: window's peak power when the limit is unknown).
+    power_jitter_max: float = 0.05
+    #: While shut, the temperature limit is lowered by this much to reopen.
+    hyst_temp_c: float = 3.0
+    #: While shut, every ratio limit's allowance is shrunk by this fraction to reopen.
+    hyst_ratio: float = 0.2
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            want_int = f.name in _INT_FIELDS
+            if isinstance(value, bool) or not isinstance(value, int if want_int else int | float):
+                kind = "a whole number" if want_int else "a number"
+                raise ValueError(f"gate.{f.name}: expected {kind}, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"gate.{f.name}: expected a finite number, got {value!r}")
+            lo, lo_open, hi, hi_open = _RANGES[f.name]
+            if (lo is not None and (value <= lo if lo_open else value < lo)) or (
+                hi is not None and (value >= hi if hi_open else value > hi)
+            ):
+                raise ValueError(f"gate.{f.name}: must be {_range_text(f.name)}, got {value!r}")
+        if self.clock_ratio_throttled > self.clock_ratio_min:
+            raise ValueError(
+                f"gate.clock_ratio_throttled: must be <= clock_ratio_min "
+                f"({self.clock_ratio_min}), got {self.clock_ratio_throttled}"
+            )
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, object]) -> GateConfig:
+        """Build from a ``[gate]`` TOML table; ``ValueError`` names the bad key."""
+        known = {f.name for f in fields(cls)}
+        kwargs: dict[str, float | int] = {}
+        for key, value in d.items():
+            if key not in known:
+                raise ValueError(f"gate.{key}: unknown key (known: {', '.join(sorted(known))})")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"gate.{key}: expected a number, got {value!r}")
+            if key in _INT_FIELDS:
+                if not isinstance(value, int):
+                    raise ValueError(f"gate.{key}: expected a whole number, got {value!r}")
+                kwargs[key] = value
+            else:
+                kwargs[key] = float(value)
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
+_INT_FIELDS = frozenset({"min_samples"})
+# name -> (low, low is exclusive, high, high is exclusive)
+_RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
+    "window_s": (0, True, None, False),
+    "min_samples": (1, False, None, False),
+    "stale_after_s": (0, True, None, False),
+    "settle_s": (0, False, None, False),
+    "temp_margin_c": (0, False, None, False),
+    "max_temp_c": (0, True, None, False),
+    "temp_jitter_max_c": (0, False, None, False),
+    "clock_ratio_min": (0, True, 1, False),
+    "clock_ratio_throttled": (0, True, 1, False),
+    "clock_jitter_max": (0, False, 1, False),
+    "util_max": (0, False, 1, False),
+    "power_ratio_max": (0, True, 1, False),
+    "power_jitter_max": (0, False, 1, False),
+    "hyst_temp_c": (0, False, None, False),
+    "hyst_ratio": (0, False, 1, True),
+}
+
+
+def _range_text(name: str) -> str:
+    lo, lo_open, hi, hi_open = _RANGES[name]
+    parts = []
+    if lo is not None:
+        parts.append(f"{'>' if lo_open else '>='} {lo}")
+    if hi is not None:
+        parts.append(f"{'<' if hi_open else '<='} {hi}")
+    return " and ".join(parts)
+
+
+@functools.cache
+def _limiting_names(mask: int) -> str:
+    """``sw_power_cap+hw_slowdown`` for a raw mask; cached (decoding an IntFlag is ~5 µs)."""
+    return "+".join(ThrottleReason.decode(mask & _LIMITING_BITS).names())
+
+
+def _decide(
+    state: GateState,
+    reasons: tuple[str, ...],
+    t: float,
+    prev: GateDecision | None,
+    disturbed_at: float | None,
+) -> GateDecision:
+    since = prev.since if prev is not None and prev.state is state else t
+    return GateDecision(state, reasons, t, since, disturbed_at)
+
+
+def _recent(window: Sequence[Sample], cutoff: float) -> Sequence[Sample]:
+    """The samples with ``t >= cutoff``; usually the whole window, so check that first."""
+    if window[0].t >= cutoff:
+        return window
+    start = bisect.bisect_left(window, cutoff, key=_T)
+    return list(itertools.islice(window, start, None))
+
+
+def _span(
+    window: Sequence[Sample], field: operator.attrgetter[float | None]
+) -> tuple[float, float] | None:
+    """(min, max) of a field over the window, skipping None; None when all are None."""
+    try:
+        # One C-level sort beats min() + max(): telemetry is nearly constant, and
+        # timsort is linear on such runs.
+        ordered: list[float] = sorted(map(field, window))  # type: ignore[arg-type]
+    except TypeError:  # a None among the floats: the rare slow path
+        ordered = sorted(v for v in map(field, window) if v is not None)
+    return (ordered[0], ordered[-1]) if ordered else None
+
+
+def evaluate(
+    window: Sequence[Sample],
+    info: DeviceInfo | None,
+    cfg: GateConfig,
+    prev: GateDecision | None,
+    own_pids: frozenset[int] = frozenset(),
+    lost: bool = False,
+    *,
+    now: float | None = None,
+) -> GateDecision:
+    """Judge one GPU from its recent samples (oldest first; the last is the latest).
+
+    ``prev`` is this GPU's previous decision (None at start: the gate then waits
+    ``settle_s`` from the first sample it sees). ``own_pids`` are the daemon's own
+    processes (the tuning worker). ``now`` (backend clock), when given, enables the
+    staleness check and stamps the decision; otherwise the latest sample's ``t`` does.
+    Reasons are given for the winning state only.
+    """
+    # -- unavailable -------------------------------------------------------------
+    if lost or not window:
+        t = now if now is not None else (prev.t if prev is not None else 0.0)
+        why = "GPU lost" if lost else "no samples"
+        return _decide(GateState.UNAVAILABLE, (why,), t, prev, t)
+    latest = window[-1]
+    t = now if now is not None else latest.t
+    if now is not None and now - latest.t > cfg.stale_after_s:
+        why = f"last sample {now - latest.t:.1f}s old (> {cfg.stale_after_s:g}s)"
+        return _decide(GateState.UNAVAILABLE, (why,), t, prev, t)
+    temp, clock, power = latest.temp_c, latest.sm_clock_mhz, latest.power_w
+    if temp is None or clock is None:
+        why = "no temperature reading" if temp is None else "no SM clock reading"
+        return _decide(GateState.UNAVAILABLE, (why,), t, prev, t)
+
+    # Limits: nominal, or tightened by hysteresis while the gate is shut.
+    shut = prev is None or not prev.open
+    keep = 1.0 - cfg.hyst_ratio if shut else 1.0  # share of each ratio allowance kept
+    disturbed = False
+    max_clock = info.max_sm_clock_mhz if info is not None else None
+    limit_w = info.power_limit_w if info is not None else None
+    if prev is not None and prev.disturbed_at is not None:
+        disturbed_at: float = prev.disturbed_at
+    else:
+        disturbed_at = window[0].t  # nothing is known before the first sample seen
+
+    # -- busy: the latest sample only --------------------------------------------
+    busy: list[str] = []
+    procs = latest.procs
+    if procs:
+        foreign = [p for p in procs if p not in own_pids]
+        if foreign:
+            shown = ", ".join(map(str, foreign[:3])) + (", ..." if len(foreign) > 3 else "")
+            busy.append(f"{len(foreign)} foreign compute process(es) (pid {shown})")
+            disturbed = True
+    util = latest.util_gpu
+    if util is not None and util > cfg.util_max * keep:
+        own_active = bool(own_pids) and (procs is None or any(p in own_pids for p in procs))
+        if not own_active:
+            busy.append(f"util {util:.1%} > {cfg.util_max * keep:.1%}")
+            disturbed = disturbed or util > cfg.util_max
+    if disturbed:  # busy (and a disturbance): nothing below can change the verdict
+        return _decide(GateState.BUSY, tuple(busy), t, prev, t)
+
+    # -- throttled: the latest sample only ---------------------------------------
+    throttled: list[str] = []
+    mask = -1 if latest.reasons is None else latest.reasons._value_
+    idle = mask > 0 and bool(mask & _IDLE_BIT)
+    if mask > 0 and mask & _LIMITING_BITS:
+        watts = f", {power:.0f}W" if power is not None else ""
+        throttled.append(f"throttle {_limiting_names(mask)} (SM {clock:.0f}MHz{watts})")
+    loaded = power is not None and limit_w and power > cfg.power_ratio_max * limit_w
+    if max_clock and loaded and clock < cfg.clock_ratio_throttled * max_clock:
+        throttled.append(
+            f"SM {clock:.0f}MHz < {cfg.clock_ratio_throttled:.0%} of max {max_clock:.0f}MHz "
+            f"under load ({power:.0f}W)"
+        )
+    if throttled:  # always a disturbance, so nothing below can change the verdict
+        state = GateState.BUSY if busy else GateState.THROTTLED
+        return _decide(state, tuple(busy or throttled), t, prev, t)
+
+    # -- warming: the latest sample and the window -------------------------------
+    warming: list[str] = []
+    slowdown = info.slowdown_temp_c if info is not None else None
+    temp_limit = slowdown - cfg.temp_margin_c if slowdown is not None else cfg.max_temp_c
+    lim = temp_limit - cfg.hyst_temp_c if shut else temp_limit
+    if temp > lim:
+        basis = (
+            f"{cfg.temp_margin_c:g}C margin to slowdown {slowdown:g}C"
+            if slowdown is not None
+            else f"max_temp {cfg.max_temp_c:g}C"
+        )
+        hyst = f" - {cfg.hyst_temp_c:g}C to reopen" if shut and cfg.hyst_temp_c else ""
+        warming.append(f"temp {temp:.0f}C > {lim:g}C ({basis}{hyst})")
+        disturbed = disturbed or temp > temp_limit
+
+    if max_clock and not idle:
+        ratio = clock / max_clock
+        lim = 1.0 - (1.0 - cfg.clock_ratio_min) * keep
+        if ratio < lim:
+            warming.append(
+                f"SM {clock:.0f}MHz is {ratio:.0%} of max {max_clock:.0f}MHz (< {lim:.0%})"
+            )
+            disturbed = disturbed or ratio < cfg.clock_ratio_min
+
+    if power is not None and limit_w:
+        ratio = power / limit_w
+        lim = cfg.power_ratio_max * keep
+        if ratio > lim:
+            warming.append(
+                f"power {power:.0f}W is {ratio:.0%} of limit {limit_w:.0f}W (> {lim:.0%})"
+            )
+            disturbed = disturbed or ratio > cfg.power_ratio_max
+
+    recent = _recent(window, latest.t - cfg.window_s)
+    span = _span(recent, _TEMP)
+    if span is not None:
+        lo, hi = span
+        lim = cfg.temp_jitter_max_c * keep
+        if hi - lo > lim:
+            warming.append(f"temp spread {lo:.0f}-{hi:.0f}C > {lim:.3g}C")
+            disturbed = disturbed or hi - lo > cfg.temp_jitter_max_c
+
+    span = _span(recent, _CLOCK)
+    lim = cfg.clock_jitter_max * keep
+    if span is not None and span[1] and (span[1] - span[0]) / span[1] > lim:
+        # Parked clocks of GPU_IDLE samples are not instability: look again without them.
+        working = [s for s in recent if s.reasons is None or not s.reasons._value_ & _IDLE_BIT]
+        span = _span(working, _CLOCK)
+        if span is not None and span[1] and (span[1] - span[0]) / span[1] > lim:
+            lo, hi = span
+            jitter = (hi - lo) / hi
+            warming.append(f"SM spread {lo:.0f}-{hi:.0f}MHz ({jitter:.1%} > {lim:.1%})")
+            disturbed = disturbed or jitter > cfg.clock_jitter_max
+
+    span = _span(recent, _POWER)
+    if span is not None and span[1]:
+        lo, hi = span
+        scale = limit_w or hi
+        lim = cfg.power_jitter_max * keep
+        if (hi - lo) / scale > lim:
+            warming.append(f"power spread {lo:.0f}-{hi:.0f}W > {lim * scale:.0f}W")
+            disturbed = disturbed or (hi - lo) / scale > cfg.power_jitter_max
+
+    # -- verdict -----------------------------------------------------------------
+    if disturbed:
+        disturbed_at = t
+    if busy:  # utilization inside the hysteresis band: shut, but not a disturbance
+        return _decide(GateState.BUSY, tuple(busy), t, prev, disturbed_at)
+    if warming:
+        return _decide(GateState.WARMING, tuple(warming), t, prev, disturbed_at)
+    if len(recent) < cfg.min_samples:
+        why = f"{len(recent)} sample(s) in {cfg.window_s:g}s window (need {cfg.min_samples})"
+        return _decide(GateState.WARMING, (why,), t, prev, disturbed_at)
+    quiet = t - disturbed_at
+    if quiet < cfg.settle_s:
+        why = f"settling: {quiet:.1f}s since last disturbance (need {cfg.settle_s:g}s)"
+        return _decide(GateState.WARMING, (why,), t, prev, disturbed_at)
+    watts = f", {power:.0f}W" if power is not None else ""
+    why = f"temp {temp:.0f}C, SM {clock:.0f}MHz{watts}, quiet {quiet:.1f}s"
+    return _decide(GateState.COOL_STABLE, (why,), t, prev, disturbed_at)

@@ -1,0 +1,105 @@
+"""``gpuwatchd status``: fetch the daemon's JSON state and print a per-GPU table."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from gpuwatchd.cli import CliError
+
+STATE_PATH = "/api/v1/state"
+
+
+def fetch_state(base_url: str, timeout: float = 3.0) -> dict[str, Any]:
+    """GET the state document; one-line CliError when the daemon can't be reached."""
+    url = base_url.rstrip("/") + STATE_PATH
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as exc:
+        raise CliError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise CliError(
+            f"cannot reach gpuwatchd at {url}: {reason} (is the daemon running?)"
+        ) from None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise CliError(f"{url}: response is not JSON") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
+        raise CliError(f"{url}: not a gpuwatchd state document")
+    return doc
+
+
+def _fmt(value: Any, spec: str, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:{spec}}{unit}"
+
+
+def _pair(cur: Any, limit: Any, spec: str, unit: str) -> str:
+    if cur is None and limit is None:
+        return "-"
+    return f"{_fmt(cur, spec)}/{_fmt(limit, spec)}{unit}"
+
+
+def _row(gpu: dict[str, Any]) -> list[str]:
+    info = gpu.get("info") or {}
+    sample = gpu.get("sample") or {}
+    gate = gpu.get("gate") or {}
+    poll = gpu.get("poll") or {}
+    if poll.get("lost"):
+        health = "LOST"
+    elif poll.get("stalled"):
+        health = "STALLED"
+    elif not poll.get("success"):
+        health = "FAILING"
+    else:
+        health = ""
+    reasons = sample.get("throttle_reasons")
+    reason_text = ",".join(reasons) if reasons else ("-" if reasons is None else "none")
+    why = "; ".join(gate.get("reasons") or [])
+    state = gate.get("state", "-")
+    if health:
+        state = f"{state} ({health})"
+    return [
+        str(gpu.get("gpu", "?")),
+        str(info.get("name") or "-"),
+        _pair(sample.get("temp_c"), info.get("slowdown_temp_c"), ".0f", "C"),
+        _pair(sample.get("power_w"), info.get("power_limit_w"), ".0f", "W"),
+        _pair(sample.get("sm_clock_mhz"), info.get("max_sm_clock_mhz"), ".0f", "MHz"),
+        reason_text,
+        state,
+        why or "-",
+    ]
+
+
+def format_status(doc: dict[str, Any]) -> str:
+    """A fixed-width table, one GPU per row; the last column says why the gate is shut."""
+    header = [
+        "GPU",
+        "NAME",
+        "TEMP/SLOWDOWN",
+        "POWER/LIMIT",
+        "SM CLOCK/MAX",
+        "REASONS",
+        "GATE",
+        "WHY",
+    ]
+    rows = [header] + [_row(g) for g in doc["gpus"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    lines = []
+    for r in rows:
+        cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
+        lines.append("  ".join([*cells, r[-1]]).rstrip())
+    daemon = doc.get("daemon") or {}
+    if daemon:
+        lines.insert(
+            0, f"gpuwatchd {daemon.get('version', '?')} · backend {daemon.get('backend', '?')}"
+        )
+    if not doc["gpus"]:
+        lines.append("(no GPUs)")
+    return "\n".join(lines)

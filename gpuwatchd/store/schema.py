@@ -1,0 +1,197 @@
+"""The store's schema as an ordered list of migrations, tracked in ``PRAGMA user_version``.
+
+Migration N takes a database at version N-1 to N inside one transaction, so a crash
+mid-migration leaves the file at N-1. To change the schema, append a migration; never
+edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpuwatchd.store.errors import StoreError
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema step: ``apply`` runs inside the transaction that sets ``version``."""
+
+    version: int
+    name: str
+    apply: Callable[[sqlite3.Connection], None]
+
+
+def sql_migration(version: int, name: str, *statements: str) -> Migration:
+    """A migration made of SQL statements, run one at a time (no implicit COMMIT)."""
+
+    def apply(conn: sqlite3.Connection) -> None:
+        for stmt in statements:
+            conn.execute(stmt)
+
+    return Migration(version, name, apply)
+
+
+_INITIAL = sql_migration(
+    1,
+    "initial schema",
+    """
+    CREATE TABLE sessions (
+        id INTEGER PRIMARY KEY,
+        gpu_uuid TEXT NOT NULL,
+        gpu_index INTEGER NOT NULL,
+        gpu_model TEXT NOT NULL,
+        host TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        versions_json TEXT NOT NULL,
+        driver_version TEXT,
+        cuda_version TEXT,
+        torch_version TEXT,
+        triton_version TEXT,
+        cudnn_version TEXT,
+        workloads_json TEXT NOT NULL,
+        regimes_json TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        status TEXT NOT NULL,
+        why TEXT,
+        max_sm_clock_hz REAL,
+        power_limit_w REAL,
+        sm_clock_at_start_hz REAL,
+        temp_at_start_c REAL,
+        power_at_start_w REAL,
+        extra_json TEXT NOT NULL DEFAULT '{}'
+    )
+    """,
+    "CREATE INDEX sessions_by_status ON sessions (status, ended_at)",
+    "CREATE INDEX sessions_by_start ON sessions (started_at)",
+    """
+    CREATE TABLE results (
+        id INTEGER PRIMARY KEY,
+        session_id INTEGER NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        workload TEXT NOT NULL,
+        regime TEXT NOT NULL,
+        winner TEXT,
+        tie INTEGER NOT NULL,
+        margin REAL,
+        noise REAL,
+        recorded_at REAL NOT NULL,
+        UNIQUE (session_id, workload, regime)
+    )
+    """,
+    "CREATE INDEX results_by_key ON results (workload, regime, recorded_at)",
+    """
+    CREATE TABLE candidate_stats (
+        id INTEGER PRIMARY KEY,
+        result_id INTEGER NOT NULL REFERENCES results (id) ON DELETE CASCADE,
+        candidate TEXT NOT NULL,
+        family TEXT NOT NULL,
+        median_s REAL,
+        spread REAL,
+        samples INTEGER NOT NULL,
+        rejected INTEGER NOT NULL,
+        sm_clock_hz REAL,
+        power_w REAL,
+        temp_c REAL,
+        energy_j_per_call REAL,
+        reasons INTEGER NOT NULL,
+        meta_json TEXT NOT NULL,
+        UNIQUE (result_id, candidate)
+    )
+    """,
+    # No ON DELETE CASCADE from sessions: deleting a session a winner points at fails,
+    # a second guard behind prune()'s own exclusion.
+    """
+    CREATE TABLE winners (
+        gpu_model TEXT NOT NULL,
+        versions_key TEXT NOT NULL,
+        driver_version TEXT,
+        cuda_version TEXT,
+        torch_version TEXT,
+        triton_version TEXT,
+        cudnn_version TEXT,
+        workload TEXT NOT NULL,
+        regime TEXT NOT NULL,
+        candidate TEXT NOT NULL,
+        family TEXT NOT NULL,
+        median_s REAL,
+        sm_clock_hz REAL,
+        margin REAL,
+        tie INTEGER NOT NULL,
+        session_id INTEGER NOT NULL REFERENCES sessions (id),
+        result_id INTEGER NOT NULL REFERENCES results (id),
+        gpu_uuid TEXT NOT NULL,
+        measured_at REAL NOT NULL,
+        PRIMARY KEY (gpu_model, versions_key, workload, regime)
+    )
+    """,
+    "CREATE INDEX winners_by_session ON winners (session_id)",
+    "CREATE INDEX winners_by_result ON winners (result_id)",
+    # Finished sessions per status, bumped in the transaction that finishes one, so
+    # gpuwatchd_tune_sessions_total survives restarts and prune().
+    """
+    CREATE TABLE session_totals (
+        status TEXT PRIMARY KEY,
+        n INTEGER NOT NULL
+    )
+    """,
+)
+
+#: Every migration, in order. Append only.
+MIGRATIONS: tuple[Migration, ...] = (_INITIAL,)
+
+
+def latest_version(migrations: Sequence[Migration]) -> int:
+    return migrations[-1].version if migrations else 0
+
+
+def check_migrations(migrations: Sequence[Migration]) -> None:
+    """Refuse a migration list that is not numbered 1, 2, 3, ... in order."""
+    for i, m in enumerate(migrations, start=1):
+        if m.version != i:
+            raise StoreError(f"migration {m.name!r} has version {m.version}, expected {i}")
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def refuse_newer(version: int, migrations: Sequence[Migration], where: str) -> None:
+    """Raise when the file was written by a newer gpuwatchd than this one."""
+    latest = latest_version(migrations)
+    if version > latest:
+        raise StoreError(
+            f"store {where} has schema version {version}, newer than this gpuwatchd knows"
+            f" ({latest}); upgrade gpuwatchd or point --store elsewhere"
+        )
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration], where: str) -> int:
+    """Apply every migration past the file's version; returns the version reached.
+
+    Each step runs in its own ``BEGIN IMMEDIATE`` transaction and re-reads the version
+    inside it, so two processes opening the same new file do not both apply a step.
+    ``conn`` must be in autocommit mode (``isolation_level=None``).
+    """
+    check_migrations(migrations)
+    refuse_newer(schema_version(conn), migrations, where)
+    for m in migrations:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            current = schema_version(conn)
+            refuse_newer(current, migrations, where)
+            if current >= m.version:
+                conn.execute("COMMIT")
+                continue
+            m.apply(conn)
+            conn.execute(f"PRAGMA user_version = {int(m.version)}")
+            conn.execute("COMMIT")
+        except BaseException as e:
+            conn.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise StoreError(
+                    f"store {where}: migration {m.version} ({m.name}) failed: {e}"
+                ) from e
+            raise
+    return schema_version(conn)

@@ -1,0 +1,178 @@
+"""Poller: per-GPU threads, stall detection, loss, throttle accounting, slow fields."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+from fakes_backend import FakeBackend
+
+from gpuwatchd.gate import GateConfig
+from gpuwatchd.gate_types import GateState
+from gpuwatchd.poller import Poller, _GpuTrack
+from gpuwatchd.state import StateBoard
+from gpuwatchd.telemetry.clocks import ManualClock
+from gpuwatchd.telemetry.replay import ReplayBackend
+from gpuwatchd.telemetry.types import ThrottleReason
+
+TRACE = Path(__file__).parent / "data" / "h200-matmul-burn.jsonl"
+
+
+def wait_for(pred, timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_hanging_read_is_noticed_within_two_periods_and_others_keep_polling(caplog):
+    backend = FakeBackend(gpus=2)
+    board = StateBoard()
+    period = 0.05
+    poller = Poller(backend, board, GateConfig(), period_s=period, stall_periods=2)
+    caplog.set_level(logging.ERROR, logger="gpuwatchd.poller")
+    poller.start()
+    try:
+        assert wait_for(lambda: board.get(1) is not None and board.get(1).health.success)
+        backend.hang(1)
+        hung_at = time.monotonic()
+        noticed_at = None
+        while time.monotonic() - hung_at < 1.0:
+            if poller.check_stalls() == [1]:
+                noticed_at = time.monotonic()
+                break
+            time.sleep(period / 5)
+        assert noticed_at is not None, "stall never noticed"
+        # It can only be noticed once the read has run 2 periods; it must not take much longer
+        # (one extra period for the hang to start at the next poll, one for scheduling).
+        assert noticed_at - hung_at <= 4 * period
+        snap = board.get(1)
+        assert snap.health.stalled and not snap.health.success
+        assert snap.sample is None
+        assert snap.gate.state is GateState.UNAVAILABLE
+        assert "stalled" in snap.gate.reasons[0]
+        assert any("GPU 1" in r.message and "stuck" in r.message for r in caplog.records)
+        # GPU 0 keeps polling while GPU 1 is stuck.
+        before = backend.reads[0]
+        time.sleep(5 * period)
+        assert backend.reads[0] >= before + 3
+        assert board.get(0).health.success
+        assert poller.longest_stall_s() >= 2 * period
+    finally:
+        backend.unhang(1)
+        poller.stop()
+    assert wait_for(lambda: backend.reads[1] > 0)
+
+
+def test_recovers_after_a_stall():
+    backend = FakeBackend(gpus=1)
+    board = StateBoard()
+    poller = Poller(backend, board, GateConfig(), period_s=0.02)
+    poller.start()
+    try:
+        backend.hang(0)
+        assert wait_for(lambda: poller.check_stalls() == [0])
+        backend.unhang(0)
+        assert wait_for(lambda: board.get(0).health.success and not board.get(0).health.stalled)
+        assert poller.longest_stall_s() == 0.0
+    finally:
+        poller.stop()
+
+
+def test_lost_gpu_is_unavailable_and_comes_back():
+    backend = FakeBackend(gpus=2)
+    board = StateBoard()
+    poller = Poller(backend, board, GateConfig(), period_s=0.02)
+    t0 = _GpuTrack(index=0)
+    t1 = _GpuTrack(index=1)
+    backend.lost.add(1)
+    snap1 = poller.poll_once(t1)
+    snap0 = poller.poll_once(t0)
+    assert snap1.health.lost and not snap1.health.success and snap1.sample is None
+    assert snap1.gate.state is GateState.UNAVAILABLE
+    assert snap0.health.success and snap0.sample is not None
+    backend.lost.clear()
+    snap1 = poller.poll_once(t1)
+    assert snap1.health.success and not snap1.health.lost
+    assert snap1.info is not None and snap1.info.uuid == "GPU-fake-1"
+
+
+def test_throttle_seconds_follow_the_replayed_h200_trace():
+    clock = ManualClock()
+    backend = ReplayBackend(TRACE, loop=False, clock=clock)
+    board = StateBoard()
+    poller = Poller(backend, board, GateConfig(), period_s=0.05)
+    track = _GpuTrack(index=0)
+    states = []
+    while clock.now() < 109.0:
+        snap = poller.poll_once(track)
+        states.append((snap.sample.t, snap.gate.state))
+        clock.advance(0.05)
+    capped = snap.throttle_seconds.get(ThrottleReason.SW_POWER_CAP, 0.0)
+    # The matmul loop ran from 4.8 s to 64.8 s with the SW power cap set nearly throughout.
+    assert 55.0 <= capped <= 60.5
+    assert snap.throttle_seconds.get(ThrottleReason.HW_THERMAL_SLOWDOWN, 0.0) == 0.0
+    during = [s for t, s in states if 5.2 <= t <= 64.5]
+    assert GateState.COOL_STABLE not in during
+    assert during.count(GateState.THROTTLED) > 0.9 * len(during)
+
+
+def test_slow_reads_are_skipped_while_one_is_running():
+    backend = FakeBackend(gpus=2)
+    board = StateBoard()
+    poller = Poller(backend, board, GateConfig(), period_s=0.05)
+    poller.start()
+    try:
+        assert wait_for(lambda: all(board.get(g) is not None for g in (0, 1)))
+        poller._tracks[1].slow_busy = True  # a slow read of GPU 1 still in flight
+        poller.dispatch_slow_reads()
+        assert wait_for(lambda: backend.energy_calls[0] == 1)
+        time.sleep(0.05)
+        assert backend.energy_calls[1] == 0
+        assert wait_for(lambda: board.get(0).energy_j == 1000.0)
+    finally:
+        poller.stop()
+
+
+def test_fast_poll_never_reads_the_energy_counter():
+    backend = FakeBackend(gpus=1)
+    poller = Poller(backend, StateBoard(), GateConfig(), period_s=0.01)
+    track = _GpuTrack(index=0)
+    for _ in range(20):
+        poller.poll_once(track)
+    assert backend.energy_calls[0] == 0
+
+
+def test_own_pids_reach_the_gate():
+    backend = FakeBackend(gpus=1)
+    seen = []
+
+    def own() -> frozenset[int]:
+        seen.append(True)
+        return frozenset({123})
+
+    poller = Poller(backend, StateBoard(), GateConfig(), period_s=0.01, own_pids=own)
+    poller.poll_once(_GpuTrack(index=0))
+    assert seen
+
+
+@pytest.mark.parametrize("listener_fails", [False, True])
+def test_listeners_get_every_snapshot_and_a_failing_one_is_contained(listener_fails):
+    backend = FakeBackend(gpus=1)
+    poller = Poller(backend, StateBoard(), GateConfig(), period_s=0.01)
+    got = []
+
+    def listener(snap):
+        got.append(snap.index)
+        if listener_fails:
+            raise RuntimeError("boom")
+
+    poller.add_listener(listener)
+    track = _GpuTrack(index=0)
+    poller.poll_once(track)
+    poller.poll_once(track)
+    assert got == [0, 0]
