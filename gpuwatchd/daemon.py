@@ -86,6 +86,7 @@ class Daemon:
         self.notifier = Notifier.from_env()
         self._stop = threading.Event()
         self._reload = threading.Event()
+        self._healthy = True
 
     # -- control -------------------------------------------------------------------
 
@@ -153,10 +154,13 @@ class Daemon:
     def healthy(self) -> bool:
         """False once a GPU read is stuck past ``watchdog_stall_s``: let systemd restart us."""
         stuck = self.poller.longest_stall_s()
-        if stuck > self.cfg.daemon.watchdog_stall_s:
+        ok = stuck <= self.cfg.daemon.watchdog_stall_s
+        if not ok and self._healthy:
             log.error("a telemetry read has been stuck %.0f s; withholding watchdog pings", stuck)
-            return False
-        return True
+        elif ok and not self._healthy:
+            log.warning("telemetry reads completing again; watchdog pings resume")
+        self._healthy = ok
+        return ok
 
     def reload(self) -> bool:
         """Re-read the config file (SIGHUP). A bad file is rejected and the old config kept."""

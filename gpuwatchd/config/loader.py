@@ -30,6 +30,16 @@ def _positive(v: float) -> bool:
     return v > 0
 
 
+def _valid_listen(text: str) -> bool:
+    from gpuwatchd.exporter.http import parse_listen
+
+    try:
+        parse_listen(text)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class DaemonConfig:
     """How the daemon polls and serves."""
@@ -37,7 +47,9 @@ class DaemonConfig:
     backend: str = field(
         default="nvml", metadata=check(lambda v: v in BACKENDS, f"must be one of {BACKENDS}")
     )
-    listen: str = ":9844"
+    listen: str = field(
+        default=":9844", metadata=check(lambda v: _valid_listen(v), "must be HOST:PORT")
+    )
     #: Fast-field poll period. 10 Hz is cheap (about 11 µs of NVML per GPU per poll).
     poll_interval_s: float = field(
         default=0.5, metadata=check(lambda v: 0.01 <= v <= 1.0, "must be in [0.01, 1.0]")

@@ -1,0 +1,77 @@
+"""Helpers for tests that start gpuwatchd as a real process or in a thread."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NotifySocket:
+    """A datagram socket standing in for systemd's NOTIFY_SOCKET."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.path = str(tmp / "notify.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.1)
+        self.messages: list[str] = []
+
+    def drain(self, seconds: float = 0.0) -> list[str]:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    return self.messages
+
+    def wait_for(self, needle: str, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.drain()
+            if any(needle in m for m in self.messages):
+                return True
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def http_get(url: str, timeout: float = 2.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.read().decode()
+
+
+def wait_http(url: str, timeout: float = 15.0) -> str:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            return http_get(url)
+        except OSError as exc:
+            last = exc
+            time.sleep(0.1)
+    raise AssertionError(f"{url} never answered: {last}")
+
+
+def start_daemon(args: list[str], env: dict[str, str] | None = None, **kw) -> subprocess.Popen[str]:
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuwatchd", "run", *args],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )

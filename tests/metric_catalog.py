@@ -1,0 +1,217 @@
+"""The metric names and labels gpuwatchd exposes, and a scanner for the names a query uses.
+
+The dashboard and alert tests check every query against this catalogue, so a renamed
+metric or a misspelt label fails a test instead of leaving a blank panel or an alert
+that can never fire. ``SOURCE`` says where each name comes from: ``exporter`` names
+are cross-checked against the real exporter's output; ``tuning`` (issue 3), ``drift``
+(issue 4) and ``prometheus`` names are taken from their specification.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+#: Labels Prometheus attaches to every scraped series.
+TARGET_LABELS: frozenset[str] = frozenset({"instance", "job"})
+
+_GPU = frozenset({"gpu", "uuid"})
+
+
+def _m(*labels: str, base: frozenset[str] = _GPU) -> frozenset[str]:
+    return base | frozenset(labels)
+
+
+_NONE: frozenset[str] = frozenset()
+
+#: Exposed metric name -> its labels (target labels excluded).
+KNOWN_METRICS: dict[str, frozenset[str]] = {
+    # exporter: daemon facts, per-GPU telemetry, gate, poll and scrape health
+    "gpuwatchd_build_info": _m("version", "backend", "python_version", base=_NONE),
+    "gpuwatchd_gpu_info": _m("name", "driver_version", "pci_bus_id"),
+    "gpuwatchd_gpu_temperature_celsius": _GPU,
+    "gpuwatchd_gpu_memory_temperature_celsius": _GPU,
+    "gpuwatchd_gpu_slowdown_temperature_celsius": _GPU,
+    "gpuwatchd_gpu_shutdown_temperature_celsius": _GPU,
+    "gpuwatchd_gpu_power_watts": _GPU,
+    "gpuwatchd_gpu_power_limit_watts": _GPU,
+    "gpuwatchd_gpu_energy_joules_total": _GPU,
+    "gpuwatchd_gpu_sm_clock_hertz": _GPU,
+    "gpuwatchd_gpu_max_sm_clock_hertz": _GPU,
+    "gpuwatchd_gpu_memory_clock_hertz": _GPU,
+    "gpuwatchd_gpu_max_memory_clock_hertz": _GPU,
+    "gpuwatchd_gpu_utilization_ratio": _GPU,
+    "gpuwatchd_gpu_memory_utilization_ratio": _GPU,
+    "gpuwatchd_gpu_compute_processes": _GPU,
+    "gpuwatchd_gpu_performance_state": _GPU,
+    "gpuwatchd_gpu_throttle_active": _m("reason"),
+    "gpuwatchd_gpu_throttle_seconds_total": _m("reason"),
+    "gpuwatchd_gate_state": _m("state"),
+    "gpuwatchd_gate_open": _GPU,
+    "gpuwatchd_gate_state_duration_seconds": _GPU,
+    "gpuwatchd_poll_success": _GPU,
+    "gpuwatchd_poll_duration_seconds": _GPU,
+    "gpuwatchd_poll_stalled": _GPU,
+    "gpuwatchd_gpu_lost": _GPU,
+    "gpuwatchd_last_poll_timestamp_seconds": _GPU,
+    "gpuwatchd_scrape_collector_success": _m("collector", base=_NONE),
+    "gpuwatchd_scrape_collector_duration_seconds": _m("collector", base=_NONE),
+    # tuning (issue 3)
+    "gpuwatchd_tune_sessions_total": _m("status", base=_NONE),
+    "gpuwatchd_tune_deferred_total": _m("reason", base=_NONE),
+    "gpuwatchd_winner_info": _m("workload", "regime", "candidate", base=_NONE),
+    "gpuwatchd_winner_seconds": _m("workload", "regime", base=_NONE),
+    "gpuwatchd_regime_winners_differ": _m("workload", base=_NONE),
+    "gpuwatchd_last_tune_timestamp_seconds": _NONE,
+    # drift and tuning state per GPU (issue 4)
+    "gpuwatchd_clock_drift_ratio": _GPU,
+    "gpuwatchd_retune_pending": _m("reason"),
+    "gpuwatchd_tune_running": _GPU,
+    # Prometheus' own per-target series
+    "up": _NONE,
+}
+
+SOURCE: dict[str, str] = {
+    name: (
+        "prometheus"
+        if name == "up"
+        else "drift"
+        if name
+        in {"gpuwatchd_clock_drift_ratio", "gpuwatchd_retune_pending", "gpuwatchd_tune_running"}
+        else "tuning"
+        if name.startswith(("gpuwatchd_tune_", "gpuwatchd_winner_", "gpuwatchd_regime_"))
+        or name == "gpuwatchd_last_tune_timestamp_seconds"
+        else "exporter"
+    )
+    for name in KNOWN_METRICS
+}
+
+#: Values the enumerated labels take (the exporter emits every one of them).
+THROTTLE_REASONS: tuple[str, ...] = (
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "display_clock_setting",
+)
+GATE_STATES: tuple[str, ...] = ("cool_stable", "warming", "throttled", "busy", "unavailable")
+
+_KEYWORDS = frozenset(
+    {"and", "or", "unless", "bool", "offset", "inf", "nan", "start", "end", "atan2"}
+)
+_GROUPING = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+_TOKEN = re.compile(
+    r"""
+    (?P<ws>\s+|\#[^\n]*)
+  | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
+  | (?P<num>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?[a-zA-Z0-9_]*)
+  | (?P<ident>[a-zA-Z_:][a-zA-Z0-9_:]*)
+  | (?P<op>=~|!~|!=|==|<=|>=|[-+*/%^<>=(){}\[\],:@])
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    """One vector selector: its metric name (None for ``{__name__=...}``) and matched labels."""
+
+    name: str | None
+    matchers: dict[str, str] = field(default_factory=dict)  # label -> literal value
+
+
+@dataclass(frozen=True, slots=True)
+class QueryNames:
+    """The names a PromQL expression refers to."""
+
+    selectors: list[Selector]
+    grouping_labels: set[str]  # in by/without/on/ignoring/group_left/group_right lists
+
+    @property
+    def metrics(self) -> set[str]:
+        return {s.name for s in self.selectors if s.name is not None}
+
+
+def _tokens(expr: str) -> list[tuple[str, str]]:
+    tokens: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(expr):
+        match = _TOKEN.match(expr, pos)
+        if match is None:
+            raise ValueError(f"cannot tokenize query at {expr[pos : pos + 20]!r}: {expr!r}")
+        kind = match.lastgroup or ""
+        if kind != "ws":
+            tokens.append((kind, match.group()))
+        pos = match.end()
+    return tokens
+
+
+def scan(expr: str) -> QueryNames:
+    """Metric names, label matchers and grouping labels of ``expr``.
+
+    A scanner, not a parser: promtool checks the syntax; this only has to tell metric
+    names from function names, keywords, label names and string arguments.
+    """
+    tokens = _tokens(expr)
+    selectors: list[Selector] = []
+    grouping: set[str] = set()
+    i = 0
+    while i < len(tokens):
+        kind, text = tokens[i]
+        following = tokens[i + 1][1] if i + 1 < len(tokens) else ""
+        if text == "[":  # a range or subquery duration: [5m], [1h:1m]
+            while i < len(tokens) and tokens[i][1] != "]":
+                i += 1
+        elif kind == "ident" and text in _GROUPING and following == "(":
+            i += 2
+            while i < len(tokens) and tokens[i][1] != ")":
+                if tokens[i][0] == "ident":
+                    grouping.add(tokens[i][1])
+                i += 1
+        elif kind == "ident" and (
+            following == "(" or following in _GROUPING or text in _KEYWORDS | _GROUPING
+        ):
+            pass  # a function, an aggregation (sum by ...) or a keyword
+        elif kind == "ident" or text == "{":
+            name = text if kind == "ident" else None
+            if kind == "ident" and following == "{":
+                i += 1
+            matchers: dict[str, str] = {}
+            if tokens[i][1] == "{":
+                i += 1
+                while i < len(tokens) and tokens[i][1] != "}":
+                    if tokens[i][0] == "ident" and i + 2 < len(tokens):
+                        matchers[tokens[i][1]] = tokens[i + 2][1].strip("\"'`")
+                        i += 3
+                    else:
+                        i += 1
+            if name is None:
+                name = matchers.pop("__name__", None)
+            selectors.append(Selector(name, matchers))
+        i += 1
+    return QueryNames(selectors, grouping)
+
+
+def unknown_names(expr: str) -> list[str]:
+    """Every metric or label in ``expr`` that gpuwatchd does not expose, as messages."""
+    names = scan(expr)
+    problems: list[str] = []
+    in_scope: set[str] = set(TARGET_LABELS)
+    for selector in names.selectors:
+        if selector.name is None:
+            problems.append(f"selector without a metric name: {selector.matchers}")
+            continue
+        labels = KNOWN_METRICS.get(selector.name)
+        if labels is None:
+            problems.append(f"unknown metric {selector.name}")
+            continue
+        in_scope |= labels
+        for label in sorted(set(selector.matchers) - labels - TARGET_LABELS):
+            problems.append(f"{selector.name} has no label {label!r}")
+    for label in sorted(names.grouping_labels - in_scope):
+        problems.append(f"grouping label {label!r} is on none of the metrics used")
+    return problems

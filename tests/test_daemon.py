@@ -1,0 +1,212 @@
+"""The daemon as users and systemd see it: a real process, signals, HTTP, sd_notify."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from daemon_helpers import NotifySocket, free_port, http_get, start_daemon, wait_http
+from fakes_backend import FakeBackend
+
+from gpuwatchd.config import Config, DaemonConfig
+from gpuwatchd.daemon import Daemon
+
+
+def gpuwatchd(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwatchd", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_sim_daemon_serves_status_and_stops_cleanly_on_sigterm(tmp_path: Path):
+    notify = NotifySocket(tmp_path)
+    port = free_port()
+    proc = start_daemon(
+        [
+            "--backend",
+            "sim",
+            "--gpus",
+            "2",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--poll-interval",
+            "0.1",
+        ],
+        env={"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "400000"},
+    )
+    try:
+        assert notify.wait_for("READY=1"), notify.messages
+        metrics = wait_http(f"http://127.0.0.1:{port}/metrics")
+        assert 'gpuwatchd_gpu_temperature_celsius{gpu="1"' in metrics
+        assert notify.wait_for("WATCHDOG=1", timeout=3)
+        status = gpuwatchd("status", "--url", f"http://127.0.0.1:{port}")
+        assert status.returncode == 0, status.stderr
+        lines = status.stdout.splitlines()
+        assert lines[1].split()[:2] == ["GPU", "NAME"]
+        assert len(lines) == 4  # banner, header, two GPUs
+        assert "NVIDIA H200 (simulated)" in lines[2]
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=5)
+        assert time.monotonic() - stopped_at < 5
+        assert proc.returncode == 0, out
+        assert notify.wait_for("STOPPING=1", timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        notify.close()
+
+
+def test_sighup_rejects_a_bad_config_and_keeps_running(tmp_path: Path):
+    port = free_port()
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        f'[daemon]\nbackend = "sim"\nlisten = "127.0.0.1:{port}"\npoll_interval_s = 0.1\n'
+    )
+    proc = start_daemon(["--config", str(cfg)])
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz")
+        cfg.write_text(cfg.read_text() + "\n[gate]\nsettle_seconds = 3\n")  # a typo'd key
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None, "a bad config on SIGHUP must not stop the daemon"
+        assert "gpuwatchd_gate_open" in http_get(f"http://127.0.0.1:{port}/metrics")
+        cfg.write_text(
+            f'[daemon]\nbackend = "sim"\nlisten = "127.0.0.1:{port}"\npoll_interval_s = 0.1\n'
+            "[gate]\nsettle_s = 3.0\n"
+        )
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    rejected = [line for line in out.splitlines() if "reload rejected" in line]
+    assert len(rejected) == 1 and "gate.settle_seconds" in rejected[0], out
+    assert "config reloaded" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[daemon]\npoll_intervall_s = 1\n", "daemon.poll_intervall_s: unknown key"),
+        ("[daemon]\npoll_interval_s = 5\n", "daemon.poll_interval_s: must be in [0.01, 1.0]"),
+        ("[daemon]\nbackend = 'cuda'\n", "daemon.backend: must be one of"),
+        ("[sim]\ngpus = 'two'\n", "sim.gpus: expected an integer"),
+        ("[gate]\ntemp_margin_c = -1\n", "gate.temp_margin_c"),
+        ("[deamon]\n", "[deamon]: unknown section"),
+        ("[daemon\n", "invalid TOML"),
+    ],
+)
+def test_bad_config_is_one_line_naming_the_key_with_exit_2(tmp_path: Path, text: str, needle: str):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    for cmd in (["check-config"], ["run", "--backend", "sim"]):
+        res = gpuwatchd(*cmd, "--config", str(cfg))
+        assert res.returncode == 2, res
+        err = res.stderr.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], res.stderr
+        assert str(cfg) in err[0]
+
+
+def test_bad_cli_values_exit_2():
+    res = gpuwatchd("run", "--backend", "sim", "--gpus", "0")
+    assert res.returncode == 2 and "sim.gpus" in res.stderr
+    res = gpuwatchd("run", "--backend", "sim", "--listen", "nonsense")
+    assert res.returncode == 2 and "listen" in res.stderr.lower()
+
+
+def test_missing_config_file_is_a_clear_error():
+    res = gpuwatchd("check-config", "--config", "/nonexistent/gpuwatchd.toml")
+    assert res.returncode == 2
+    assert "/nonexistent/gpuwatchd.toml: cannot read config file" in res.stderr
+
+
+def _nvml_present() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(_nvml_present(), reason="this host has a working NVML")
+def test_no_nvml_suggests_the_sim_backend():
+    res = gpuwatchd("run", "--listen", "127.0.0.1:0")
+    assert res.returncode == 1
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and "--backend sim" in err[0], res.stderr
+
+
+def test_status_without_a_daemon_is_one_line():
+    res = gpuwatchd("status", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "1")
+    assert res.returncode == 1
+    assert len(res.stderr.strip().splitlines()) == 1 and "cannot reach gpuwatchd" in res.stderr
+
+
+def _thread_daemon(backend: FakeBackend, **daemon_kw: float) -> tuple[Daemon, threading.Thread]:
+    cfg = Config(daemon=DaemonConfig(listen="127.0.0.1:0", poll_interval_s=0.05, **daemon_kw))
+    daemon = Daemon(cfg, backend=backend)
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while daemon.board.get(len(backend.devices()) - 1) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return daemon, thread
+
+
+def test_hanging_read_shows_in_metrics_while_other_gpus_keep_working():
+    backend = FakeBackend(gpus=2)
+    daemon, thread = _thread_daemon(backend)
+    try:
+        backend.hang(1)
+        time.sleep(0.4)  # > 2 periods plus a main-loop tick
+        host, port = daemon.http.address
+        started = time.monotonic()
+        metrics = http_get(f"http://{host}:{port}/metrics")
+        assert time.monotonic() - started < 1.0, "a scrape must not wait behind a hung read"
+        assert 'gpuwatchd_poll_stalled{gpu="1",uuid="GPU-fake-1"} 1.0' in metrics
+        assert 'gpuwatchd_poll_success{gpu="1",uuid="GPU-fake-1"} 0.0' in metrics
+        assert 'gpuwatchd_poll_success{gpu="0",uuid="GPU-fake-0"} 1.0' in metrics
+        assert 'gpuwatchd_gpu_temperature_celsius{gpu="0",uuid="GPU-fake-0"} 40.0' in metrics
+        assert 'gpuwatchd_gpu_temperature_celsius{gpu="1"' not in metrics
+    finally:
+        backend.unhang(1)
+        daemon.request_stop()
+        thread.join(5)
+    assert not thread.is_alive()
+    assert backend.closed
+
+
+def test_watchdog_pings_stop_while_the_poller_is_stuck(tmp_path: Path, monkeypatch):
+    notify = NotifySocket(tmp_path)
+    monkeypatch.setenv("NOTIFY_SOCKET", notify.path)
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")  # ping every 0.1 s
+    backend = FakeBackend(gpus=1)
+    daemon, thread = _thread_daemon(backend, watchdog_stall_s=0.3)
+    try:
+        assert notify.wait_for("WATCHDOG=1", timeout=3)
+        backend.hang(0)
+        time.sleep(0.6)  # stuck past watchdog_stall_s: pings must have stopped by now
+        notify.drain()
+        notify.messages.clear()
+        notify.drain(0.6)
+        assert "WATCHDOG=1" not in notify.messages
+        backend.unhang(0)
+        assert notify.wait_for("WATCHDOG=1", timeout=3), "pings resume once the read returns"
+    finally:
+        backend.unhang(0)
+        daemon.request_stop()
+        thread.join(5)
+        notify.close()

@@ -1,0 +1,586 @@
+"""grafana/gpuwatchd.json: import-ready, laid out, and every query valid and meaningful.
+
+Syntax is checked by promtool (the panel queries become recording rules); metric and
+label names against tests/metric_catalog.py, itself checked against the real exporter;
+the trickier queries are evaluated by promtool's rule unit tests on synthetic series.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dashboard_queries import (
+    DEFAULT_VARIABLES,
+    builtin_variables,
+    iter_panels,
+    load_dashboard,
+    panel_queries,
+    substitute,
+)
+from metric_catalog import (
+    GATE_STATES,
+    KNOWN_METRICS,
+    SOURCE,
+    TARGET_LABELS,
+    THROTTLE_REASONS,
+    scan,
+    unknown_names,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwatchd.exporter import DaemonInfo, build_registry
+from gpuwatchd.gate_types import GateDecision, GateState
+from gpuwatchd.state import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "grafana" / "gpuwatchd.json"
+DS_INPUT = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+GRID_WIDTH = 24
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
+
+
+@pytest.fixture(scope="module")
+def dash() -> dict[str, Any]:
+    return load_dashboard(DASHBOARD)
+
+
+def data_panels(dash: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in iter_panels(dash) if p.get("type") != "row"]
+
+
+def panel(dash: Mapping[str, Any], title: str) -> dict[str, Any]:
+    matches = [p for p in iter_panels(dash) if p.get("title") == title]
+    assert len(matches) == 1, f"expected one panel titled {title!r}, found {len(matches)}"
+    return matches[0]
+
+
+def exprs_of(p: Mapping[str, Any]) -> list[str]:
+    return [t["expr"] for t in p.get("targets", []) if t.get("expr")]
+
+
+def filled(expr: str) -> str:
+    return substitute(expr, {**DEFAULT_VARIABLES, **builtin_variables()})
+
+
+def annotation_exprs(dash: Mapping[str, Any]) -> list[str]:
+    return [a["expr"] for a in dash["annotations"]["list"] if a.get("expr")]
+
+
+def variable_selectors(dash: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """(variable name, selector, label) of each ``label_values(selector, label)`` query."""
+    for var in dash["templating"]["list"]:
+        query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+        match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query.strip())
+        assert match, f"variable {var['name']}: not a label_values() query: {query!r}"
+        yield var["name"], match.group(1), match.group(2)
+
+
+# -- import-ready ---------------------------------------------------------------------
+
+
+def test_dashboard_is_import_ready(dash: dict[str, Any]) -> None:
+    assert dash["__inputs"] == [
+        {
+            "name": "DS_PROMETHEUS",
+            "label": "Prometheus",
+            "description": dash["__inputs"][0]["description"],
+            "type": "datasource",
+            "pluginId": "prometheus",
+            "pluginName": "Prometheus",
+        }
+    ]
+    required = {(r["type"], r["id"]) for r in dash["__requires"]}
+    assert ("grafana", "grafana") in required
+    assert ("datasource", "prometheus") in required
+    used = {p["type"] for p in data_panels(dash)}
+    assert used <= {rid for rtype, rid in required if rtype == "panel"}
+    assert 36 <= dash["schemaVersion"] <= 41  # Grafana 9.4 to 11.x
+    assert dash["id"] is None  # an exported instance id would clash on import
+    assert dash["uid"] == "gpuwatchd" and dash["title"]
+
+
+def _datasource_refs(node: Any, path: str = "$") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource":
+                yield f"{path}.datasource", value
+            yield from _datasource_refs(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _datasource_refs(value, f"{path}[{index}]")
+
+
+def test_every_datasource_is_the_input(dash: dict[str, Any]) -> None:
+    """No concrete uid: only the input (or Grafana's built-in annotations) anywhere."""
+    builtin = {"type": "grafana", "uid": "-- Grafana --"}
+    refs = list(_datasource_refs(dash))
+    bad = [(where, ref) for where, ref in refs if ref not in (DS_INPUT, builtin)]
+    assert bad == []
+    assert sum(ref == builtin for _, ref in refs) == 1  # the built-in annotation only
+
+
+def test_every_data_panel_queries_prometheus(dash: dict[str, Any]) -> None:
+    for p in data_panels(dash):
+        assert p.get("datasource") == DS_INPUT, p["title"]
+        targets = p.get("targets", [])
+        assert targets, f"panel {p['title']!r} has no queries"
+        refs = [t["refId"] for t in targets]
+        assert len(refs) == len(set(refs)), f"panel {p['title']!r}: duplicate refIds {refs}"
+        for t in targets:
+            assert t.get("datasource") == DS_INPUT, (p["title"], t["refId"])
+            assert t.get("expr", "").strip(), (p["title"], t["refId"])
+        assert p.get("description"), f"panel {p['title']!r} has no description"
+
+
+# -- layout ---------------------------------------------------------------------------
+
+
+def test_panel_ids_are_unique_positive_ints(dash: dict[str, Any]) -> None:
+    ids = [p["id"] for p in iter_panels(dash)]
+    assert all(isinstance(i, int) and i > 0 for i in ids)
+    assert len(ids) == len(set(ids))
+
+
+def _overlap(a: Mapping[str, int], b: Mapping[str, int]) -> bool:
+    return (
+        a["x"] < b["x"] + b["w"]
+        and b["x"] < a["x"] + a["w"]
+        and a["y"] < b["y"] + b["h"]
+        and b["y"] < a["y"] + a["h"]
+    )
+
+
+def test_grid_positions_fit_and_do_not_overlap(dash: dict[str, Any]) -> None:
+    top = dash["panels"]  # panels inside collapsed rows are laid out when expanded
+    for p in top:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["y"] >= 0 and g["w"] >= 1 and g["h"] >= 1, p["title"]
+        assert g["x"] + g["w"] <= GRID_WIDTH, p["title"]
+        if p["type"] == "row":
+            assert (g["x"], g["w"], g["h"]) == (0, GRID_WIDTH, 1), p["title"]
+    clashes = [
+        (a["title"], b["title"])
+        for a, b in itertools.combinations(top, 2)
+        if _overlap(a["gridPos"], b["gridPos"])
+    ]
+    assert clashes == []
+
+
+def test_overlap_check_catches_a_clash() -> None:
+    assert _overlap({"x": 0, "y": 0, "w": 12, "h": 8}, {"x": 11, "y": 7, "w": 2, "h": 2})
+    assert not _overlap({"x": 0, "y": 0, "w": 12, "h": 8}, {"x": 12, "y": 0, "w": 12, "h": 8})
+    assert not _overlap({"x": 0, "y": 0, "w": 24, "h": 1}, {"x": 0, "y": 1, "w": 24, "h": 8})
+
+
+# -- template variables ---------------------------------------------------------------
+
+
+def test_instance_and_gpu_variables(dash: dict[str, Any]) -> None:
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert set(variables) == {"instance", "gpu"}
+    for name, var in variables.items():
+        assert var["type"] == "query" and var["datasource"] == DS_INPUT, name
+        assert var["multi"] and var["includeAll"], name
+        # panel_queries stands in for "All" with the same regex Grafana sends.
+        assert var["allValue"] == DEFAULT_VARIABLES[name], name
+    selectors = {name: (sel, label) for name, sel, label in variable_selectors(dash)}
+    assert selectors["instance"][1] == "instance"
+    assert selectors["gpu"][1] == "gpu"
+    assert '$instance"' in selectors["gpu"][0]  # GPUs of the chosen daemons only
+    for name, (selector, label) in selectors.items():
+        assert unknown_names(filled(selector)) == [], name
+        metric = scan(selector).selectors[0].name
+        assert metric is not None and label in KNOWN_METRICS[metric] | TARGET_LABELS, name
+
+
+def test_panels_use_the_variables_and_nothing_undefined(dash: dict[str, Any]) -> None:
+    defined = {v["name"] for v in dash["templating"]["list"]} | set(builtin_variables())
+    used: set[str] = set()
+    texts = [e for p in data_panels(dash) for e in exprs_of(p)] + annotation_exprs(dash)
+    for expr in texts:
+        for m in re.finditer(r"\$\{(\w+)[^}]*\}|\[\[(\w+)[^\]]*\]\]|\$(\w+)", expr):
+            name = m.group(1) or m.group(2) or m.group(3)
+            if not name.isdigit():
+                used.add(name)
+    assert used <= defined
+    assert {"instance", "gpu"} <= used
+    # Every per-GPU query is filtered by both variables.
+    for p in data_panels(dash):
+        for expr in exprs_of(p):
+            for sel in scan(filled(expr)).selectors:
+                labels = KNOWN_METRICS[sel.name or ""]
+                assert "instance" in sel.matchers, (p["title"], sel.name)
+                if "gpu" in labels:
+                    assert "gpu" in sel.matchers, (p["title"], sel.name)
+
+
+# -- the queries ----------------------------------------------------------------------
+
+
+def _promtool_check(exprs: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``promtool check rules`` on the exprs as recording rules (promtool parses PromQL)."""
+    rules = [{"record": f"gpuwatchd_dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]
+    path = tmp_path / "dashboard_rules.yml"
+    # JSON is YAML: no YAML library needed to write it.
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+    assert PROMTOOL is not None
+    return subprocess.run(
+        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+
+
+@needs_promtool
+def test_every_query_parses(dash: dict[str, Any], tmp_path: Path) -> None:
+    exprs = [e for _, e in panel_queries(DASHBOARD)]
+    exprs += [filled(e) for e in annotation_exprs(dash)]
+    result = _promtool_check(exprs, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in result.stdout
+
+
+@needs_promtool
+def test_promtool_check_rejects_a_broken_query(tmp_path: Path) -> None:
+    result = _promtool_check(['sum by (gpu (gpuwatchd_gpu_lost{gpu=~".*"})'], tmp_path)
+    assert result.returncode != 0
+
+
+def test_every_query_uses_only_exported_names(dash: dict[str, Any]) -> None:
+    queries = panel_queries(DASHBOARD) + [("annotation", filled(e)) for e in annotation_exprs(dash)]
+    for title, expr in queries:
+        assert scan(expr).metrics, f"{title}: no metric in {expr!r}"
+        assert unknown_names(expr) == [], title
+
+
+def test_name_check_catches_mistakes() -> None:
+    assert unknown_names('gpuwatchd_gpu_temperature_celsius{gpu="0"}') == []
+    assert unknown_names("gpuwatchd_gpu_temp_celsius") == [
+        "unknown metric gpuwatchd_gpu_temp_celsius"
+    ]
+    assert unknown_names('gpuwatchd_gate_open{state="busy"}') == [
+        "gpuwatchd_gate_open has no label 'state'"
+    ]
+    assert unknown_names("sum by (reason) (gpuwatchd_gate_open)") == [
+        "grouping label 'reason' is on none of the metrics used"
+    ]
+    names = scan(
+        'sum without (state) (rate(x_total{a="1"}[5m])) * on (gpu) group_left y '
+        'or label_replace(z, "d", "$1", "s", "(.*)") and max_over_time(w[1h:1m]) > bool 0.5'
+    )
+    assert names.metrics == {"x_total", "y", "z", "w"}
+    assert names.grouping_labels == {"state", "gpu"}
+
+
+def test_panel_queries_cover_every_target_and_fill_every_variable(dash: dict[str, Any]) -> None:
+    queries = panel_queries(DASHBOARD)
+    assert len(queries) == sum(len(exprs_of(p)) for p in data_panels(dash))
+    assert all("$" not in expr and "[[" not in expr for _, expr in queries)
+    titles = {t for t, _ in queries}
+    assert titles == {p["title"] for p in data_panels(dash)}
+    chosen = panel_queries(
+        DASHBOARD, {"instance": "h1:9844", "gpu": "3"}, rate_interval_s=1.5, range_s=300
+    )
+    exprs = "\n".join(e for _, e in chosen)
+    assert 'instance=~"h1:9844"' in exprs and 'gpu=~"3"' in exprs and ".*" not in exprs
+    assert "[5m]" not in exprs and "[300s]" in exprs
+
+
+def test_substitute_handles_every_variable_form() -> None:
+    values = {"gpu": "1", **builtin_variables(interval_s=0.25, rate_interval_s=60, range_s=7200)}
+    assert substitute("${gpu} [[gpu]] ${gpu:regex} $gpu", values) == "1 1 1 1"
+    assert substitute("$__range_s $__range $__interval", values) == "7200 7200s 250ms"
+    assert substitute('label_replace(x, "a", "$1", "b", "(.*)")', values).count("$1") == 1
+    with pytest.raises(ValueError, match=r"unknown template variable \$gpuu"):
+        substitute('x{gpu=~"$gpuu"}', values)
+    with pytest.raises(ValueError, match="interval must be positive"):
+        builtin_variables(interval_s=0)
+
+
+# -- the panels the operator needs ----------------------------------------------------
+
+REQUIRED_PANELS: dict[str, tuple[str, set[str]]] = {
+    "Temperature vs slowdown threshold": (
+        "timeseries",
+        {"gpuwatchd_gpu_temperature_celsius", "gpuwatchd_gpu_slowdown_temperature_celsius"},
+    ),
+    "Power vs limit": (
+        "timeseries",
+        {"gpuwatchd_gpu_power_watts", "gpuwatchd_gpu_power_limit_watts"},
+    ),
+    "SM clock vs max": (
+        "timeseries",
+        {"gpuwatchd_gpu_sm_clock_hertz", "gpuwatchd_gpu_max_sm_clock_hertz"},
+    ),
+    "Throttle reasons": ("state-timeline", {"gpuwatchd_gpu_throttle_active"}),
+    "Gate state": ("state-timeline", {"gpuwatchd_gate_state"}),
+    "Tune sessions in range": ("bargauge", {"gpuwatchd_tune_sessions_total"}),
+    "Tune deferrals in range": ("bargauge", {"gpuwatchd_tune_deferred_total"}),
+    "Winners per regime": (
+        "table",
+        {"gpuwatchd_winner_info", "gpuwatchd_winner_seconds", "gpuwatchd_regime_winners_differ"},
+    ),
+    "Clock drift vs winners' clock": ("timeseries", {"gpuwatchd_clock_drift_ratio"}),
+    "Re-tune pending": ("state-timeline", {"gpuwatchd_retune_pending"}),
+    "Poll state": (
+        "state-timeline",
+        {"gpuwatchd_poll_success", "gpuwatchd_poll_stalled", "gpuwatchd_gpu_lost"},
+    ),
+    "Age of last successful poll": ("timeseries", {"gpuwatchd_last_poll_timestamp_seconds"}),
+    "Scrape collectors": ("state-timeline", {"gpuwatchd_scrape_collector_success"}),
+    "Scrape collector duration": (
+        "timeseries",
+        {"gpuwatchd_scrape_collector_duration_seconds"},
+    ),
+}
+
+
+@pytest.mark.parametrize("title", sorted(REQUIRED_PANELS))
+def test_required_panel(dash: dict[str, Any], title: str) -> None:
+    kind, metrics = REQUIRED_PANELS[title]
+    p = panel(dash, title)
+    assert p["type"] == kind
+    used = set().union(*(scan(filled(e)).metrics for e in exprs_of(p)))
+    assert metrics <= used
+
+
+@pytest.mark.parametrize(
+    "title", ["Temperature vs slowdown threshold", "Power vs limit", "SM clock vs max"]
+)
+def test_limit_series_are_drawn_as_dashed_lines(dash: dict[str, Any], title: str) -> None:
+    p = panel(dash, title)
+    limit_ref = p["targets"][1]["refId"]
+    styled = [
+        o
+        for o in p["fieldConfig"]["overrides"]
+        if o["matcher"] == {"id": "byFrameRefID", "options": limit_ref}
+    ]
+    assert styled, f"{title}: the limit query {limit_ref} has no override"
+    props = {prop["id"]: prop["value"] for prop in styled[0]["properties"]}
+    assert props["custom.lineStyle"]["fill"] == "dash"
+
+
+def _value_mappings(p: Mapping[str, Any]) -> dict[str, str]:
+    mappings = p["fieldConfig"]["defaults"]["mappings"]
+    return {k: v["text"] for m in mappings for k, v in m["options"].items()}
+
+
+def test_gate_timeline_codes_match_its_value_mappings(dash: dict[str, Any]) -> None:
+    p = panel(dash, "Gate state")
+    (expr,) = exprs_of(p)
+    codes = dict(re.findall(r'state="(\w+)"\}\s*\*\s*(\d+)', expr))
+    assert set(codes) == set(GATE_STATES)
+    assert _value_mappings(p) == {code: state for state, code in codes.items()}
+
+
+def test_binary_timelines_map_zero_and_one(dash: dict[str, Any]) -> None:
+    assert _value_mappings(panel(dash, "Throttle reasons")) == {"0": "off", "1": "active"}
+    assert _value_mappings(panel(dash, "Scrape collectors")) == {"0": "failing", "1": "ok"}
+    assert _value_mappings(panel(dash, "Re-tune pending")) == {"0": "no", "1": "pending"}
+    assert set(_value_mappings(panel(dash, "Poll state")).values()) == {
+        "ok",
+        "failing",
+        "stalled",
+        "lost",
+    }
+
+
+def test_winners_table_shows_the_differ_flag(dash: dict[str, Any]) -> None:
+    p = panel(dash, "Winners per regime")
+    assert all(t["instant"] and t["format"] == "table" for t in p["targets"])
+    (organize,) = [t for t in p["transformations"] if t["id"] == "organize"]
+    assert organize["options"]["renameByName"]["winners_differ"] == "winners differ"
+    (flag,) = [
+        o for o in p["fieldConfig"]["overrides"] if o["matcher"]["options"] == "winners differ"
+    ]
+    mapping = {k: v["text"] for k, v in flag["properties"][0]["value"][0]["options"].items()}
+    assert mapping == {"yes": "DIFFER", "no": "same"}
+
+
+# -- what the trickier queries compute (promtool evaluates them) ------------------------
+
+_LBL = 'instance="h1:9844",job="gpuwatchd"'
+
+
+def _gpu(i: int) -> str:
+    return f'{_LBL},gpu="{i}",uuid="GPU-{i}"'
+
+
+def _series(metric: str, labels: str, value: float) -> dict[str, str]:
+    return {"series": f"{metric}{{{labels}}}", "values": f"{value}x10"}
+
+
+def _expr_test(
+    tmp_path: Path, expr: str, series: list[dict[str, str]], expected: list[tuple[str, float]]
+) -> None:
+    """Evaluate ``expr`` on ``series`` at 5m with promtool and compare the samples."""
+    (tmp_path / "empty_rules.yml").write_text('{"groups": []}')
+    test = {
+        "rule_files": ["empty_rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "5m",
+                        "exp_samples": [{"labels": lbl, "value": v} for lbl, v in expected],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "query_test.yml"
+    path.write_text(json.dumps(test))
+    assert PROMTOOL is not None
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _query(dash: Mapping[str, Any], title: str) -> str:
+    (expr,) = exprs_of(panel(dash, title))
+    return filled(expr)
+
+
+@needs_promtool
+def test_gate_timeline_query_yields_the_active_state_code(
+    dash: dict[str, Any], tmp_path: Path
+) -> None:
+    active = {0: "cool_stable", 1: "busy", 2: "unavailable"}
+    series = [
+        _series("gpuwatchd_gate_state", f'{_gpu(g)},state="{s}"', float(s == on))
+        for g, on in active.items()
+        for s in GATE_STATES
+    ]
+    codes = {s: i for i, s in enumerate(GATE_STATES, 1)}
+    expected = [(f"{{{_gpu(g)}}}", float(codes[s])) for g, s in active.items()]
+    _expr_test(tmp_path, _query(dash, "Gate state"), series, expected)
+
+
+@needs_promtool
+def test_poll_state_query_ranks_lost_over_stalled_over_failing(
+    dash: dict[str, Any], tmp_path: Path
+) -> None:
+    # gpu: (success, stalled, lost) -> code shown
+    cases = {0: ((1, 0, 0), 0), 1: ((0, 0, 0), 1), 2: ((1, 1, 0), 2), 3: ((0, 1, 1), 3)}
+    series = [
+        _series(metric, _gpu(g), value)
+        for g, (values, _) in cases.items()
+        for metric, value in zip(
+            ("gpuwatchd_poll_success", "gpuwatchd_poll_stalled", "gpuwatchd_gpu_lost"),
+            values,
+            strict=True,
+        )
+    ]
+    expected = [(f"{{{_gpu(g)}}}", float(code)) for g, (_, code) in cases.items()]
+    _expr_test(tmp_path, _query(dash, "Poll state"), series, expected)
+
+
+@needs_promtool
+def test_winners_query_joins_candidate_time_and_differ_flag(
+    dash: dict[str, Any], tmp_path: Path
+) -> None:
+    winners = {  # (workload, regime): (candidate, seconds)
+        ("gemm", "unthrottled"): ("triton_128x256", 0.0021),
+        ("gemm", "sustained"): ("cublas", 0.0030),
+        ("conv", "unthrottled"): ("cudnn_heuristic", 0.0004),
+        ("conv", "sustained"): ("cudnn_heuristic", 0.0005),
+    }
+    series = [
+        _series("gpuwatchd_winner_info", f'{_LBL},workload="{w}",regime="{r}",candidate="{c}"', 1)
+        for (w, r), (c, _) in winners.items()
+    ]
+    series += [
+        _series("gpuwatchd_winner_seconds", f'{_LBL},workload="{w}",regime="{r}"', s)
+        for (w, r), (_, s) in winners.items()
+    ]
+    series += [
+        _series("gpuwatchd_regime_winners_differ", f'{_LBL},workload="gemm"', 1),
+        _series("gpuwatchd_regime_winners_differ", f'{_LBL},workload="conv"', 0),
+    ]
+    expected = [
+        (
+            f'{{{_LBL},workload="{w}",regime="{r}",candidate="{c}",'
+            f'winners_differ="{"yes" if w == "gemm" else "no"}"}}',
+            s,
+        )
+        for (w, r), (c, s) in winners.items()
+    ]
+    _expr_test(tmp_path, _query(dash, "Winners per regime"), series, expected)
+
+
+# -- the catalogue against the real exporter ------------------------------------------
+
+
+def _full_board() -> StateBoard:
+    """One GPU with every field the exporter can export."""
+    info = DeviceInfo(
+        index=0,
+        uuid="GPU-0",
+        name="NVIDIA H200",
+        driver_version="580.159.04",
+        pci_bus_id="00000000:19:00.0",
+        max_sm_clock_mhz=1980.0,
+        max_mem_clock_mhz=3201.0,
+        power_limit_w=700.0,
+        slowdown_temp_c=87.0,
+        shutdown_temp_c=92.0,
+    )
+    sample = Sample(
+        gpu=0,
+        t=10.0,
+        temp_c=61.0,
+        power_w=690.0,
+        sm_clock_mhz=1440.0,
+        mem_clock_mhz=2619.0,
+        reasons=ThrottleReason.SW_POWER_CAP,
+        util_gpu=1.0,
+        util_mem=0.4,
+        procs=(42,),
+        mem_temp_c=55.0,
+        pstate=0,
+    )
+    board = StateBoard()
+    board.put(
+        GpuSnapshot(
+            index=0,
+            info=info,
+            sample=sample,
+            gate=GateDecision(GateState.THROTTLED, ("power cap",), t=10.0, since=5.0),
+            health=PollHealth(success=True, duration_s=0.001, last_success_unix=1.7e9),
+            energy_j=1000.0,
+            throttle_seconds={ThrottleReason.SW_POWER_CAP: 5.0},
+        )
+    )
+    return board
+
+
+def test_catalogue_matches_what_the_exporter_exposes() -> None:
+    registry = build_registry(_full_board(), DaemonInfo("1.0", "sim", "3.11.7"))
+    text = generate_latest(registry).decode()
+    exposed: dict[str, set[str]] = {}
+    values: dict[str, set[str]] = {"reason": set(), "state": set()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            exposed.setdefault(sample.name, set()).update(sample.labels)
+            for label in values:
+                if label in sample.labels:
+                    values[label].add(sample.labels[label])
+    for name, labels in KNOWN_METRICS.items():
+        if SOURCE[name] == "exporter":
+            assert name in exposed, f"{name} is in the catalogue but not exported"
+            assert exposed[name] == set(labels), name
+    assert values["reason"] == set(THROTTLE_REASONS)
+    assert values["state"] == set(GATE_STATES)
