@@ -70,7 +70,11 @@ def from_table(cls: type[T], table: Mapping[str, Any], section: str) -> T:
         pred_msg = fields[key].metadata.get("check")
         if pred_msg is not None and coerced is not None:
             pred, message = pred_msg
-            if not pred(coerced):
+            try:
+                ok = pred(coerced)
+            except ValueError as exc:  # a check that explains itself
+                raise ValueError(str(exc)) from None
+            if not ok:
                 raise ValueError(f"{full}: {message}, got {value!r}")
         kwargs[key] = coerced
     return cls(**kwargs)

@@ -15,7 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.config.fields import check, from_table
+from gpuwatchd.config.windows import parse_windows
 from gpuwatchd.gate import GateConfig
+from gpuwatchd.tuning.protocol import ProtocolConfig
+from gpuwatchd.tuning.types import Regime, Workload
+from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS, merge_workloads, parse_workloads
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuwatchd/config.toml")
 BACKENDS = ("nvml", "sim", "replay")
@@ -28,6 +32,11 @@ class ConfigError(Exception):
 
 def _positive(v: float) -> bool:
     return v > 0
+
+
+def _valid_windows(windows: tuple[str, ...]) -> bool:
+    parse_windows(windows)  # raises ValueError naming the bad window
+    return True
 
 
 def _valid_listen(text: str) -> bool:
@@ -88,13 +97,51 @@ class ReplayConfig:
     loop: bool = True
 
 
+_REGIMES = tuple(r.value for r in Regime)
+
+
+@dataclass(frozen=True, slots=True)
+class TuningConfig:
+    """When and how the daemon tunes (``[tuning]``; ``[tuning.protocol]`` holds the protocol)."""
+
+    #: Tune automatically whenever a GPU's gate opens and work is pending.
+    enabled: bool = True
+    #: How often the scheduler looks for pending work and open gates.
+    check_interval_s: float = field(default=5.0, metadata=check(_positive, "must be > 0"))
+    #: A worker running longer than this is killed and the session marked failed.
+    session_timeout_s: float = field(default=1800.0, metadata=check(_positive, "must be > 0"))
+    regimes: tuple[str, ...] = field(
+        default=_REGIMES,
+        metadata=check(lambda v: v and set(v) <= set(_REGIMES), f"must be a subset of {_REGIMES}"),
+    )
+    #: Workloads the daemon tunes on its own (empty: every one whose device fits the backend).
+    workloads: tuple[str, ...] = ()
+    #: Local-time windows in which tuning may start, e.g. ["22:00-06:00"]; empty: any time.
+    windows: tuple[str, ...] = field(default=(), metadata=check(_valid_windows, "bad window"))
+    #: How many GPUs may be tuned at the same time.
+    max_concurrent: int = field(default=1, metadata=check(lambda v: v >= 1, "must be >= 1"))
+    #: After a failed session, wait this long before trying that GPU again.
+    retry_failed_after_s: float = field(default=3600.0, metadata=check(_positive, "must be > 0"))
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    tuning: TuningConfig = field(default_factory=TuningConfig)
+    workloads: tuple[Workload, ...] = DEFAULT_WORKLOADS
     source: str | None = None  # the file it came from, for logs
+
+    def workload(self, name: str) -> Workload:
+        """The workload called ``name``; ValueError listing the known ones otherwise."""
+        for w in self.workloads:
+            if w.name == name:
+                return w
+        known = ", ".join(w.name for w in self.workloads)
+        raise ValueError(f"unknown workload {name!r} (known: {known})")
 
     def with_overrides(self, **sections: Mapping[str, Any]) -> Config:
         """Apply CLI overrides (already typed) section by section, re-validating them."""
@@ -113,11 +160,24 @@ def _gate(table: Mapping[str, Any]) -> GateConfig:
     return GateConfig.from_mapping(table)
 
 
+def _tuning(table: Mapping[str, Any]) -> TuningConfig:
+    table = dict(table)
+    protocol = table.pop("protocol", {})
+    if isinstance(protocol, ProtocolConfig):  # from with_overrides
+        proto = protocol
+    elif isinstance(protocol, Mapping):
+        proto = ProtocolConfig.from_mapping(protocol)
+    else:
+        raise ValueError("tuning.protocol: expected a [tuning.protocol] table")
+    return dataclasses.replace(from_table(TuningConfig, table, "tuning"), protocol=proto)
+
+
 _SECTIONS = {
     "daemon": lambda t: from_table(DaemonConfig, t, "daemon"),
     "sim": lambda t: from_table(SimConfig, t, "sim"),
     "replay": lambda t: from_table(ReplayConfig, t, "replay"),
     "gate": _gate,
+    "tuning": _tuning,
 }
 
 
@@ -125,9 +185,16 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> Config:
     """Validate a parsed TOML document. Raises :class:`ConfigError` with one line."""
     where = f"{source}: " if source else ""
     sections: dict[str, Any] = {}
+    data = dict(data)
+    if "workload" in data:
+        try:
+            configured = parse_workloads(data.pop("workload"))
+        except ValueError as exc:
+            raise ConfigError(f"{where}{exc}") from None
+        sections["workloads"] = merge_workloads(DEFAULT_WORKLOADS, configured)
     for name, table in data.items():
         if name not in _SECTIONS:
-            known = ", ".join(f"[{s}]" for s in _SECTIONS)
+            known = ", ".join([*(f"[{s}]" for s in _SECTIONS), "[[workload]]"])
             raise ConfigError(f"{where}[{name}]: unknown section (known sections: {known})")
         if not isinstance(table, Mapping):
             raise ConfigError(f"{where}{name}: expected a [{name}] table")

@@ -1,0 +1,30 @@
+"""Prometheus exporter and read-only HTTP API over the daemon's state board."""
+
+from __future__ import annotations
+
+from gpuwatchd.exporter.collector import (
+    DaemonInfo,
+    GpuCollector,
+    GpuwatchdCollector,
+    SubCollector,
+    build_registry,
+)
+from gpuwatchd.exporter.http import HttpServer, Routes, parse_listen
+from gpuwatchd.exporter.state_json import build_state_json
+
+#: Default TCP port of the HTTP server. Not 9400 (dcgm-exporter) nor 9835
+#: (nvidia_gpu_exporter), so gpuwatchd can run beside either.
+DEFAULT_PORT = 9844
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DaemonInfo",
+    "GpuCollector",
+    "GpuwatchdCollector",
+    "HttpServer",
+    "Routes",
+    "SubCollector",
+    "build_registry",
+    "build_state_json",
+    "parse_listen",
+]

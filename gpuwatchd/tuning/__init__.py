@@ -1,0 +1,1 @@
+"""Gated autotuning: workloads, candidate families, the measurement protocol, the worker."""

@@ -1,0 +1,130 @@
+"""The workloads gpuwatchd ships, and parsing of ``[[workload]]`` tables from the config.
+
+Shipped examples: the bf16 8192^3 GEMM of DESIGN.md (Triton tile configs and cuBLAS),
+a tall bf16 GEMM, the cuDNN conv of the public L4 report, an fp16 channels_last conv,
+``sim-gemm`` for the simulated GPU (its winner flips between regimes, as on the H200)
+and two CPU workloads so the whole path runs on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuwatchd.tuning.types import Workload
+
+DEFAULT_WORKLOADS: tuple[Workload, ...] = (
+    Workload(
+        name="gemm-bf16-8192",
+        op="matmul",
+        shape={"m": 8192, "n": 8192, "k": 8192},
+        dtype="bfloat16",
+        families=("triton.matmul", "torch.matmul"),
+    ),
+    Workload(
+        name="gemm-bf16-4096x4096x16384",
+        op="matmul",
+        shape={"m": 4096, "n": 4096, "k": 16384},
+        dtype="bfloat16",
+        families=("triton.matmul", "torch.matmul"),
+    ),
+    Workload(
+        name="conv-l4-report",
+        op="conv2d",
+        shape={"input": [64, 3, 224, 224], "weight": [64, 3, 3, 3], "stride": 1, "padding": 1},
+        dtype="float32",
+        families=("torch.conv2d",),
+    ),
+    Workload(
+        name="conv-fp16-channels-last",
+        op="conv2d",
+        shape={"input": [64, 64, 56, 56], "weight": [64, 64, 3, 3], "stride": 1, "padding": 1},
+        dtype="float16",
+        families=("torch.conv2d",),
+        params={"layouts": ["channels_last"]},
+    ),
+    Workload(
+        name="sim-gemm",
+        op="matmul",
+        shape={"m": 8192, "n": 8192, "k": 8192},
+        dtype="bfloat16",
+        families=("sim",),
+    ),
+    Workload(
+        name="cpu-matmul",
+        op="matmul",
+        shape={"m": 256, "n": 256, "k": 256},
+        dtype="float32",
+        families=("cpu.matmul",),
+    ),
+    Workload(
+        name="cpu-conv2d",
+        op="conv2d",
+        shape={"input": [4, 3, 32, 32], "weight": [8, 3, 3, 3], "stride": 1, "padding": 1},
+        dtype="float32",
+        families=("cpu.conv2d",),
+    ),
+)
+
+_KEYS = ("name", "op", "shape", "dtype", "families", "params")
+
+
+def device_kind(workload: Workload) -> str:
+    """Where a workload's candidates run: ``sim``, ``cpu`` or ``cuda``."""
+    fams = set(workload.families)
+    if fams == {"sim"}:
+        return "sim"
+    if all(f.startswith("cpu.") for f in fams):
+        return "cpu"
+    return "cuda"
+
+
+def parse_workloads(tables: Sequence[Any], where: str = "workload") -> tuple[Workload, ...]:
+    """Validate ``[[workload]]`` tables; raises ValueError naming the bad field."""
+    if not isinstance(tables, list):
+        raise ValueError(f"{where}: expected an array of tables ([[workload]])")
+    out: list[Workload] = []
+    seen: set[str] = set()
+    for i, t in enumerate(tables):
+        here = f"{where}[{i}]"
+        if not isinstance(t, Mapping):
+            raise ValueError(f"{here}: expected a table")
+        for key in t:
+            if key not in _KEYS:
+                raise ValueError(f"{here}.{key}: unknown key (known keys: {', '.join(_KEYS)})")
+        for key in ("name", "op", "dtype"):
+            if not isinstance(t.get(key), str) or not t[key].strip():
+                raise ValueError(f"{here}.{key}: expected a non-empty string")
+        name = t["name"]
+        if name in seen:
+            raise ValueError(f"{here}.name: workload {name!r} is defined twice")
+        seen.add(name)
+        if not isinstance(t.get("shape"), Mapping) or not t["shape"]:
+            raise ValueError(f"{here}.shape: expected a non-empty table")
+        fams = t.get("families")
+        if not isinstance(fams, list) or not fams or not all(isinstance(f, str) for f in fams):
+            raise ValueError(f"{here}.families: expected a non-empty list of family names")
+        params = t.get("params", {})
+        if not isinstance(params, Mapping):
+            raise ValueError(f"{here}.params: expected a table")
+        out.append(
+            Workload(
+                name=name,
+                op=t["op"],
+                shape=dict(t["shape"]),
+                dtype=t["dtype"],
+                families=tuple(fams),
+                params=dict(params),
+            )
+        )
+    return tuple(out)
+
+
+def merge_workloads(
+    defaults: Sequence[Workload], configured: Sequence[Workload]
+) -> tuple[Workload, ...]:
+    """Configured workloads replace shipped ones of the same name and add new ones."""
+    by_name = {w.name: w for w in defaults}
+    for w in configured:
+        by_name[w.name] = w
+    return tuple(by_name.values())
