@@ -27,6 +27,20 @@ from pathlib import Path
 from gpuwatchd.telemetry.nvml import NvmlBackend
 from gpuwatchd.telemetry.trace import TraceWriter
 
+LOAD_SCRIPT = """
+import sys, time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+torch.cuda.synchronize()
+n, t0 = 0, time.monotonic()
+while time.monotonic() - t0 < float(sys.argv[1]):
+    for _ in range(20):
+        torch.mm(a, b)
+    torch.cuda.synchronize()
+    n += 20
+print(2 * 8192**3 * n / (time.monotonic() - t0) / 1e12)
+"""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -113,31 +127,21 @@ def main() -> None:
     for th in threads:
         th.start()
 
-    import torch
-
-    torch.cuda.set_device(0)
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    torch.cuda.synchronize()
+    # The load runs in a child process that exits when it ends, as a real job would:
+    # while it lives it is a foreign compute process, so the gate must say "busy".
     snapshots: dict[str, str] = {}
     time.sleep(args.idle)
     snapshots["idle"] = get(base + "/metrics").decode()
     load_start = time.monotonic() - t_origin
-    events.append({"t": round(load_start, 3), "what": "bf16 8192^3 matmul loop starts"})
-    n = 0
-    t_end = time.monotonic() + args.load
-    mid_taken = False
-    while time.monotonic() < t_end:
-        for _ in range(20):
-            torch.mm(a, b)
-        torch.cuda.synchronize()
-        n += 20
-        if not mid_taken and time.monotonic() > t_end - args.load / 2:
-            snapshots["load"] = get(base + "/metrics").decode()
-            mid_taken = True
+    events.append({"t": round(load_start, 3), "what": "bf16 8192^3 matmul process starts"})
+    child = subprocess.Popen(
+        [sys.executable, "-c", LOAD_SCRIPT, str(args.load)], stdout=subprocess.PIPE, text=True
+    )
+    time.sleep(args.load / 2)
+    snapshots["load"] = get(base + "/metrics").decode()
+    tflops = float(child.communicate()[0].strip() or "nan")
     load_end = time.monotonic() - t_origin
-    tflops = 2 * 8192**3 * n / (load_end - load_start) / 1e12
-    events.append({"t": round(load_end, 3), "what": f"matmul loop ends ({tflops:.0f} TFLOP/s)"})
+    events.append({"t": round(load_end, 3), "what": f"matmul process exits ({tflops:.0f} TFLOP/s)"})
     time.sleep(args.cool)
     events.append({"t": round(time.monotonic() - t_origin, 3), "what": "end of idle cool-down"})
     snapshots["cool"] = get(base + "/metrics").decode()

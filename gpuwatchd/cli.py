@@ -88,16 +88,18 @@ def load_with_overrides(args: argparse.Namespace) -> tuple[Config, dict[str, dic
 
 def cmd_run(args: argparse.Namespace) -> int:
     from gpuwatchd.daemon import Daemon, setup_logging
+    from gpuwatchd.store import StoreError
     from gpuwatchd.telemetry.backend import BackendUnavailable
 
     cfg, overrides = load_with_overrides(args)
     setup_logging(cfg.daemon.log_level)
     try:
         daemon = Daemon(cfg, config_path=args.config, overrides=overrides)
-    except BackendUnavailable as exc:
+    except (BackendUnavailable, StoreError) as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
-        raise CliError(f"cannot listen on {cfg.daemon.listen}: {exc.strerror or exc}") from None
+        where = exc.filename or cfg.daemon.listen
+        raise CliError(f"{where}: {exc.strerror or exc}") from None
     daemon.install_signal_handlers()
     daemon.run()
     return 0
@@ -142,6 +144,18 @@ def cmd_record(args: argparse.Namespace) -> int:
         backend.close()
     print(f"wrote {n} samples to {args.out}", file=sys.stderr)
     return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from gpuwatchd.tune_cmd import run_tune
+
+    return run_tune(args)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from gpuwatchd.tune_cmd import run_report
+
+    return run_report(args)
 
 
 def _local_url(listen: str) -> str:
@@ -189,6 +203,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, required=True, metavar="S", help="seconds to record")
     p.add_argument("--interval", type=float, default=0.05, metavar="S", help="sample period")
     p.set_defaults(func=cmd_record)
+
+    p = sub.add_parser("tune", help="wait for an open gate, tune, print the winners")
+    _add_backend_args(p)
+    p.add_argument("--gpu", type=int, default=0, metavar="N", help="GPU index (default 0)")
+    p.add_argument("--workload", action="append", metavar="W", help="workload name (repeatable)")
+    p.add_argument(
+        "--regime", choices=("unthrottled", "sustained", "both"), default="both", help="regimes"
+    )
+    p.add_argument("--store", metavar="PATH", help="SQLite store (default STATE_DIR/gpuwatchd.db)")
+    p.add_argument("--state-dir", metavar="DIR", help="state directory holding the store")
+    p.add_argument("--no-wait", action="store_true", help="fail at once if the gate is shut")
+    p.add_argument("--wait-timeout", type=float, metavar="S", help="give up waiting after S s")
+    p.add_argument(
+        "--budget", type=float, metavar="S", help="measuring time per workload and regime"
+    )
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("report", help="per workload and regime: winners, times, clocks")
+    p.add_argument("--config", metavar="FILE")
+    p.add_argument("--store", metavar="PATH", help="SQLite store (default STATE_DIR/gpuwatchd.db)")
+    p.add_argument("--state-dir", metavar="DIR", help="state directory holding the store")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--gpu-model", metavar="NAME", help="only this GPU model")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("check-config", help="validate a config file and exit")
     p.add_argument("--config", metavar="FILE")

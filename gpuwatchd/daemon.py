@@ -19,7 +19,7 @@ from types import FrameType
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuwatchd import __version__
-from gpuwatchd.config import Config, ConfigError, load_config
+from gpuwatchd.config import Config, ConfigError, load_config, resolve_state_dir
 from gpuwatchd.exporter import (
     DaemonInfo,
     HttpServer,
@@ -27,11 +27,17 @@ from gpuwatchd.exporter import (
     build_state_json,
     parse_listen,
 )
+from gpuwatchd.exporter.tuning_collector import TuningCollector
 from gpuwatchd.poller import Poller
 from gpuwatchd.sdnotify import Notifier
 from gpuwatchd.state import StateBoard
+from gpuwatchd.store import Store
 from gpuwatchd.telemetry.backend import Backend
 from gpuwatchd.telemetry.factory import open_backend
+from gpuwatchd.tuning.jobs import runnable_workloads
+from gpuwatchd.tuning.scheduler import TuneScheduler
+
+STORE_NAME = "gpuwatchd.db"
 
 log = logging.getLogger("gpuwatchd")
 
@@ -44,6 +50,13 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=fmt, force=True)
     # APScheduler logs every job run at INFO; only its problems are worth a line.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def open_state_store(cfg: Config) -> Store:
+    """The tuning store under the state directory, created if needed (OSError/StoreError)."""
+    state_dir = resolve_state_dir(cfg.daemon.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return Store(state_dir / STORE_NAME)
 
 
 class Daemon:
@@ -61,6 +74,10 @@ class Daemon:
         self.overrides = overrides or {}
         self.backend = backend if backend is not None else open_backend(cfg)
         self.board = StateBoard()
+        self.store = open_state_store(cfg)
+        self.tuner = TuneScheduler(
+            cfg, self.board, self.store, self.backend.name, sim_time=self.backend.clock.now
+        )
         self.poller = Poller(
             self.backend,
             self.board,
@@ -69,20 +86,24 @@ class Daemon:
             energy_period_s=cfg.daemon.energy_interval_s,
             info_refresh_s=cfg.daemon.info_refresh_s,
             stall_periods=cfg.daemon.stall_periods,
+            own_pids=self.tuner.own_pids,
         )
         self.info = DaemonInfo(
             version=__version__, backend=self.backend.name, python_version=platform.python_version()
         )
-        self.registry = build_registry(self.board, self.info)
+        self.registry = build_registry(
+            self.board, self.info, extra=[TuningCollector(self.board, lambda: self.tuner.snapshot)]
+        )
         self.http = HttpServer(
             self.board,
             self.registry,
             parse_listen(cfg.daemon.listen),
-            state_json=lambda: build_state_json(self.board, self.info),
+            state_json=self.state_json,
         )
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
         )
+        self._seeded: set[int] = set()  # GPUs whose missing winners were queued
         self.notifier = Notifier.from_env()
         self._stop = threading.Event()
         self._reload = threading.Event()
@@ -119,6 +140,9 @@ class Daemon:
             seconds=self.cfg.daemon.energy_interval_s,
             id="slow-fields",
         )
+        self.scheduler.add_job(
+            self.tuning_tick, "interval", seconds=self.cfg.tuning.check_interval_s, id="tune"
+        )
         self.scheduler.start()
         self.poller.dispatch_slow_reads()  # energy and static facts right away
         host, port = self.http.address
@@ -151,6 +175,32 @@ class Daemon:
                 self.notifier.watchdog()
                 last_ping = time.monotonic()
 
+    def state_json(self) -> dict[str, object]:
+        """/api/v1/state: the board plus what the tuner is doing."""
+        doc = build_state_json(self.board, self.info)
+        snap = self.tuner.snapshot
+        doc["tuning"] = {
+            "enabled": self.cfg.tuning.enabled,
+            "running_gpus": sorted(snap.running),
+            "pending": {str(g): list(w) for g, w in sorted(snap.pending.items())},
+            "last_completed_unix": snap.last_tune_unix,
+        }
+        return doc
+
+    def tuning_tick(self) -> None:
+        """APScheduler job: queue what each new GPU lacks, then let the tuner decide."""
+        if self.cfg.tuning.enabled:
+            for snap in self.board.all():
+                if snap.index in self._seeded or snap.info is None:
+                    continue
+                self._seeded.add(snap.index)
+                have = {w.workload for w in self.store.winners(gpu_model=snap.info.name)}
+                missing = [
+                    w for w in runnable_workloads(self.cfg, self.backend.name) if w.name not in have
+                ]
+                self.tuner.request(snap.index, missing, "no winners yet")
+        self.tuner.tick()
+
     def healthy(self) -> bool:
         """False once a GPU read is stuck past ``watchdog_stall_s``: let systemd restart us."""
         stuck = self.poller.longest_stall_s()
@@ -181,6 +231,7 @@ class Daemon:
         if restart_needed:
             log.warning("config reload: %s change only on restart", ", ".join(restart_needed))
         self.poller.reconfigure(new.gate, period_s=new.daemon.poll_interval_s)
+        self.tuner.reconfigure(new)
         logging.getLogger().setLevel(new.daemon.log_level.upper())
         self.cfg = new
         log.info("config reloaded from %s", self.config_path or "defaults")
@@ -190,10 +241,12 @@ class Daemon:
     def shutdown(self) -> None:
         self.notifier.stopping()
         self.scheduler.shutdown(wait=False)
+        self.tuner.shutdown(timeout=2.0)
         self.poller.stop(timeout=2.0)
         self.http.stop()
         try:
             self.backend.close()
         except Exception as exc:
             log.warning("closing backend %s failed: %s", self.backend.name, exc)
+        self.store.close()
         log.info("stopped")

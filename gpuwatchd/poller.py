@@ -215,6 +215,13 @@ class Poller:
         if len(self._threads) > 1:
             self._threads = [t for t in self._threads if t.is_alive()]
 
+    def poll(self, gpu: int) -> GpuSnapshot:
+        """Poll one GPU now from the caller's thread (``gpuwatchd tune`` drives its own loop)."""
+        track = self._tracks.get(gpu)
+        if track is None:
+            track = self._tracks[gpu] = _GpuTrack(index=gpu)
+        return self.poll_once(track)
+
     def poll_once(self, track: _GpuTrack) -> GpuSnapshot:
         """Read one GPU once, evaluate its gate and publish. Public for tests."""
         gpu = track.index

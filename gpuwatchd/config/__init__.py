@@ -9,6 +9,7 @@ from gpuwatchd.config.loader import (
     SimConfig,
     load_config,
     parse_config,
+    resolve_state_dir,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "SimConfig",
     "load_config",
     "parse_config",
+    "resolve_state_dir",
 ]

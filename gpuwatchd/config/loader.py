@@ -71,10 +71,25 @@ class DaemonConfig:
     stall_periods: float = field(default=2.0, metadata=check(lambda v: v >= 1, "must be >= 1"))
     #: systemd watchdog pings stop once a GPU read has been stuck this long.
     watchdog_stall_s: float = field(default=60.0, metadata=check(_positive, "must be > 0"))
-    state_dir: str = "/var/lib/gpuwatchd"
+    #: Where the tuning store lives. Empty: $STATE_DIRECTORY (systemd's StateDirectory=),
+    #: else /var/lib/gpuwatchd for root, else ~/.local/state/gpuwatchd.
+    state_dir: str = ""
     log_level: str = field(
         default="info", metadata=check(lambda v: v in LOG_LEVELS, f"must be one of {LOG_LEVELS}")
     )
+
+
+def resolve_state_dir(configured: str) -> Path:
+    """The state directory to use, following :attr:`DaemonConfig.state_dir`'s rule."""
+    if configured:
+        return Path(configured)
+    systemd = os.environ.get("STATE_DIRECTORY")
+    if systemd:
+        return Path(systemd.split(":")[0])
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpuwatchd")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpuwatchd"
 
 
 @dataclass(frozen=True, slots=True)

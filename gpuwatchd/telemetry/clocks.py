@@ -42,3 +42,28 @@ class ScaledClock:
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds / self.speed)
+
+
+class FastForwardClock:
+    """Real time at ``speed``, plus jumps: ``skip`` moves time ahead without waiting.
+
+    ``gpuwatchd tune --backend sim`` uses it to wait for a simulated gate in no real
+    time (nothing happens on a simulated GPU between polls that the model can't
+    integrate in one step), while a tuning session still runs against a clock that
+    moves on its own.
+    """
+
+    def __init__(self, speed: float = 1.0) -> None:
+        self._scaled = ScaledClock(speed)
+        self._offset = 0.0
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        return self._scaled.now() + self._offset
+
+    def skip(self, seconds: float) -> None:
+        with self._lock:
+            self._offset += max(0.0, seconds)
+
+    def sleep(self, seconds: float) -> None:
+        self._scaled.sleep(seconds)

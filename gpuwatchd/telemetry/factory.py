@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from gpuwatchd.config import Config
-from gpuwatchd.telemetry.backend import Backend, BackendUnavailable
+from gpuwatchd.telemetry.backend import Backend, BackendUnavailable, Clock
 
 
-def open_backend(cfg: Config) -> Backend:
-    """Open ``cfg.daemon.backend``; raises :class:`BackendUnavailable` with one line."""
+def open_backend(cfg: Config, sim_clock: Clock | None = None) -> Backend:
+    """Open ``cfg.daemon.backend``; raises :class:`BackendUnavailable` with one line.
+
+    ``sim_clock`` replaces the sim backend's real-time clock (``tune`` fast-forwards).
+    """
     kind = cfg.daemon.backend
     if kind == "nvml":
         from gpuwatchd.telemetry.nvml import NvmlBackend
@@ -22,7 +25,7 @@ def open_backend(cfg: Config) -> Backend:
                 gpus=cfg.sim.gpus,
                 scenario=cfg.sim.scenario,
                 seed=cfg.sim.seed,
-                clock=ScaledClock(cfg.sim.speed),
+                clock=sim_clock or ScaledClock(cfg.sim.speed),
             )
         except ValueError as exc:
             raise BackendUnavailable(f"sim: {exc}") from None

@@ -34,6 +34,8 @@ DEFAULT_WORKLOADS: tuple[Workload, ...] = (
         shape={"input": [64, 3, 224, 224], "weight": [64, 3, 3, 3], "stride": 1, "padding": 1},
         dtype="float32",
         families=("torch.conv2d",),
+        # torch lets cuDNN use TF32 for fp32 convs by default; so did the L4 report's user.
+        params={"tf32": True},
     ),
     Workload(
         name="conv-fp16-channels-last",
@@ -41,7 +43,7 @@ DEFAULT_WORKLOADS: tuple[Workload, ...] = (
         shape={"input": [64, 64, 56, 56], "weight": [64, 64, 3, 3], "stride": 1, "padding": 1},
         dtype="float16",
         families=("torch.conv2d",),
-        params={"layouts": ["channels_last"]},
+        params={"memory_formats": ["channels_last"]},
     ),
     Workload(
         name="sim-gemm",

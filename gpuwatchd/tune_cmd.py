@@ -1,0 +1,242 @@
+"""``gpuwatchd tune``: wait for the gate, tune in a worker, print the winners.
+
+Runs without a daemon: it polls the chosen GPU itself, so its gate is the same logic
+the daemon uses. With the sim backend, waiting fast-forwards simulated time (a
+simulated GPU has nothing to wait for in real time); the session itself runs on a
+clock that moves on its own, as on real hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpuwatchd.cli import EXIT_CONFIG, CliError, load_with_overrides
+from gpuwatchd.config import Config, resolve_state_dir
+from gpuwatchd.poller import Poller
+from gpuwatchd.report import format_report, report_from
+from gpuwatchd.state import GpuSnapshot, StateBoard
+from gpuwatchd.store import Store, StoreError
+from gpuwatchd.telemetry.backend import Backend, BackendUnavailable
+from gpuwatchd.telemetry.clocks import FastForwardClock
+from gpuwatchd.telemetry.factory import open_backend
+from gpuwatchd.tuning.jobs import PlanError, build_jobs, preempt_reason, select_workloads
+from gpuwatchd.tuning.runner import TuneRunner
+from gpuwatchd.tuning.types import Regime, SessionStatus
+
+EXIT_NOT_OPEN = 3  # --no-wait and the gate is shut
+STORE_NAME = "gpuwatchd.db"
+
+
+def default_store_path(cfg: Config) -> Path:
+    return resolve_state_dir(cfg.daemon.state_dir) / STORE_NAME
+
+
+def open_store(path: Path, readonly: bool = False) -> Store:
+    if not readonly:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CliError(
+                f"cannot create {path.parent}: {exc.strerror or exc} (use --store PATH)"
+            ) from None
+    try:
+        return Store(path, readonly=readonly)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+
+
+class GateWatch:
+    """Polls one GPU; waits for its gate, fast-forwarding a simulated clock."""
+
+    def __init__(self, poller: Poller, gpu: int, out: TextIO, ff: FastForwardClock | None) -> None:
+        self.poller = poller
+        self.gpu = gpu
+        self.out = out
+        self.ff = ff
+        self._last_poll = 0.0
+        self._snap: GpuSnapshot | None = None
+
+    def poll(self) -> GpuSnapshot:
+        self._snap = self.poller.poll(self.gpu)
+        self._last_poll = time.monotonic()
+        return self._snap
+
+    def latest(self) -> GpuSnapshot:
+        """A fresh snapshot at most one poll period old (the runner asks every 50 ms)."""
+        if self._snap is None or time.monotonic() - self._last_poll >= self.poller.period_s:
+            return self.poll()
+        return self._snap
+
+    def wait_open(self, no_wait: bool, timeout_s: float | None) -> GpuSnapshot:
+        period = self.poller.period_s
+        cfg = self.poller.gate_cfg
+        evidence_s = cfg.settle_s + cfg.window_s + 2 * period  # the gate's own warm-up
+        start = self.poller.backend.clock.now()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        shown = None
+        while True:
+            snap = self.poll()
+            gate = snap.gate
+            if gate is not None and gate.open:
+                if shown is not None:
+                    print(f"GPU {self.gpu}: gate open", file=self.out, flush=True)
+                return snap
+            text = f"{gate.state.value}: {'; '.join(gate.reasons)}" if gate else "no reading"
+            if gate is not None and gate.state.value != shown:
+                shown = gate.state.value
+                print(f"GPU {self.gpu}: waiting for the gate ({text})", file=self.out, flush=True)
+            elapsed = self.poller.backend.clock.now() - start
+            if no_wait and elapsed > evidence_s:
+                raise CliError(f"GPU {self.gpu}: gate is shut ({text})", EXIT_NOT_OPEN)
+            if deadline is not None and time.monotonic() > deadline:
+                raise CliError(f"GPU {self.gpu}: gate still shut after {timeout_s:g} s ({text})")
+            if self.ff is not None:
+                self.ff.skip(period)
+            else:
+                time.sleep(period)
+
+
+def _progress_printer(out: TextIO) -> Callable[[dict[str, Any]], None]:
+    last = [""]
+
+    def show(msg: dict[str, Any]) -> None:
+        clock = msg.get("sm_clock_mhz")
+        temp = msg.get("temp_c")
+        state = " ".join(
+            part
+            for part in (
+                f"SM {clock:.0f} MHz" if isinstance(clock, int | float) else "",
+                f"{temp:.0f}C" if isinstance(temp, int | float) else "",
+            )
+            if part
+        )
+        line = (
+            f"[{msg.get('regime', '?')}] {msg.get('workload', '?')}: "
+            f"{msg.get('done', '?')}/{msg.get('total', '?')} {msg.get('candidate', '')}  {state}"
+        )
+        if line != last[0]:
+            last[0] = line
+            print(line.rstrip(), file=out, flush=True)
+
+    return show
+
+
+def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    cfg, _ = load_with_overrides(args)
+    if args.budget is not None:
+        try:
+            proto = dataclasses.replace(cfg.tuning.protocol, time_budget_s=args.budget)
+        except ValueError as exc:
+            raise CliError(f"--budget: {exc}", EXIT_CONFIG) from None
+        cfg = dataclasses.replace(cfg, tuning=dataclasses.replace(cfg.tuning, protocol=proto))
+    try:
+        workloads = select_workloads(cfg, cfg.daemon.backend, args.workload or [])
+    except PlanError as exc:
+        raise CliError(str(exc), EXIT_CONFIG) from None
+    regimes = tuple(Regime) if args.regime == "both" else (Regime(args.regime),)
+    ff = FastForwardClock(cfg.sim.speed) if cfg.daemon.backend == "sim" else None
+    try:
+        backend: Backend = open_backend(cfg, sim_clock=ff)
+    except BackendUnavailable as exc:
+        raise CliError(str(exc)) from None
+    try:
+        return _tune(args, cfg, backend, workloads, regimes, ff, out)
+    finally:
+        backend.close()
+
+
+def _tune(
+    args: argparse.Namespace,
+    cfg: Config,
+    backend: Backend,
+    workloads: tuple[Any, ...],
+    regimes: tuple[Regime, ...],
+    ff: FastForwardClock | None,
+    out: TextIO,
+) -> int:
+    gpus = backend.devices()
+    if args.gpu not in gpus:
+        raise CliError(f"--gpu {args.gpu}: no such GPU (have {gpus})", EXIT_CONFIG)
+    store_path = Path(args.store) if args.store else default_store_path(cfg)
+    store = open_store(store_path)
+    runner = TuneRunner(store)
+    poller = Poller(
+        backend,
+        StateBoard(),
+        cfg.gate,
+        period_s=cfg.daemon.poll_interval_s,
+        own_pids=runner.pids,
+    )
+    watch = GateWatch(poller, args.gpu, out, ff)
+    on_progress = _progress_printer(out)
+    results = []
+    try:
+        snap = watch.wait_open(args.no_wait, args.wait_timeout)
+        info = snap.info
+        if info is None:
+            raise CliError(f"GPU {args.gpu}: static facts unavailable")
+        pending = build_jobs(cfg, info, workloads, regimes, sim_start_t=backend.clock.now())
+        while pending:
+            job = pending[0]
+            names = ", ".join(w.name for w in job.workloads)
+            print(f"GPU {args.gpu}: tuning {names} ({job.device}) in "
+                  f"{'/'.join(r.value for r in regimes)}", file=out, flush=True)  # fmt: skip
+            outcome = runner.run_session(
+                job,
+                info,
+                backend.name,
+                should_preempt=lambda: preempt_reason(watch.latest()),
+                on_progress=on_progress,
+                timeout_s=cfg.tuning.session_timeout_s,
+                sample=snap.sample,
+            )
+            status = outcome.status
+            print(f"session {outcome.session_id}: {status.value}"
+                  f"{': ' + outcome.why if outcome.why else ''}", file=out, flush=True)  # fmt: skip
+            if status is SessionStatus.COMPLETED:
+                results.extend(store.results(outcome.session_id))
+                pending.pop(0)
+            elif status is SessionStatus.PREEMPTED:
+                if args.no_wait:
+                    raise CliError(f"preempted: {outcome.why}", EXIT_NOT_OPEN)
+                snap = watch.wait_open(False, args.wait_timeout)
+                pending[0] = build_jobs(
+                    cfg, info, job.workloads, regimes, sim_start_t=backend.clock.now()
+                )[0]
+            else:
+                raise CliError(f"tuning failed: {outcome.why}")
+    finally:
+        store.close()
+    print(file=out)
+    print(format_report(report_from(results)), file=out, flush=True)
+    return 0
+
+
+def run_report(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    import json
+
+    from gpuwatchd.report import build_report
+
+    if args.store:
+        path = Path(args.store)
+    else:
+        cfg, _ = load_with_overrides(args)
+        path = default_store_path(cfg)
+    store = open_store(path, readonly=True)
+    try:
+        doc = build_report(store, gpu_model=args.gpu_model)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        store.close()
+    if args.format == "json":
+        print(json.dumps(doc, indent=2, sort_keys=True), file=out)
+    else:
+        print(format_report(doc), file=out)
+    return 0

@@ -1,0 +1,229 @@
+"""The daemon's tuning scheduler: gated starts, deferral reasons, outcomes, metrics."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpuwatchd.config import Config
+from gpuwatchd.config.loader import TuningConfig
+from gpuwatchd.exporter.tuning_collector import TuningCollector
+from gpuwatchd.gate_types import GateDecision, GateState
+from gpuwatchd.state import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.store import Store
+from gpuwatchd.telemetry.types import DeviceInfo
+from gpuwatchd.tuning.runner import SessionOutcome
+from gpuwatchd.tuning.scheduler import TuneScheduler
+from gpuwatchd.tuning.types import SessionStatus
+from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
+
+SIM_GEMM = next(w for w in DEFAULT_WORKLOADS if w.name == "sim-gemm")
+
+
+def put(board: StateBoard, gpu: int, state: GateState, reasons: tuple[str, ...] = ()) -> None:
+    board.put(
+        GpuSnapshot(
+            index=gpu,
+            info=DeviceInfo(index=gpu, uuid=f"GPU-{gpu}", name="Test GPU"),
+            sample=None,
+            gate=GateDecision(state, reasons, t=0.0, since=0.0),
+            health=PollHealth(True, 0.001),
+        )
+    )
+
+
+class FakeRunner:
+    """Blocks each session until released, then ends it with ``status``."""
+
+    instances: ClassVar[list[FakeRunner]] = []
+
+    def __init__(self, store: Store) -> None:
+        self.status = SessionStatus.COMPLETED
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.preempt_seen: list[str | None] = []
+        self.cancelled: str | None = None
+        FakeRunner.instances.append(self)
+
+    def pids(self) -> frozenset[int]:
+        return (
+            frozenset({4321})
+            if self.started.is_set() and not self.release.is_set()
+            else frozenset()
+        )
+
+    def cancel(self, reason: str) -> bool:
+        self.cancelled = reason
+        self.release.set()
+        return True
+
+    def run_session(self, job, info, backend_name, should_preempt, **kw) -> SessionOutcome:
+        self.job = job
+        self.started.set()
+        while not self.release.wait(0.01):
+            why = should_preempt()
+            if why:
+                self.preempt_seen.append(why)
+                return SessionOutcome(SessionStatus.PREEMPTED, why, 1, ())
+        return SessionOutcome(self.status, None, 1, ())
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    FakeRunner.instances = []
+    board = StateBoard()
+    store = Store(tmp_path / "g.db")
+    clock = [1000.0]
+    local = [dt.datetime(2026, 11, 21, 23, 0)]
+    cfg = Config(tuning=TuningConfig(check_interval_s=1.0))
+
+    def make(cfg: Config = cfg) -> TuneScheduler:
+        return TuneScheduler(
+            cfg, board, store, "sim", runner_factory=FakeRunner,
+            now=lambda: clock[0], local_now=lambda: local[0],
+        )  # fmt: skip
+
+    yield board, make, clock, local
+    store.close()
+
+
+def wait_until(pred, timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_shut_gate_defers_with_the_state_as_reason_then_open_gate_starts(setup):
+    board, make, _, _ = setup
+    sched = make()
+    put(board, 0, GateState.WARMING, ("temp 71C",))
+    sched.request(0, [SIM_GEMM], "manual")
+    sched.tick()
+    sched.tick()
+    assert sched.snapshot.deferred_total == {"warming": 2}
+    assert not FakeRunner.instances
+    put(board, 0, GateState.COOL_STABLE)
+    sched.tick()
+    runner = FakeRunner.instances[0]
+    assert runner.started.wait(2)
+    assert runner.job.workloads == (SIM_GEMM,)
+    assert sched.own_pids() == frozenset({4321})
+    runner.release.set()
+    assert wait_until(lambda: not sched.pending())
+    assert wait_until(lambda: 0 not in sched.snapshot.running)
+
+
+def test_one_gpu_at_a_time(setup):
+    board, make, _, _ = setup
+    sched = make()
+    for gpu in (0, 1):
+        put(board, gpu, GateState.COOL_STABLE)
+        sched.request(gpu, [SIM_GEMM], "manual")
+    sched.tick()
+    assert len(FakeRunner.instances) == 1
+    assert sched.snapshot.deferred_total == {"another_session": 1}
+    FakeRunner.instances[0].release.set()
+    assert wait_until(lambda: sched.pending() == {1: ("sim-gemm",)})
+    sched.tick()
+    assert len(FakeRunner.instances) == 2
+
+
+def test_a_foreign_process_preempts_and_the_work_stays_pending(setup):
+    board, make, _, _ = setup
+    sched = make()
+    put(board, 0, GateState.COOL_STABLE)
+    sched.request(0, [SIM_GEMM], "manual")
+    sched.tick()
+    runner = FakeRunner.instances[0]
+    assert runner.started.wait(2)
+    # Our own sustained load throttles the GPU: that must not stop the session.
+    put(board, 0, GateState.THROTTLED, ("throttle sw_power_cap",))
+    time.sleep(0.1)
+    assert runner.preempt_seen == []
+    put(board, 0, GateState.BUSY, ("1 foreign compute process(es) (pid 77)",))
+    assert wait_until(lambda: runner.preempt_seen)
+    assert "pid 77" in runner.preempt_seen[0]
+    assert wait_until(lambda: 0 not in sched.snapshot.running)
+    assert sched.pending() == {0: ("sim-gemm",)}
+
+
+def test_failure_backs_off_before_retrying(setup):
+    board, make, clock, _ = setup
+    sched = make()
+    put(board, 0, GateState.COOL_STABLE)
+    sched.request(0, [SIM_GEMM], "manual")
+    sched.tick()
+    runner = FakeRunner.instances[0]
+    runner.status = SessionStatus.FAILED
+    runner.release.set()
+    assert wait_until(lambda: 0 not in sched.snapshot.running)
+    sched.tick()
+    assert sched.snapshot.deferred_total.get("retry_backoff") == 1
+    clock[0] += 3601
+    sched.tick()
+    assert len(FakeRunner.instances) == 1  # one runner per GPU, reused
+    assert wait_until(lambda: runner.started.is_set())
+
+
+def test_quiet_hours_window(setup):
+    board, make, _, local = setup
+    cfg = Config(tuning=TuningConfig(windows=("01:00-05:00",)))
+    sched = make(cfg)
+    put(board, 0, GateState.COOL_STABLE)
+    sched.request(0, [SIM_GEMM], "manual")
+    sched.tick()
+    assert sched.snapshot.deferred_total == {"outside_window": 1}
+    local[0] = dt.datetime(2026, 11, 22, 2, 30)
+    sched.tick()
+    assert FakeRunner.instances and FakeRunner.instances[0].started.wait(2)
+
+
+def test_disabled_tuning_never_starts(setup):
+    board, make, _, _ = setup
+    sched = make(Config(tuning=TuningConfig(enabled=False)))
+    put(board, 0, GateState.COOL_STABLE)
+    sched.request(0, [SIM_GEMM], "manual")
+    sched.tick()
+    assert not FakeRunner.instances
+
+
+def test_shutdown_cancels_a_running_session(setup):
+    board, make, _, _ = setup
+    sched = make()
+    put(board, 0, GateState.COOL_STABLE)
+    sched.request(0, [SIM_GEMM], "manual")
+    sched.tick()
+    runner = FakeRunner.instances[0]
+    assert runner.started.wait(2)
+    sched.shutdown(timeout=2)
+    assert runner.cancelled == "daemon stopping"
+    sched.tick()
+    assert len(FakeRunner.instances) == 1
+
+
+def test_tuning_metrics_pass_promtool(setup, tmp_path: Path):
+    board, make, _, _ = setup
+    sched = make()
+    put(board, 0, GateState.WARMING)
+    sched.request(0, [SIM_GEMM], "manual")
+    sched.tick()
+    reg = CollectorRegistry()
+    reg.register(TuningCollector(board, lambda: sched.snapshot))
+    text = generate_latest(reg).decode()
+    assert 'gpuwatchd_tune_deferred_total{reason="warming"} 1.0' in text
+    assert 'gpuwatchd_tune_pending_workloads{gpu="0",uuid="GPU-0"} 1.0' in text
+    assert 'gpuwatchd_tune_sessions_total{status="completed"} 0.0' in text
+    promtool = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True
+    )
+    assert promtool.returncode == 0, promtool.stdout + promtool.stderr
