@@ -32,6 +32,7 @@ import sys, time, torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 torch.cuda.synchronize()
+print("ready", flush=True)
 n, t0 = 0, time.monotonic()
 while time.monotonic() - t0 < float(sys.argv[1]):
     for _ in range(20):
@@ -132,11 +133,15 @@ def main() -> None:
     snapshots: dict[str, str] = {}
     time.sleep(args.idle)
     snapshots["idle"] = get(base + "/metrics").decode()
-    load_start = time.monotonic() - t_origin
-    events.append({"t": round(load_start, 3), "what": "bf16 8192^3 matmul process starts"})
+    spawned = time.monotonic() - t_origin
+    events.append({"t": round(spawned, 3), "what": "matmul process starts (imports torch)"})
     child = subprocess.Popen(
         [sys.executable, "-c", LOAD_SCRIPT, str(args.load)], stdout=subprocess.PIPE, text=True
     )
+    assert child.stdout is not None
+    child.stdout.readline()  # "ready": CUDA context and operands exist, the loop starts
+    load_start = time.monotonic() - t_origin
+    events.append({"t": round(load_start, 3), "what": "bf16 8192^3 matmul loop starts"})
     time.sleep(args.load / 2)
     snapshots["load"] = get(base + "/metrics").decode()
     tflops = float(child.communicate()[0].strip() or "nan")

@@ -213,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--store", metavar="PATH", help="SQLite store (default STATE_DIR/gpuwatchd.db)")
     p.add_argument("--state-dir", metavar="DIR", help="state directory holding the store")
+    p.add_argument("--poll-interval", type=float, metavar="S", help="gate poll period in seconds")
     p.add_argument("--no-wait", action="store_true", help="fail at once if the gate is shut")
     p.add_argument("--wait-timeout", type=float, metavar="S", help="give up waiting after S s")
     p.add_argument(

@@ -61,6 +61,7 @@ class GateWatch:
         self.ff = ff
         self._last_poll = 0.0
         self._snap: GpuSnapshot | None = None
+        self.session_states: dict[str, int] = {}
 
     def poll(self) -> GpuSnapshot:
         self._snap = self.poller.poll(self.gpu)
@@ -68,10 +69,29 @@ class GateWatch:
         return self._snap
 
     def latest(self) -> GpuSnapshot:
-        """A fresh snapshot at most one poll period old (the runner asks every 50 ms)."""
+        """A fresh snapshot at most one poll period old (the runner asks every 50 ms).
+
+        Counts the gate states seen meanwhile: under our own sustained load the gate
+        shows ``throttled`` or ``warming`` (our heat), which must not preempt us.
+        """
         if self._snap is None or time.monotonic() - self._last_poll >= self.poller.period_s:
-            return self.poll()
+            snap = self.poll()
+            if snap.gate is not None:
+                state = snap.gate.state.value
+                self.session_states[state] = self.session_states.get(state, 0) + 1
+            return snap
         return self._snap
+
+    def report_session_states(self) -> None:
+        total = sum(self.session_states.values())
+        if total:
+            parts = ", ".join(
+                f"{state} {100 * n / total:.0f}%"
+                for state, n in sorted(self.session_states.items(), key=lambda kv: -kv[1])
+            )
+            print(f"GPU {self.gpu}: gate while tuning: {parts} of {total} polls",
+                  file=self.out, flush=True)  # fmt: skip
+        self.session_states.clear()
 
     def wait_open(self, no_wait: bool, timeout_s: float | None) -> GpuSnapshot:
         period = self.poller.period_s
@@ -197,6 +217,7 @@ def _tune(
                 sample=snap.sample,
             )
             status = outcome.status
+            watch.report_session_states()
             print(f"session {outcome.session_id}: {status.value}"
                   f"{': ' + outcome.why if outcome.why else ''}", file=out, flush=True)  # fmt: skip
             if status is SessionStatus.COMPLETED:

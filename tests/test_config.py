@@ -1,0 +1,96 @@
+"""Configuration: the shipped example stays the defaults, sections validate strictly."""
+
+from __future__ import annotations
+
+import datetime as dt
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gpuwatchd.config import Config, ConfigError, parse_config, resolve_state_dir
+from gpuwatchd.config.windows import in_windows, parse_windows
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "config.toml"
+
+
+def test_example_config_documents_exactly_the_defaults():
+    cfg = parse_config(tomllib.loads(EXAMPLE.read_text()))
+    defaults = Config()
+    for section in ("daemon", "sim", "replay", "gate", "tuning"):
+        assert getattr(cfg, section) == getattr(defaults, section), section
+    names = [w.name for w in cfg.workloads]
+    assert "attention-proj-fp16" in names and "sim-gemm" in names
+    assert len(names) == len(set(names))
+
+
+def test_workload_tables_replace_and_add():
+    cfg = parse_config(
+        {
+            "workload": [
+                {
+                    "name": "sim-gemm",
+                    "op": "matmul",
+                    "shape": {"m": 64, "n": 64, "k": 64},
+                    "dtype": "bfloat16",
+                    "families": ["sim"],
+                },
+            ]
+        }
+    )
+    assert cfg.workload("sim-gemm").shape == {"m": 64, "n": 64, "k": 64}
+    with pytest.raises(ValueError, match="unknown workload 'x'"):
+        cfg.workload("x")
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        (
+            {
+                "workload": [
+                    {"name": "a", "op": "matmul", "shape": {}, "dtype": "f", "families": ["sim"]}
+                ]
+            },
+            "workload[0].shape",
+        ),
+        (
+            {
+                "workload": [
+                    {"name": "a", "op": "m", "shape": {"m": 1}, "dtype": "f", "families": []}
+                ]
+            },
+            "workload[0].families",
+        ),
+        ({"workload": [{"name": "a", "bogus": 1}]}, "workload[0].bogus: unknown key"),
+        ({"tuning": {"windows": ["22:00"]}}, "tuning.windows[0]: expected HH:MM-HH:MM"),
+        ({"tuning": {"max_concurrent": 0}}, "tuning.max_concurrent: must be >= 1"),
+        ({"tuning": {"protocol": {"spread_target": 0}}}, "tuning.protocol.spread_target"),
+        ({"tuning": {"protocol": 3}}, "tuning.protocol: expected a [tuning.protocol] table"),
+        ({"daemon": {"listen": "host:notaport"}}, "daemon.listen"),
+    ],
+)
+def test_bad_values_name_the_key(doc, needle):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(doc, source="c.toml")
+    assert needle in str(exc.value) and str(exc.value).startswith("c.toml: ")
+    assert "\n" not in str(exc.value)
+
+
+def test_quiet_hours_wrap_midnight():
+    w = parse_windows(["22:00-06:00"])
+    assert in_windows(w, dt.datetime(2026, 1, 1, 23, 30))
+    assert in_windows(w, dt.datetime(2026, 1, 1, 5, 59))
+    assert not in_windows(w, dt.datetime(2026, 1, 1, 6, 0))
+    assert not in_windows(w, dt.datetime(2026, 1, 1, 12, 0))
+    assert in_windows([], dt.datetime(2026, 1, 1, 12, 0))
+
+
+def test_state_dir_rule(monkeypatch, tmp_path):
+    assert resolve_state_dir(str(tmp_path)) == tmp_path
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/gpuwatchd-x")
+    assert resolve_state_dir("") == Path("/var/lib/gpuwatchd-x")
+    monkeypatch.delenv("STATE_DIRECTORY")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert resolve_state_dir("") == tmp_path / "gpuwatchd"
