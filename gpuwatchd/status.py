@@ -102,4 +102,20 @@ def format_status(doc: dict[str, Any]) -> str:
         )
     if not doc["gpus"]:
         lines.append("(no GPUs)")
+    tuning = doc.get("tuning")
+    if isinstance(tuning, dict):
+        lines.append(_tuning_line(tuning))
     return "\n".join(lines)
+
+
+def _tuning_line(tuning: dict[str, Any]) -> str:
+    if not tuning.get("enabled", True):
+        return "tuning: disabled"
+    running = tuning.get("running_gpus") or []
+    pending = tuning.get("pending") or {}
+    parts = []
+    if running:
+        parts.append("running on GPU " + ", ".join(str(g) for g in running))
+    for gpu, names in sorted(pending.items()):
+        parts.append(f"GPU {gpu} waiting: {', '.join(names)}")
+    return "tuning: " + ("; ".join(parts) if parts else "idle, nothing pending")

@@ -1,10 +1,11 @@
 """The read-only HTTP server: /metrics, /api/v1/state, /healthz and a tiny index.
 
-Three layers, so TLS or basic auth can later wrap the socket side without touching
-routing: :class:`Routes` maps a :class:`Request` to a :class:`Response` (no sockets),
-``_Handler`` speaks HTTP/1.1 framing, and :class:`HttpServer` owns the listening socket
-and the serving thread. Every route reads in-memory state only; no request ever starts
-GPU work.
+Three layers, so TLS and basic auth wrap the socket side without touching routing:
+:class:`Routes` maps a :class:`Request` to a :class:`Response` (no sockets), ``_Handler``
+speaks HTTP/1.1 framing and admits requests (basic auth, rate limit, extra headers), and
+:class:`HttpServer` owns the listening socket, the serving thread and the TLS handshake.
+The web config (:mod:`gpuwatchd.exporter.webconfig`) is the exporter-toolkit format.
+Every route reads in-memory state only; no request ever starts GPU work.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import re
 import socket
 import socketserver
+import ssl
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -29,6 +31,7 @@ from prometheus_client.registry import CollectorRegistry
 import gpuwatchd
 from gpuwatchd.exporter.render import DEFAULT_MAX_AGE_S, MetricsRenderer
 from gpuwatchd.exporter.state_json import build_state_json
+from gpuwatchd.exporter.webconfig import WWW_AUTHENTICATE, Admission, WebConfig, WebSecurity
 from gpuwatchd.state import StateBoard
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,14 @@ ALLOWED_METHODS: tuple[str, ...] = ("GET", "HEAD")
 _JSON = "application/json; charset=utf-8"
 _TEXT = "text/plain; charset=utf-8"
 _MAX_DISCARDED_BODY = 64 * 1024
+#: A client must finish its TLS handshake within this many seconds or is dropped. The
+#: handshake runs in the connection's own thread, so a slow client never blocks accept().
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+#: What a plain-HTTP client on the TLS port gets (the words Go's net/http uses).
+_PLAIN_HTTP_ON_TLS = (
+    b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
+)
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 
 
@@ -198,17 +209,34 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         self._discard_body()
-        request = Request(
-            method=self.command,
-            target=self.path,
-            accept=self.headers.get("Accept", ""),
-            accept_encoding=self.headers.get("Accept-Encoding", ""),
-        )
-        response = self.server.routes.handle(request)
+        security = self.server.security  # one consistent config for the whole request
+        response = self._refusal(security) if security is not None else None
+        if response is None:
+            request = Request(
+                method=self.command,
+                target=self.path,
+                accept=self.headers.get("Accept", ""),
+                accept_encoding=self.headers.get("Accept-Encoding", ""),
+            )
+            response = self.server.routes.handle(request)
+        self._send(response, security)
+
+    def _refusal(self, security: WebSecurity) -> Response | None:
+        """401 or 429 before any routing, or None to serve the request."""
+        admission = security.admit(self.headers.get("Authorization"))
+        if admission is Admission.UNAUTHORIZED:
+            log.debug("unauthorized request from %s", self.address_string())
+            return _error(401, "unauthorized", headers=(("WWW-Authenticate", WWW_AUTHENTICATE),))
+        if admission is Admission.RATE_LIMITED:
+            return _error(429, "too many requests")
+        return None
+
+    def _send(self, response: Response, security: WebSecurity | None) -> None:
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(response.body)))
-        for name, value in response.headers:
+        extra = security.headers if security is not None else ()
+        for name, value in (*response.headers, *extra):
             self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
@@ -239,13 +267,7 @@ class _Handler(BaseHTTPRequestHandler):
         phrase = self.responses.get(code, ("error",))[0].lower()
         response = _error(code, phrase, detail=message[:200]) if message else _error(code, phrase)
         self.close_connection = True
-        self.send_response(code)
-        self.send_header("Connection", "close")
-        self.send_header("Content-Type", response.content_type)
-        self.send_header("Content-Length", str(len(response.body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(response.body)
+        self._send(response, self.server.security)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = _dispatch
     do_OPTIONS = do_TRACE = do_CONNECT = _dispatch
@@ -263,10 +285,15 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # the default 5 drops SYNs when scrapers connect at once
 
     def __init__(
-        self, address: tuple[str, int], family: socket.AddressFamily, routes: Routes
+        self,
+        address: tuple[str, int],
+        family: socket.AddressFamily,
+        routes: Routes,
+        security: WebSecurity | None,
     ) -> None:
         self.address_family = family
         self.routes = routes
+        self.security = security  # replaced whole on reload; read once per connection/request
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         super().__init__(address, _Handler)
@@ -286,22 +313,67 @@ class _Server(ThreadingHTTPServer):
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         with self._connections_lock:
             self._connections.add(request)
+        conn = request
         try:
-            super().process_request_thread(request, client_address)
+            security = self.security
+            if security is not None and security.ssl_context is not None:
+                conn = self._tls_accept(request, client_address, security)
+            if conn is not None:
+                super().process_request_thread(conn, client_address)
         finally:
             with self._connections_lock:
                 self._connections.discard(request)
+                self._connections.discard(conn)
+
+    def _tls_accept(
+        self, sock: socket.socket, client_address: Any, security: WebSecurity
+    ) -> ssl.SSLSocket | None:
+        """Handshake in this connection's thread; None (connection closed) on failure."""
+        assert security.ssl_context is not None
+        try:
+            conn = security.ssl_context.wrap_socket(
+                sock, server_side=True, do_handshake_on_connect=False
+            )
+        except OSError as exc:  # the client left before we got to it
+            log.debug("TLS from %s: %s", client_address, exc)
+            self.shutdown_request(sock)
+            return None
+        ok = False
+        with self._connections_lock:  # wrap_socket detached sock; track the TLS socket
+            self._connections.discard(sock)
+            self._connections.add(conn)
+        try:
+            conn.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
+            conn.do_handshake()
+            ok = security.peer_allowed(conn.getpeercert())
+            if not ok:
+                log.info("TLS from %s: client certificate has no allowed SAN", client_address)
+        except ssl.SSLError as exc:
+            log.debug("TLS handshake with %s failed: %s", client_address, exc)
+            if exc.reason == "HTTP_REQUEST":  # plain HTTP on the TLS port
+                with contextlib.suppress(OSError):
+                    socket.socket.sendall(conn, _PLAIN_HTTP_ON_TLS)
+        except OSError as exc:  # timeout, reset
+            log.debug("TLS handshake with %s failed: %s", client_address, exc)
+        if ok:
+            return conn
+        with self._connections_lock:
+            self._connections.discard(conn)
+        self.shutdown_request(conn)
+        return None
 
     def close_connections(self) -> None:
         with self._connections_lock:
             connections = list(self._connections)
         for conn in connections:
             with contextlib.suppress(OSError):  # already closed by the client
-                conn.shutdown(socket.SHUT_RDWR)
+                # The plain socket's shutdown, also for TLS: SSLSocket.shutdown would
+                # drop its SSL object under the handler thread still reading from it.
+                socket.socket.shutdown(conn, socket.SHUT_RDWR)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
-        if isinstance(exc, ConnectionError | TimeoutError):
+        if isinstance(exc, ConnectionError | TimeoutError | ssl.SSLError):
             log.debug("client %s went away: %s", client_address, exc)
         else:
             log.exception("unexpected error serving %s", client_address)
@@ -319,16 +391,16 @@ def _bind_family(host: str) -> tuple[socket.AddressFamily, str]:
     return infos[0][0], host
 
 
-def _make_server(host: str, port: int, routes: Routes) -> _Server:
+def _make_server(host: str, port: int, routes: Routes, security: WebSecurity | None) -> _Server:
     family, bind_host = _bind_family(host)
     try:
-        return _Server((bind_host, port), family, routes)
+        return _Server((bind_host, port), family, routes, security)
     except OSError as exc:
         error = exc
     if host == "" and family == socket.AF_INET6:
         # IPv6 compiled in but disabled on this host: all IPv4 interfaces instead.
         try:
-            return _Server(("0.0.0.0", port), socket.AF_INET, routes)
+            return _Server(("0.0.0.0", port), socket.AF_INET, routes, security)
         except OSError as exc:
             error = exc
     raise OSError(
@@ -341,6 +413,8 @@ class HttpServer:
 
     ``metrics_max_age_s`` bounds how long a rendered /metrics body is reused while the
     board is unchanged (see :mod:`gpuwatchd.exporter.render`); 0 renders every scrape.
+    ``web_config`` adds TLS, basic auth, rate limiting and response headers; None serves
+    plain, open HTTP. Raises ValueError when its certificate files cannot be loaded.
     """
 
     def __init__(
@@ -351,6 +425,7 @@ class HttpServer:
         state_json: Callable[[], Mapping[str, Any]] | None = None,
         *,
         metrics_max_age_s: float = DEFAULT_MAX_AGE_S,
+        web_config: WebConfig | None = None,
     ) -> None:
         host, port = listen
         if not 0 <= port <= 65535:
@@ -358,14 +433,37 @@ class HttpServer:
         self._listen = (host, port)
         renderer = MetricsRenderer(collector_registry, board.all, metrics_max_age_s)
         self.routes = Routes(renderer, state_json or (lambda: build_state_json(board)))
+        self._security = WebSecurity(web_config) if web_config is not None else None
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+
+    def reload_web_config(self, web_config: WebConfig | None) -> None:
+        """Switch to a new web config (SIGHUP): renewed certificates, users, headers.
+
+        New connections use the new TLS context; every request from now on, kept-alive
+        connections included, is checked against the new users. On ValueError (files
+        unreadable) the running config stays.
+        """
+        security = WebSecurity(web_config) if web_config is not None else None
+        self._security = security
+        if self._server is not None:
+            self._server.security = security
+        log.info(
+            "web config: %s, %s",
+            "TLS" if security is not None and security.ssl_context else "plain HTTP",
+            "basic auth" if security is not None and security.auth else "no authentication",
+        )
+
+    @property
+    def tls(self) -> bool:
+        """Whether new connections are served over TLS."""
+        return self._security is not None and self._security.ssl_context is not None
 
     def start(self) -> None:
         """Bind and serve in the background; raises OSError naming the address on failure."""
         if self._server is not None:
             raise RuntimeError("HttpServer already started")
-        server = _make_server(*self._listen, self.routes)
+        server = _make_server(*self._listen, self.routes, self._security)
         thread = threading.Thread(
             target=server.serve_forever,
             kwargs={"poll_interval": 0.1},
@@ -374,7 +472,7 @@ class HttpServer:
         )
         self._server, self._thread = server, thread
         thread.start()
-        log.info("serving HTTP on %s", format_listen(*self.address))
+        log.info("serving %s", self.url)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -386,7 +484,7 @@ class HttpServer:
 
     @property
     def url(self) -> str:
-        return f"http://{format_listen(*self.address)}"
+        return f"{'https' if self.tls else 'http'}://{format_listen(*self.address)}"
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop accepting, cut open connections and wait up to ``timeout`` s. Idempotent."""
