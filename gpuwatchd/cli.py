@@ -58,6 +58,8 @@ def load_with_overrides(args: argparse.Namespace) -> tuple[Config, dict[str, dic
             "poll_interval_s": getattr(args, "poll_interval", None),
             "log_level": getattr(args, "log_level", None),
             "state_dir": getattr(args, "state_dir", None),
+            "control_socket": getattr(args, "control_socket", None),
+            "web_config": getattr(args, "web_config", None),
         },
         "sim": {
             "gpus": getattr(args, "gpus", None),
@@ -87,6 +89,7 @@ def load_with_overrides(args: argparse.Namespace) -> tuple[Config, dict[str, dic
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from gpuwatchd.control import ControlError
     from gpuwatchd.daemon import Daemon, setup_logging
     from gpuwatchd.store import StoreError
     from gpuwatchd.telemetry.backend import BackendUnavailable
@@ -95,18 +98,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     setup_logging(cfg.daemon.log_level)
     try:
         daemon = Daemon(cfg, config_path=args.config, overrides=overrides)
-    except (BackendUnavailable, StoreError) as exc:
+    except ConfigError as exc:
+        raise CliError(str(exc), EXIT_CONFIG) from None
+    except (BackendUnavailable, StoreError, ControlError) as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
         where = exc.filename or cfg.daemon.listen
         raise CliError(f"{where}: {exc.strerror or exc}") from None
     daemon.install_signal_handlers()
-    daemon.run()
+    try:
+        daemon.run()
+    except ControlError as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"cannot listen on {cfg.daemon.listen}: {exc.strerror or exc}") from None
     return 0
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from gpuwatchd.daemon import read_web_config
+
     cfg, _ = load_with_overrides(args)
+    try:
+        read_web_config(cfg)
+    except ConfigError as exc:
+        raise CliError(str(exc), EXIT_CONFIG) from None
     print(f"{cfg.source or 'built-in defaults'}: OK")
     return 0
 
@@ -152,6 +168,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return run_tune(args)
 
 
+def cmd_retune(args: argparse.Namespace) -> int:
+    from gpuwatchd.retune_cmd import run_retune
+
+    return run_retune(args)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from gpuwatchd.tune_cmd import run_report
 
@@ -187,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--poll-interval", type=float, metavar="S", help="poll period in seconds")
     p.add_argument("--state-dir", metavar="DIR", help="where the tuning store lives")
+    p.add_argument("--control-socket", metavar="PATH", help="Unix socket for `gpuwatchd retune`")
+    p.add_argument(
+        "--web-config",
+        metavar="FILE",
+        help="TLS/basic auth, in the Prometheus exporter-toolkit web-config.yml format",
+    )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_run)
 
@@ -229,8 +257,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-model", metavar="NAME", help="only this GPU model")
     p.set_defaults(func=cmd_report)
 
+    from gpuwatchd.retune_cmd import add_retune_args  # imports CliError from here
+
+    p = sub.add_parser("retune", help="ask the running daemon to re-tune at the next open gate")
+    add_retune_args(p)
+    p.set_defaults(func=cmd_retune)
+
     p = sub.add_parser("check-config", help="validate a config file and exit")
     p.add_argument("--config", metavar="FILE")
+    p.add_argument("--web-config", metavar="FILE", help="also validate this web-config.yml")
     p.set_defaults(func=cmd_check_config)
     return parser
 

@@ -20,6 +20,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuwatchd import __version__
 from gpuwatchd.config import Config, ConfigError, load_config, resolve_state_dir
+from gpuwatchd.control import ControlServer, default_socket_path, make_retune_handler
 from gpuwatchd.exporter import (
     DaemonInfo,
     HttpServer,
@@ -28,6 +29,7 @@ from gpuwatchd.exporter import (
     parse_listen,
 )
 from gpuwatchd.exporter.tuning_collector import TuningCollector
+from gpuwatchd.exporter.webconfig import WebConfig, load_web_config
 from gpuwatchd.poller import Poller
 from gpuwatchd.sdnotify import Notifier
 from gpuwatchd.state import StateBoard
@@ -50,6 +52,17 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=fmt, force=True)
     # APScheduler logs every job run at INFO; only its problems are worth a line.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def read_web_config(cfg: Config) -> WebConfig | None:
+    """The TLS/basic-auth settings, or None for plain HTTP; ConfigError naming the file."""
+    path = cfg.daemon.web_config
+    if not path:
+        return None
+    try:
+        return load_web_config(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def open_state_store(cfg: Config) -> Store:
@@ -99,11 +112,23 @@ class Daemon:
             self.registry,
             parse_listen(cfg.daemon.listen),
             state_json=self.state_json,
+            web_config=read_web_config(cfg),
         )
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
         )
         self._seeded: set[int] = set()  # GPUs whose missing winners were queued
+        # The only way to start GPU work from outside: a Unix socket with file permissions.
+        self.control = ControlServer(
+            cfg.daemon.control_socket or default_socket_path(),
+            make_retune_handler(
+                self.tuner,
+                lambda: self.cfg,
+                self.backend.devices,
+                lambda: runnable_workloads(self.cfg, self.backend.name),
+            ),
+            allowed_group=cfg.daemon.control_group or None,
+        )
         self.notifier = Notifier.from_env()
         self._stop = threading.Event()
         self._reload = threading.Event()
@@ -133,6 +158,7 @@ class Daemon:
 
     def run(self) -> None:
         self.http.start()
+        self.control.start()
         self.poller.start()
         self.scheduler.add_job(
             self.poller.dispatch_slow_reads,
@@ -145,15 +171,13 @@ class Daemon:
         )
         self.scheduler.start()
         self.poller.dispatch_slow_reads()  # energy and static facts right away
-        host, port = self.http.address
         log.info(
-            "gpuwatchd %s: backend %s, %d GPU(s), polling every %.3g s, serving on %s:%d",
+            "gpuwatchd %s: backend %s, %d GPU(s), polling every %.3g s, serving on %s",
             __version__,
             self.backend.name,
             len(self.backend.devices()),
             self.cfg.daemon.poll_interval_s,
-            host,
-            port,
+            self.http.url,
         )
         self.notifier.ready(f"polling {len(self.backend.devices())} GPU(s)")
         try:
@@ -223,13 +247,20 @@ class Daemon:
             return False
         restart_needed = [
             key
-            for key in ("backend", "listen", "state_dir")
+            for key in ("backend", "listen", "state_dir", "control_socket", "control_group")
             if getattr(new.daemon, key) != getattr(self.cfg.daemon, key)
         ]
         if new.sim != self.cfg.sim or new.replay != self.cfg.replay:
             restart_needed.append("[sim]/[replay]")
         if restart_needed:
             log.warning("config reload: %s change only on restart", ", ".join(restart_needed))
+        try:  # re-read even when unchanged: renewed certificates must be picked up
+            web = read_web_config(new)
+        except ConfigError as exc:
+            log.error("config reload rejected, keeping the running config: %s", exc)
+            self.notifier.ready("config reload rejected")
+            return False
+        self.http.reload_web_config(web)
         self.poller.reconfigure(new.gate, period_s=new.daemon.poll_interval_s)
         self.tuner.reconfigure(new)
         logging.getLogger().setLevel(new.daemon.log_level.upper())
@@ -240,6 +271,7 @@ class Daemon:
 
     def shutdown(self) -> None:
         self.notifier.stopping()
+        self.control.stop()
         self.scheduler.shutdown(wait=False)
         self.tuner.shutdown(timeout=2.0)
         self.poller.stop(timeout=2.0)

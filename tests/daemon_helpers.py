@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import tempfile
 import sys
 import time
 import urllib.request
@@ -66,7 +67,14 @@ def wait_http(url: str, timeout: float = 15.0) -> str:
 
 
 def start_daemon(args: list[str], env: dict[str, str] | None = None, **kw) -> subprocess.Popen[str]:
+    """Start ``gpuwatchd run ARGS``; unless given, state and control socket go to a temp dir
+    so that concurrent test daemons never share a store or a socket."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    scratch = tempfile.mkdtemp(prefix="gpuwatchd-test-")
+    if "--control-socket" not in args:
+        args = [*args, "--control-socket", os.path.join(scratch, "control.sock")]
+    if "--state-dir" not in args and "--config" not in args:
+        args = [*args, "--state-dir", scratch]
     return subprocess.Popen(
         [sys.executable, "-m", "gpuwatchd", "run", *args],
         env=full_env,

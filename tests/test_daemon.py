@@ -48,7 +48,8 @@ def test_sim_daemon_serves_status_and_stops_cleanly_on_sigterm(tmp_path: Path):
         assert status.returncode == 0, status.stderr
         lines = status.stdout.splitlines()
         assert lines[1].split()[:2] == ["GPU", "NAME"]
-        assert len(lines) == 4  # banner, header, two GPUs
+        assert len(lines) == 5  # banner, header, two GPUs, tuning
+        assert lines[4].startswith("tuning: ")
         assert "NVIDIA H200 (simulated)" in lines[2]
         stopped_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -155,8 +156,18 @@ def test_status_without_a_daemon_is_one_line():
     assert len(res.stderr.strip().splitlines()) == 1 and "cannot reach gpuwatchd" in res.stderr
 
 
-def _thread_daemon(backend: FakeBackend, **daemon_kw: float) -> tuple[Daemon, threading.Thread]:
-    cfg = Config(daemon=DaemonConfig(listen="127.0.0.1:0", poll_interval_s=0.05, **daemon_kw))
+def _thread_daemon(
+    backend: FakeBackend, tmp: Path, **daemon_kw: float
+) -> tuple[Daemon, threading.Thread]:
+    cfg = Config(
+        daemon=DaemonConfig(
+            listen="127.0.0.1:0",
+            poll_interval_s=0.05,
+            state_dir=str(tmp),
+            control_socket=str(tmp / "control.sock"),
+            **daemon_kw,
+        )
+    )
     daemon = Daemon(cfg, backend=backend)
     thread = threading.Thread(target=daemon.run, daemon=True)
     thread.start()
@@ -166,9 +177,9 @@ def _thread_daemon(backend: FakeBackend, **daemon_kw: float) -> tuple[Daemon, th
     return daemon, thread
 
 
-def test_hanging_read_shows_in_metrics_while_other_gpus_keep_working():
+def test_hanging_read_shows_in_metrics_while_other_gpus_keep_working(tmp_path: Path):
     backend = FakeBackend(gpus=2)
-    daemon, thread = _thread_daemon(backend)
+    daemon, thread = _thread_daemon(backend, tmp_path)
     try:
         backend.hang(1)
         time.sleep(0.4)  # > 2 periods plus a main-loop tick
@@ -194,7 +205,7 @@ def test_watchdog_pings_stop_while_the_poller_is_stuck(tmp_path: Path, monkeypat
     monkeypatch.setenv("NOTIFY_SOCKET", notify.path)
     monkeypatch.setenv("WATCHDOG_USEC", "200000")  # ping every 0.1 s
     backend = FakeBackend(gpus=1)
-    daemon, thread = _thread_daemon(backend, watchdog_stall_s=0.3)
+    daemon, thread = _thread_daemon(backend, tmp_path, watchdog_stall_s=0.3)
     try:
         assert notify.wait_for("WATCHDOG=1", timeout=3)
         backend.hang(0)
@@ -210,3 +221,52 @@ def test_watchdog_pings_stop_while_the_poller_is_stuck(tmp_path: Path, monkeypat
         daemon.request_stop()
         thread.join(5)
         notify.close()
+
+
+def test_web_config_basic_auth_protects_the_endpoints(tmp_path: Path):
+    import base64
+    import urllib.error
+    import urllib.request
+
+    import bcrypt
+
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prom: {hashed}\n")
+    port = free_port()
+    proc = start_daemon(
+        ["--backend", "sim", "--listen", f"127.0.0.1:{port}", "--web-config", str(web)]
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=1)
+                raise AssertionError("served /metrics without credentials")
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 401
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "daemon never answered"
+                time.sleep(0.1)
+        req = urllib.request.Request(url)
+        token = base64.b64encode(b"prom:s3cret").decode()
+        req.add_header("Authorization", f"Basic {token}")
+        with urllib.request.urlopen(req, timeout=2) as resp:
+            assert b"gpuwatchd_gate_open" in resp.read()
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+def test_a_bad_web_config_is_a_config_error(tmp_path: Path):
+    web = tmp_path / "web.yml"
+    web.write_text(
+        "tls_server_config:\n  cert_file: /nonexistent.pem\n  key_file: /nonexistent.key\n"
+    )
+    for cmd in (["check-config", "--config", "/dev/null"], ["run", "--backend", "sim"]):
+        res = gpuwatchd(*cmd, "--web-config", str(web))
+        assert res.returncode == 2, res
+        err = res.stderr.strip().splitlines()
+        assert len(err) == 1 and "cert_file" in err[0] and "/nonexistent.pem" in err[0]

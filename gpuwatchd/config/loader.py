@@ -77,6 +77,14 @@ class DaemonConfig:
     log_level: str = field(
         default="info", metadata=check(lambda v: v in LOG_LEVELS, f"must be one of {LOG_LEVELS}")
     )
+    #: Unix socket for `gpuwatchd retune`. Empty: $RUNTIME_DIRECTORY/control.sock under
+    #: systemd, /run/gpuwatchd/control.sock for root, else under $XDG_RUNTIME_DIR.
+    control_socket: str = ""
+    #: A group whose members may use the control socket (root and the daemon's user always may).
+    control_group: str = ""
+    #: TLS and basic auth for the HTTP endpoints, in the Prometheus exporter-toolkit
+    #: web-config.yml format. Empty: plain HTTP without authentication.
+    web_config: str = ""
 
 
 def resolve_state_dir(configured: str) -> Path:

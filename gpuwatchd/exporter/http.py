@@ -317,7 +317,7 @@ class _Server(ThreadingHTTPServer):
         try:
             security = self.security
             if security is not None and security.ssl_context is not None:
-                conn = self._tls_accept(request, client_address, security)
+                conn = self._tls_accept(request, client_address, security.ssl_context, security)
             if conn is not None:
                 super().process_request_thread(conn, client_address)
         finally:
@@ -326,14 +326,11 @@ class _Server(ThreadingHTTPServer):
                 self._connections.discard(conn)
 
     def _tls_accept(
-        self, sock: socket.socket, client_address: Any, security: WebSecurity
+        self, sock: socket.socket, client_address: Any, ctx: ssl.SSLContext, security: WebSecurity
     ) -> ssl.SSLSocket | None:
         """Handshake in this connection's thread; None (connection closed) on failure."""
-        assert security.ssl_context is not None
         try:
-            conn = security.ssl_context.wrap_socket(
-                sock, server_side=True, do_handshake_on_connect=False
-            )
+            conn = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         except OSError as exc:  # the client left before we got to it
             log.debug("TLS from %s: %s", client_address, exc)
             self.shutdown_request(sock)

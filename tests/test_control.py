@@ -1,0 +1,516 @@
+"""The re-tune control socket: permissions, stale/live sockets, protocol, robustness, CLI."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import grp
+import json
+import logging
+import os
+import shutil
+import socket
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwatchd.cli import CliError
+from gpuwatchd.config import Config
+from gpuwatchd.config.loader import TuningConfig
+from gpuwatchd.control import (
+    MANUAL_REASON,
+    MAX_LINE,
+    ControlError,
+    ControlServer,
+    PeerCred,
+    PeerPolicy,
+    RequestError,
+    default_socket_path,
+    make_retune_handler,
+    parse_request,
+)
+from gpuwatchd.retune_cmd import add_retune_args, run_retune
+from gpuwatchd.tuning.types import Workload
+
+CFG = Config()
+SIM = tuple(w for w in CFG.workloads if w.name == "sim-gemm")
+
+
+class FakeScheduler:
+    """Records requests the way TuneScheduler merges them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, list[str], str]] = []
+        self._pending: dict[int, list[str]] = {}
+
+    def request(self, gpu: int, workloads: Sequence[Workload], reason: str) -> None:
+        names = [w.name for w in workloads]
+        self.calls.append((gpu, names, reason))
+        have = self._pending.setdefault(gpu, [])
+        have.extend(n for n in names if n not in have)
+
+    def pending(self) -> dict[int, tuple[str, ...]]:
+        return {g: tuple(w) for g, w in self._pending.items()}
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    """A short directory (AF_UNIX paths are limited to 107 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="gwc-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def sched() -> FakeScheduler:
+    return FakeScheduler()
+
+
+def handler_for(sched: FakeScheduler, cfg: Config = CFG, gpus: tuple[int, ...] = (0, 1)):
+    return make_retune_handler(sched, cfg, lambda: list(gpus), lambda: SIM)
+
+
+@pytest.fixture
+def server(sockdir: Path, sched: FakeScheduler) -> Iterator[ControlServer]:
+    srv = ControlServer(sockdir / "run" / "control.sock", handler_for(sched))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def ask(path: Path, payload: bytes, timeout: float = 3.0) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        # the server may answer and close before taking it all
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall(payload)
+            if not payload.endswith(b"\n"):
+                s.shutdown(socket.SHUT_WR)
+        buf = b""
+        while b"\n" not in buf:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+    return json.loads(buf.split(b"\n")[0])
+
+
+def ask_json(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    return ask(path, json.dumps(doc).encode() + b"\n")
+
+
+# -- requests reaching the scheduler ----------------------------------------------------
+
+
+def test_retune_request_reaches_scheduler(server: ControlServer, sched: FakeScheduler) -> None:
+    resp = ask_json(server.path, {"op": "retune", "gpu": 1, "workloads": ["sim-gemm"]})
+    assert resp == {"ok": True, "queued": {"1": ["sim-gemm"]}}
+    assert sched.calls == [(1, ["sim-gemm"], MANUAL_REASON)]
+
+
+def test_defaults_mean_every_gpu_and_the_runnable_set(
+    server: ControlServer, sched: FakeScheduler
+) -> None:
+    resp = ask_json(server.path, {"op": "retune"})
+    assert resp == {"ok": True, "queued": {"0": ["sim-gemm"], "1": ["sim-gemm"]}}
+    assert [c[0] for c in sched.calls] == [0, 1]
+    assert ask_json(server.path, {"op": "status"}) == {
+        "ok": True,
+        "pending": {"0": ["sim-gemm"], "1": ["sim-gemm"]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        ({"op": "retune", "workloads": ["nope"]}, "unknown workload 'nope' (known: sim-gemm)"),
+        ({"op": "retune", "workloads": ["cpu-matmul"]}, "'cpu-matmul' is not tuned by this daemon"),
+        ({"op": "retune", "gpu": 7}, "gpu: no GPU 7 on this host (GPUs: 0, 1)"),
+        ({"op": "retune", "gpu": -1}, "gpu: must be a GPU index >= 0"),
+        ({"op": "retune", "gpu": "0"}, "gpu: must be a GPU index"),
+        ({"op": "retune", "gpu": True}, "gpu: must be a GPU index"),
+        ({"op": "retune", "workloads": "sim-gemm"}, "workloads: must be a non-empty list"),
+        ({"op": "retune", "workloads": []}, "workloads: must be a non-empty list"),
+        ({"op": "retune", "workloads": [3]}, "workloads: every entry must be a non-empty string"),
+        ({"op": "retune", "gpus": 0}, "gpus: unknown key for op 'retune'"),
+        ({"op": "status", "gpu": 0}, "gpu: unknown key for op 'status'"),
+        ({"op": "launch"}, "op: unknown operation 'launch' (known: retune, status)"),
+        ({"gpu": 0}, "op: missing"),
+    ],
+)
+def test_bad_requests_get_one_line_errors(
+    server: ControlServer, sched: FakeScheduler, doc: dict[str, Any], needle: str
+) -> None:
+    resp = ask_json(server.path, doc)
+    assert resp["ok"] is False
+    assert needle in resp["error"]
+    assert "\n" not in resp["error"]
+    assert sched.calls == []
+
+
+def test_tuning_disabled_rejects_and_reloaded_config_is_seen(sched: FakeScheduler) -> None:
+    current = [dataclasses.replace(CFG, tuning=TuningConfig(enabled=False))]
+    handle = make_retune_handler(sched, lambda: current[0], lambda: [0], lambda: SIM)
+    req = parse_request(b'{"op":"retune"}')
+    with pytest.raises(RequestError, match="tuning is disabled"):
+        handle(req)
+    current[0] = CFG  # SIGHUP turned it back on
+    assert handle(req)["ok"] is True
+    assert sched.calls == [(0, ["sim-gemm"], MANUAL_REASON)]
+
+
+def test_no_gpus_known_yet(sched: FakeScheduler) -> None:
+    handle = make_retune_handler(sched, CFG, lambda: [], lambda: SIM)
+    with pytest.raises(RequestError, match="knows no GPUs yet"):
+        handle(parse_request(b'{"op":"retune"}'))
+
+
+def test_handler_exception_is_an_error_response_not_a_dead_server(sockdir: Path) -> None:
+    def broken(_req: dict[str, Any]) -> dict[str, Any]:
+        raise KeyError("boom")
+
+    srv = ControlServer(sockdir / "c.sock", broken)
+    srv.start()
+    try:
+        for _ in range(2):
+            resp = ask(srv.path, b'{"op":"status"}\n')
+            assert resp == {"ok": False, "error": "internal error: KeyError: 'boom'"}
+    finally:
+        srv.stop()
+
+
+# -- the socket file ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
+def test_socket_is_0660_in_a_0750_directory_whatever_the_umask(
+    sockdir: Path, sched: FakeScheduler, umask: int
+) -> None:
+    old = os.umask(umask)
+    try:
+        srv = ControlServer(sockdir / "run" / "control.sock", handler_for(sched))
+        srv.start()
+    finally:
+        os.umask(old)
+    try:
+        st = os.lstat(srv.path)
+        assert stat.S_ISSOCK(st.st_mode)
+        assert stat.S_IMODE(st.st_mode) == 0o660
+        assert stat.S_IMODE(os.stat(srv.path.parent).st_mode) == 0o750
+    finally:
+        srv.stop()
+    assert not srv.path.exists()
+
+
+def test_stale_socket_is_replaced(sockdir: Path, sched: FakeScheduler) -> None:
+    path = sockdir / "control.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.close()  # a crashed daemon leaves the file behind
+    assert path.exists()
+    srv = ControlServer(path, handler_for(sched))
+    srv.start()
+    try:
+        assert ask_json(path, {"op": "status"})["ok"] is True
+    finally:
+        srv.stop()
+
+
+def test_live_socket_is_an_error_and_keeps_serving(
+    server: ControlServer, sched: FakeScheduler
+) -> None:
+    second = ControlServer(server.path, handler_for(sched))
+    with pytest.raises(ControlError, match="another gpuwatchd is already listening"):
+        second.start()
+    second.stop()  # never started: a no-op that must not remove the first one's socket
+    assert ask_json(server.path, {"op": "status"})["ok"] is True
+
+
+def test_stop_leaves_a_successors_socket_alone(sockdir: Path, sched: FakeScheduler) -> None:
+    path = sockdir / "control.sock"
+    first = ControlServer(path, handler_for(sched))
+    first.start()
+    os.unlink(path)  # e.g. removed by hand, then a new daemon took the path
+    second = ControlServer(path, handler_for(sched))
+    second.start()
+    try:
+        first.stop()
+        assert ask_json(path, {"op": "status"})["ok"] is True
+    finally:
+        second.stop()
+
+
+def test_a_file_that_is_not_a_socket_is_refused(sockdir: Path, sched: FakeScheduler) -> None:
+    path = sockdir / "control.sock"
+    path.write_text("not a socket")
+    with pytest.raises(ControlError, match="exists and is not a socket"):
+        ControlServer(path, handler_for(sched)).start()
+    assert path.read_text() == "not a socket"
+
+
+def test_group_writable_directory_is_refused(sockdir: Path, sched: FakeScheduler) -> None:
+    d = sockdir / "shared"
+    d.mkdir()
+    d.chmod(0o770)
+    with pytest.raises(ControlError, match="writable by group or others"):
+        ControlServer(d / "control.sock", handler_for(sched)).start()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown the directory")
+def test_directory_owned_by_someone_else_is_refused(sockdir: Path, sched: FakeScheduler) -> None:
+    d = sockdir / "theirs"
+    d.mkdir(mode=0o755)
+    os.chown(d, 65534, -1)
+    with pytest.raises(ControlError, match="owned by uid 65534"):
+        ControlServer(d / "control.sock", handler_for(sched)).start()
+
+
+def test_control_group_owns_socket_and_directory(sockdir: Path, sched: FakeScheduler) -> None:
+    group = grp.getgrgid(os.getegid()).gr_name  # a group this process may always chgrp to
+    srv = ControlServer(sockdir / "run" / "control.sock", handler_for(sched), allowed_group=group)
+    srv.start()
+    try:
+        assert os.lstat(srv.path).st_gid == os.getegid()
+        assert os.stat(srv.path.parent).st_gid == os.getegid()
+    finally:
+        srv.stop()
+
+
+def test_unknown_control_group_is_a_one_line_error(sockdir: Path, sched: FakeScheduler) -> None:
+    with pytest.raises(ControlError, match="control_group: no group named 'no-such-grp-x'"):
+        ControlServer(sockdir / "c.sock", handler_for(sched), allowed_group="no-such-grp-x")
+
+
+def test_default_socket_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNTIME_DIRECTORY", "/run/gpuwatchd:/run/other")
+    assert default_socket_path() == Path("/run/gpuwatchd/control.sock")
+    monkeypatch.delenv("RUNTIME_DIRECTORY")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert default_socket_path() == Path("/run/gpuwatchd/control.sock")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    assert default_socket_path() == Path("/run/user/1000/gpuwatchd/control.sock")
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert default_socket_path() == Path("/tmp/gpuwatchd-1000/control.sock")
+
+
+# -- bad clients ---------------------------------------------------------------------------
+
+
+def test_garbage_and_oversized_lines_are_rejected(server: ControlServer) -> None:
+    assert ask(server.path, b"\xff\xfe\n")["error"] == "request is not UTF-8 text"
+    assert "not valid JSON" in ask(server.path, b"{op: retune}\n")["error"]
+    assert ask(server.path, b"[1, 2]\n")["error"] == "request must be a JSON object"
+    assert ask(server.path, b"\n")["error"] == "empty request line"
+    huge = b'{"op":"status","pad":"' + b"x" * (MAX_LINE + 10) + b'"}\n'
+    assert ask(server.path, huge)["error"] == f"request line longer than {MAX_LINE} bytes"
+    # a request terminated by EOF instead of a newline still counts
+    assert ask(server.path, b'{"op":"status"}')["ok"] is True
+
+
+def test_slow_client_times_out_without_blocking_others(sockdir: Path, sched: FakeScheduler) -> None:
+    srv = ControlServer(sockdir / "c.sock", handler_for(sched), client_timeout_s=0.6)
+    srv.start()
+    try:
+        slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        slow.settimeout(3.0)
+        slow.connect(str(srv.path))
+        slow.sendall(b'{"op": "sta')  # and then nothing
+        t0 = time.monotonic()
+        assert ask_json(srv.path, {"op": "retune", "gpu": 0})["ok"] is True
+        assert time.monotonic() - t0 < 0.3
+        reply = json.loads(slow.recv(4096).split(b"\n")[0])
+        assert reply == {"ok": False, "error": "no complete request line within 0.6 s"}
+        assert time.monotonic() - t0 < 1.5
+        slow.close()
+    finally:
+        srv.stop()
+
+
+def test_trickling_client_cannot_extend_its_deadline(sockdir: Path, sched: FakeScheduler) -> None:
+    srv = ControlServer(sockdir / "c.sock", handler_for(sched), client_timeout_s=0.5)
+    srv.start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(3.0)
+            s.connect(str(srv.path))
+            t0 = time.monotonic()
+            s.setblocking(False)
+            got = b""
+            while b"\n" not in got and time.monotonic() - t0 < 2.0:
+                with contextlib.suppress(OSError):
+                    s.send(b" ")  # one byte every 50 ms keeps each recv() under its timeout
+                time.sleep(0.05)
+                with contextlib.suppress(BlockingIOError):
+                    got += s.recv(4096)
+            assert b"no complete request line within 0.5 s" in got
+            assert time.monotonic() - t0 < 1.0
+    finally:
+        srv.stop()
+
+
+def test_connection_cap_turns_away_extra_clients(sockdir: Path, sched: FakeScheduler) -> None:
+    srv = ControlServer(sockdir / "c.sock", handler_for(sched), max_clients=2)
+    srv.start()
+    idle = []
+    try:
+        for _ in range(2):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(srv.path))
+            idle.append(s)
+        time.sleep(0.1)  # let the server accept both
+        resp = ask_json(srv.path, {"op": "status"})
+        assert resp == {"ok": False, "error": "busy: too many control connections, try again"}
+        for s in idle:
+            s.close()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # slots come back once the idlers are gone
+            if ask_json(srv.path, {"op": "status"})["ok"]:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("connection slots were not released")
+    finally:
+        for s in idle:
+            s.close()
+        srv.stop()
+
+
+def test_stop_is_prompt_with_a_client_connected(sockdir: Path, sched: FakeScheduler) -> None:
+    srv = ControlServer(sockdir / "c.sock", handler_for(sched))
+    srv.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
+        idle.connect(str(srv.path))
+        t0 = time.monotonic()
+        srv.stop()
+        assert time.monotonic() - t0 < 0.5
+    assert not (sockdir / "c.sock").exists()
+    with pytest.raises(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(sockdir / "c.sock"))
+
+
+# -- who may connect -------------------------------------------------------------------
+
+
+def test_peer_refused_gets_an_error_and_a_log_line(
+    sockdir: Path, sched: FakeScheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[PeerCred] = []
+
+    def nobody(peer: PeerCred) -> bool:
+        seen.append(peer)
+        return False
+
+    srv = ControlServer(sockdir / "c.sock", handler_for(sched), allowed=nobody)
+    srv.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpuwatchd.control"):
+            resp = ask_json(srv.path, {"op": "retune", "gpu": 0})
+    finally:
+        srv.stop()
+    assert resp == {"ok": False, "error": f"permission denied for uid {os.geteuid()}"}
+    assert sched.calls == []
+    assert seen and seen[0].uid == os.geteuid() and seen[0].pid == os.getpid()
+    assert any(f"refused uid {os.geteuid()}" in r.getMessage() for r in caplog.records)
+
+
+def test_peer_policy() -> None:
+    me = os.getegid()
+    group = grp.getgrgid(me).gr_name
+    plain = PeerPolicy(own_uid=999)
+    assert plain(PeerCred(pid=1, uid=0, gid=0))
+    assert plain(PeerCred(pid=1, uid=999, gid=999))
+    assert not plain(PeerCred(pid=1, uid=4242, gid=me, groups=frozenset({me})))
+    grouped = PeerPolicy(group, own_uid=999)
+    assert grouped(PeerCred(pid=1, uid=4242, gid=me))  # primary group
+    assert grouped(PeerCred(pid=1, uid=4242, gid=4242, groups=frozenset({me})))  # supplementary
+    assert not grouped(PeerCred(pid=1, uid=4242, gid=4242, groups=frozenset({me + 1})))
+    assert str(grouped) == f"root, uid 999, members of group {group}"
+
+
+# -- the CLI --------------------------------------------------------------------------------
+
+
+def cli_args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_retune_args(p)
+    return p.parse_args(list(argv))
+
+
+def test_cli_queues_and_prints(
+    server: ControlServer, sched: FakeScheduler, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = run_retune(cli_args("--socket", str(server.path), "--gpu", "0", "--workload", "sim-gemm"))
+    assert rc == 0
+    assert capsys.readouterr().out == "queued sim-gemm on GPU 0\n"
+    assert sched.calls == [(0, ["sim-gemm"], MANUAL_REASON)]
+    assert run_retune(cli_args("--socket", str(server.path), "--pending")) == 0
+    assert capsys.readouterr().out == "GPU 0: sim-gemm\n"
+
+
+def test_cli_json_output(server: ControlServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_retune(cli_args("--socket", str(server.path), "--json")) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "ok": True,
+        "queued": {"0": ["sim-gemm"], "1": ["sim-gemm"]},
+    }
+    assert run_retune(cli_args("--socket", str(server.path), "--json", "--gpu", "5")) == 2
+    assert json.loads(capsys.readouterr().out)["ok"] is False
+
+
+def test_cli_rejected_request_exits_2(server: ControlServer, sched: FakeScheduler) -> None:
+    with pytest.raises(CliError) as err:
+        run_retune(cli_args("--socket", str(server.path), "--workload", "bogus"))
+    assert err.value.code == 2
+    assert str(err.value) == (
+        "request rejected: workloads: unknown workload 'bogus' (known: sim-gemm)"
+    )
+    assert sched.calls == []
+
+
+def test_cli_unreachable_exits_1(sockdir: Path) -> None:
+    path = sockdir / "absent.sock"
+    with pytest.raises(CliError) as err:
+        run_retune(cli_args("--socket", str(path)))
+    assert err.value.code == 1
+    assert str(err.value) == (
+        f"cannot reach gpuwatchd at {path}: No such file or directory (is the daemon running?)"
+    )
+
+
+def test_cli_against_a_stale_socket_exits_1(sockdir: Path) -> None:
+    path = sockdir / "stale.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.close()
+    with pytest.raises(CliError, match=r"Connection refused \(is the daemon running\?\)") as err:
+        run_retune(cli_args("--socket", str(path)))
+    assert err.value.code == 1
+
+
+def test_cli_requests_from_many_threads_all_land(
+    server: ControlServer, sched: FakeScheduler
+) -> None:
+    results: list[int] = []
+
+    def one(gpu: int) -> None:
+        results.append(run_retune(cli_args("--socket", str(server.path), "--gpu", str(gpu))))
+
+    threads = [threading.Thread(target=one, args=(i % 2,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5.0)
+    assert results == [0] * 6
+    assert sorted(c[0] for c in sched.calls) == [0, 0, 0, 1, 1, 1]
