@@ -168,6 +168,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return run_tune(args)
 
 
+def cmd_plot_timeline(args: argparse.Namespace) -> int:
+    from gpuwatchd.tune_cmd import run_plot_timeline
+
+    return run_plot_timeline(args)
+
+
 def cmd_retune(args: argparse.Namespace) -> int:
     from gpuwatchd.retune_cmd import run_retune
 
@@ -255,7 +261,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", metavar="DIR", help="state directory holding the store")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--gpu-model", metavar="NAME", help="only this GPU model")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw the candidates' times per regime")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("plot-timeline", help="draw clock/temperature/power of a trace")
+    p.add_argument("--config", metavar="FILE", help="gate thresholds for the gate strip")
+    p.add_argument("--trace", required=True, metavar="FILE", help="a gpuwatchd-trace/1 file")
+    p.add_argument("--out", required=True, metavar="FILE.png")
+    p.add_argument("--store", metavar="PATH", help="shade this store's tuning sessions")
+    p.add_argument("--gpu", type=int, default=0, metavar="N")
+    p.add_argument("--t0-unix", type=float, metavar="S", help="unix time of the trace's t=0")
+    p.add_argument("--no-gate", action="store_true", help="leave out the replayed gate strip")
+    p.set_defaults(func=cmd_plot_timeline)
 
     from gpuwatchd.retune_cmd import add_retune_args  # imports CliError from here
 

@@ -12,13 +12,13 @@ import argparse
 import dataclasses
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 from gpuwatchd.cli import EXIT_CONFIG, CliError, load_with_overrides
 from gpuwatchd.config import Config, resolve_state_dir
 from gpuwatchd.poller import Poller
+from gpuwatchd.progress import make_progress
 from gpuwatchd.report import format_report, report_from
 from gpuwatchd.state import GpuSnapshot, StateBoard
 from gpuwatchd.store import Store, StoreError
@@ -122,31 +122,6 @@ class GateWatch:
                 time.sleep(period)
 
 
-def _progress_printer(out: TextIO) -> Callable[[dict[str, Any]], None]:
-    last = [""]
-
-    def show(msg: dict[str, Any]) -> None:
-        clock = msg.get("sm_clock_mhz")
-        temp = msg.get("temp_c")
-        state = " ".join(
-            part
-            for part in (
-                f"SM {clock:.0f} MHz" if isinstance(clock, int | float) else "",
-                f"{temp:.0f}C" if isinstance(temp, int | float) else "",
-            )
-            if part
-        )
-        line = (
-            f"[{msg.get('regime', '?')}] {msg.get('workload', '?')}: "
-            f"{msg.get('done', '?')}/{msg.get('total', '?')} {msg.get('candidate', '')}  {state}"
-        )
-        if line != last[0]:
-            last[0] = line
-            print(line.rstrip(), file=out, flush=True)
-
-    return show
-
-
 def run_tune(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     cfg, _ = load_with_overrides(args)
     if args.budget is not None:
@@ -194,7 +169,6 @@ def _tune(
         own_pids=runner.pids,
     )
     watch = GateWatch(poller, args.gpu, out, ff)
-    on_progress = _progress_printer(out)
     results = []
     try:
         snap = watch.wait_open(args.no_wait, args.wait_timeout)
@@ -207,15 +181,19 @@ def _tune(
             names = ", ".join(w.name for w in job.workloads)
             print(f"GPU {args.gpu}: tuning {names} ({job.device}) in "
                   f"{'/'.join(r.value for r in regimes)}", file=out, flush=True)  # fmt: skip
-            outcome = runner.run_session(
-                job,
-                info,
-                backend.name,
-                should_preempt=lambda: preempt_reason(watch.latest()),
-                on_progress=on_progress,
-                timeout_s=cfg.tuning.session_timeout_s,
-                sample=snap.sample,
-            )
+            progress = make_progress(out)
+            try:
+                outcome = runner.run_session(
+                    job,
+                    info,
+                    backend.name,
+                    should_preempt=lambda: preempt_reason(watch.latest()),
+                    on_progress=progress,
+                    timeout_s=cfg.tuning.session_timeout_s,
+                    sample=snap.sample,
+                )
+            finally:
+                progress.finish()  # end a live status line before printing more
             status = outcome.status
             watch.report_session_states()
             print(f"session {outcome.session_id}: {status.value}"
@@ -256,8 +234,54 @@ def run_report(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         raise CliError(str(exc)) from None
     finally:
         store.close()
+    if args.plot:
+        from gpuwatchd.plots import PlotError, plot_report
+
+        try:
+            plot_report(doc, args.plot)
+        except PlotError as exc:
+            raise CliError(str(exc)) from None
     if args.format == "json":
         print(json.dumps(doc, indent=2, sort_keys=True), file=out)
     else:
         print(format_report(doc), file=out)
+    return 0
+
+
+def run_plot_timeline(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Clock, temperature and power of a recorded trace, with tuning sessions and the gate."""
+    from gpuwatchd.plots import PlotError, plot_timeline, trace_t0_unix
+    from gpuwatchd.telemetry.trace import TraceError, load_trace
+
+    cfg, _ = load_with_overrides(args)
+    try:
+        trace = load_trace(args.trace)
+    except TraceError as exc:
+        raise CliError(str(exc)) from None
+    if args.gpu not in trace.devices:
+        raise CliError(f"--gpu {args.gpu}: not in {args.trace} (has {sorted(trace.devices)})", 2)
+    t0 = args.t0_unix if args.t0_unix is not None else trace_t0_unix(args.trace)
+    sessions = []
+    if args.store:
+        if t0 is None:
+            raise CliError(
+                "--t0-unix: the trace has no t0_unix; give the unix time of its t=0", EXIT_CONFIG
+            )
+        store = open_store(Path(args.store), readonly=True)
+        try:
+            sessions = store.sessions(limit=10_000, gpu_uuid=trace.devices[args.gpu].uuid)
+        finally:
+            store.close()
+    try:
+        plot_timeline(
+            trace,
+            args.out,
+            sessions,
+            gpu=args.gpu,
+            unix_at_t0=t0,
+            gate_cfg=None if args.no_gate else cfg.gate,
+        )
+    except PlotError as exc:
+        raise CliError(str(exc)) from None
+    print(f"wrote {args.out}", file=out)
     return 0
