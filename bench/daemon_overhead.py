@@ -18,6 +18,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -70,9 +71,15 @@ def scrape_latencies(url: str, clients: int, seconds: float) -> list[float]:
 
 def run_one(gpus: int, seconds: float, clients: int) -> dict[str, float]:
     port = free_port()
+    scratch = tempfile.mkdtemp(prefix="gpuwatchd-bench-")
+    config = os.path.join(scratch, "config.toml")
+    with open(config, "w") as f:  # polling cost only: no tuning sessions in the window
+        f.write("[tuning]\nenabled = false\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuwatchd", "run", "--backend", "sim", "--gpus", str(gpus),
-         "--poll-interval", "0.1", "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
+        [sys.executable, "-m", "gpuwatchd", "run", "--config", config, "--backend", "sim",
+         "--gpus", str(gpus), "--poll-interval", "0.1", "--listen", f"127.0.0.1:{port}",
+         "--log-level", "warning", "--state-dir", scratch,
+         "--control-socket", os.path.join(scratch, "control.sock")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/metrics"

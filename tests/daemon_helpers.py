@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
