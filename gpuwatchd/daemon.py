@@ -8,6 +8,7 @@ This module never imports torch; tuning runs in a worker process.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import platform
@@ -21,6 +22,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from gpuwatchd import __version__
 from gpuwatchd.config import Config, ConfigError, load_config, resolve_state_dir
 from gpuwatchd.control import ControlServer, default_socket_path, make_retune_handler
+from gpuwatchd.drift import DriftDetector, DriftJob, ReferenceSync, current_versions
 from gpuwatchd.exporter import (
     DaemonInfo,
     HttpServer,
@@ -28,6 +30,7 @@ from gpuwatchd.exporter import (
     build_state_json,
     parse_listen,
 )
+from gpuwatchd.exporter.drift_collector import DriftCollector
 from gpuwatchd.exporter.tuning_collector import TuningCollector
 from gpuwatchd.exporter.webconfig import WebConfig, load_web_config
 from gpuwatchd.poller import Poller
@@ -101,11 +104,27 @@ class Daemon:
             stall_periods=cfg.daemon.stall_periods,
             own_pids=self.tuner.own_pids,
         )
+        # Re-tune triggers: the sustained clock learned from production load against the
+        # clock the winners were measured at, power/max-clock/version changes, stale winners.
+        self.drift = DriftDetector(cfg.drift, current_versions)
+        self.poller.add_listener(self.drift.observe)
+        self.drift_job = DriftJob(
+            self.drift,
+            ReferenceSync(self.drift, self.store),
+            self.board,
+            request=self.tuner.request,
+            workloads=lambda: runnable_workloads(self.cfg, self.backend.name),
+        )
         self.info = DaemonInfo(
             version=__version__, backend=self.backend.name, python_version=platform.python_version()
         )
         self.registry = build_registry(
-            self.board, self.info, extra=[TuningCollector(self.board, lambda: self.tuner.snapshot)]
+            self.board,
+            self.info,
+            extra=[
+                TuningCollector(self.board, lambda: self.tuner.snapshot),
+                DriftCollector(self.drift.view),
+            ],
         )
         self.http = HttpServer(
             self.board,
@@ -113,6 +132,7 @@ class Daemon:
             parse_listen(cfg.daemon.listen),
             state_json=self.state_json,
             web_config=read_web_config(cfg),
+            json_routes={"/api/v1/winners": self.winners_json},
         )
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
@@ -169,6 +189,9 @@ class Daemon:
         self.scheduler.add_job(
             self.tuning_tick, "interval", seconds=self.cfg.tuning.check_interval_s, id="tune"
         )
+        self.scheduler.add_job(
+            self.drift_tick, "interval", seconds=self.cfg.drift.check_interval_s, id="drift"
+        )
         self.scheduler.start()
         self.poller.dispatch_slow_reads()  # energy and static facts right away
         log.info(
@@ -203,6 +226,7 @@ class Daemon:
         """/api/v1/state: the board plus what the tuner is doing."""
         doc = build_state_json(self.board, self.info)
         snap = self.tuner.snapshot
+        doc["gate_config"] = dataclasses.asdict(self.cfg.gate)
         doc["tuning"] = {
             "enabled": self.cfg.tuning.enabled,
             "running_gpus": sorted(snap.running),
@@ -210,6 +234,12 @@ class Daemon:
             "last_completed_unix": snap.last_tune_unix,
         }
         return doc
+
+    def winners_json(self, target: str) -> dict[str, object]:
+        """/api/v1/winners[?workload=&regime=&gpu_model=]: what jobs should run."""
+        from gpuwatchd.client import parse_winners_query, winners_json
+
+        return winners_json(self.store, **parse_winners_query(target))
 
     def tuning_tick(self) -> None:
         """APScheduler job: queue what each new GPU lacks, then let the tuner decide."""
@@ -224,6 +254,11 @@ class Daemon:
                 ]
                 self.tuner.request(snap.index, missing, "no winners yet")
         self.tuner.tick()
+
+    def drift_tick(self) -> None:
+        """APScheduler job: re-seed references after new sessions, raise re-tune reasons."""
+        if self.cfg.drift.enabled:
+            self.drift_job()
 
     def healthy(self) -> bool:
         """False once a GPU read is stuck past ``watchdog_stall_s``: let systemd restart us."""
@@ -263,6 +298,7 @@ class Daemon:
         self.http.reload_web_config(web)
         self.poller.reconfigure(new.gate, period_s=new.daemon.poll_interval_s)
         self.tuner.reconfigure(new)
+        self.drift.reconfigure(new.drift)
         logging.getLogger().setLevel(new.daemon.log_level.upper())
         self.cfg = new
         log.info("config reloaded from %s", self.config_path or "defaults")

@@ -17,7 +17,7 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "config.toml"
 def test_example_config_documents_exactly_the_defaults():
     cfg = parse_config(tomllib.loads(EXAMPLE.read_text()))
     defaults = Config()
-    for section in ("daemon", "sim", "replay", "gate", "tuning"):
+    for section in ("daemon", "sim", "replay", "gate", "tuning", "drift"):
         assert getattr(cfg, section) == getattr(defaults, section), section
     names = [w.name for w in cfg.workloads]
     assert "attention-proj-fp16" in names and "sim-gemm" in names

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuwatchd.config.fields import check, from_table
 from gpuwatchd.config.windows import parse_windows
+from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.gate import GateConfig
 from gpuwatchd.tuning.protocol import ProtocolConfig
 from gpuwatchd.tuning.types import Regime, Workload
@@ -155,6 +156,7 @@ class Config:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     tuning: TuningConfig = field(default_factory=TuningConfig)
+    drift: DriftConfig = field(default_factory=DriftConfig)
     workloads: tuple[Workload, ...] = DEFAULT_WORKLOADS
     source: str | None = None  # the file it came from, for logs
 
@@ -201,6 +203,7 @@ _SECTIONS = {
     "replay": lambda t: from_table(ReplayConfig, t, "replay"),
     "gate": _gate,
     "tuning": _tuning,
+    "drift": DriftConfig.from_mapping,
 }
 
 

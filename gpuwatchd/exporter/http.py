@@ -141,11 +141,18 @@ def request_path(target: str) -> str:
     return unquote(path, errors="replace")
 
 
+#: A read-only JSON endpoint: request target (path and query) -> document.
+JsonRoute = Callable[[str], Mapping[str, Any]]
+
+
 class Routes:
     """Maps requests to responses. Knows nothing about sockets, TLS or authentication."""
 
     def __init__(
-        self, renderer: MetricsRenderer, state_json: Callable[[], Mapping[str, Any]]
+        self,
+        renderer: MetricsRenderer,
+        state_json: Callable[[], Mapping[str, Any]],
+        json_routes: Mapping[str, JsonRoute] | None = None,
     ) -> None:
         self._renderer = renderer
         self._state_json = state_json
@@ -155,6 +162,20 @@ class Routes:
             "/api/v1/state": self._state,
             "/healthz": self._healthz,
         }
+        for path, fn in (json_routes or {}).items():
+            self._routes[path] = self._json_route(fn)
+
+    @staticmethod
+    def _json_route(fn: JsonRoute) -> Callable[[Request], Response]:
+        """A read-only JSON document built from the request target (query string)."""
+
+        def serve(request: Request) -> Response:
+            try:
+                return json_response(200, fn(request.target))
+            except ValueError as exc:  # a bad query parameter: the client's mistake
+                return _error(400, "bad request", detail=str(exc)[:300])
+
+        return serve
 
     def handle(self, request: Request) -> Response:
         if request.method not in ALLOWED_METHODS:
@@ -175,6 +196,7 @@ class Routes:
             f"gpuwatchd {gpuwatchd.__version__}\n"
             "/metrics        Prometheus metrics (OpenMetrics when the Accept header asks)\n"
             "/api/v1/state   read-only JSON state of every GPU\n"
+            "/api/v1/winners read-only JSON winners per workload and regime\n"
             "/healthz        liveness check\n"
         )
         return Response(200, _TEXT, text.encode())
@@ -423,13 +445,14 @@ class HttpServer:
         *,
         metrics_max_age_s: float = DEFAULT_MAX_AGE_S,
         web_config: WebConfig | None = None,
+        json_routes: Mapping[str, JsonRoute] | None = None,
     ) -> None:
         host, port = listen
         if not 0 <= port <= 65535:
             raise ValueError(f"listen port {port} is out of range 0-65535")
         self._listen = (host, port)
         renderer = MetricsRenderer(collector_registry, board.all, metrics_max_age_s)
-        self.routes = Routes(renderer, state_json or (lambda: build_state_json(board)))
+        self.routes = Routes(renderer, state_json or (lambda: build_state_json(board)), json_routes)
         self._security = WebSecurity(web_config) if web_config is not None else None
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None

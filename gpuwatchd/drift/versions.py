@@ -1,0 +1,103 @@
+"""The software stack installed now, read without importing torch, and how to compare stacks.
+
+The daemon never imports torch (seconds and gigabytes), so library versions come from
+the installed distributions' metadata; the worker that runs the kernels uses the same
+interpreter, so it loads exactly these. The worker reports versions differently
+(``torch.__version__`` carries a ``+cu128`` suffix that PyPI's metadata lacks, and
+``torch.backends.cudnn.version()`` is an integer such as ``91900``), so versions are
+normalised before they are compared, and a field unknown on either side never counts
+as a change.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+
+from gpuwatchd.store.rows import Versions
+from gpuwatchd.telemetry.types import DeviceInfo
+
+#: Fields whose change makes the winners suspect: they decide which kernels exist.
+COMPARED_FIELDS: tuple[str, ...] = ("driver", "torch", "triton", "cudnn")
+#: Distributions that ship cuDNN for torch's wheels, newest CUDA first.
+CUDNN_DISTRIBUTIONS: tuple[str, ...] = (
+    "nvidia-cudnn-cu13",
+    "nvidia-cudnn-cu12",
+    "nvidia-cudnn-cu11",
+)
+#: Triton's distribution names: releases, then the one torch nightlies pull in.
+TRITON_DISTRIBUTIONS: tuple[str, ...] = ("triton", "pytorch-triton")
+
+Lookup = Callable[[str], "str | None"]
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution``, or None when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def current_versions(
+    info: DeviceInfo | None = None, *, lookup: Lookup = installed_version
+) -> Versions:
+    """Driver (from ``info``), torch, Triton and cuDNN as installed now; unknown ones None.
+
+    cuDNN counts only when the installed ``nvidia-cudnn-*`` distributions agree on one
+    version: with two CUDA majors installed side by side it cannot tell which one
+    torch loads, and a guess would report changes that did not happen.
+    """
+    triton = next((v for d in TRITON_DISTRIBUTIONS if (v := lookup(d)) is not None), None)
+    cudnn_found = {normalize("cudnn", v) for d in CUDNN_DISTRIBUTIONS if (v := lookup(d))}
+    return Versions(
+        driver=info.driver_version if info is not None else None,
+        torch=lookup("torch"),
+        triton=triton,
+        cudnn=cudnn_found.pop() if len(cudnn_found) == 1 else None,
+    )
+
+
+def _cudnn(text: str) -> str:
+    """``91900`` (cuDNN 9's integer) / ``8907`` (cuDNN 8's) / ``9.19.0.56`` -> ``9.19.0``."""
+    if text.isdigit():
+        n = int(text)
+        major, rest = (n // 10000, n % 10000) if n >= 90000 else (n // 1000, n % 1000)
+        return f"{major}.{rest // 100}.{rest % 100}"
+    parts = text.split(".")
+    return ".".join(parts[:3])
+
+
+def normalize(field: str, value: str | None) -> str | None:
+    """``value`` in a form both the worker's and the metadata's spelling map to."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    if field == "cudnn":
+        return _cudnn(value)
+    return value
+
+
+def _same(field: str, a: str, b: str) -> bool:
+    a_norm, b_norm = normalize(field, a), normalize(field, b)
+    if field in ("torch", "triton"):
+        # PyPI's metadata drops the local part (+cu128) that torch.__version__ keeps:
+        # compare it only when both sides carry one.
+        a_pub, _, a_local = (a_norm or "").partition("+")
+        b_pub, _, b_local = (b_norm or "").partition("+")
+        return a_pub == b_pub and (not a_local or not b_local or a_local == b_local)
+    return a_norm == b_norm
+
+
+def changed_versions(reference: Versions, current: Versions) -> tuple[str, ...]:
+    """The compared fields known on both sides whose versions differ."""
+    changed = []
+    for field in COMPARED_FIELDS:
+        a, b = getattr(reference, field), getattr(current, field)
+        if normalize(field, a) is None or normalize(field, b) is None:
+            continue
+        if not _same(field, a, b):
+            changed.append(field)
+    return tuple(changed)
