@@ -431,3 +431,23 @@ def _cfg_dict() -> dict[str, Any]:
     from dataclasses import asdict
 
     return asdict(CFG)
+
+
+def test_library_picks_launching_the_same_kernels_are_a_tie_whatever_the_gap() -> None:
+    # On the H200 the cuDNN heuristic and benchmark picks of an fp16 conv launched the very
+    # same kernel yet timed 7% apart (thread and order effects on a 59 µs kernel).
+    kernels = ["sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc"]
+    same = {"kernels": kernels, "kernels_identify_code": True}
+    cands = [
+        FakeCandidate("heuristic", 1.00e-3, **same),
+        FakeCandidate("benchmark", 1.07e-3, **same),
+    ]
+    res = measure(WL, cands, FakeSession(), Regime.UNTHROTTLED, CFG)
+    assert res.tie and res.winner is None
+    assert res.margin is not None and res.margin > 0.05  # the gap is reported, not hidden
+    assert res.candidates[0].meta["tie_reason"] == "winner and runner-up launch the same kernels"
+    # Triton configs share a kernel name but not their code: no such rule for them.
+    triton = [FakeCandidate("a", 1.00e-3, kernels=["_matmul_kernel"]),
+              FakeCandidate("b", 1.07e-3, kernels=["_matmul_kernel"])]  # fmt: skip
+    res = measure(WL, triton, FakeSession(), Regime.UNTHROTTLED, CFG)
+    assert (res.winner, res.tie) == ("a", False)

@@ -487,12 +487,18 @@ class _RegimeRun:
         )
         rank = {name: i for i, name in enumerate(decision.ranking)}
         ordered = sorted(self.slots, key=lambda s: rank.get(s.name, len(rank)))
+        winner, tie = decision.winner, decision.tie
+        if winner is not None and len(ordered) >= 2 and _same_code(ordered[0], ordered[1]):
+            # Two library picks that launched the very same kernels are one candidate: a
+            # gap between them is measurement bias (thread, order), not a faster kernel.
+            winner, tie = None, True
+            self.regime_meta["tie_reason"] = "winner and runner-up launch the same kernels"
         return RegimeResult(
             workload=self.workload.name,
             regime=self.regime,
             candidates=tuple(self._stats(s) for s in ordered),
-            winner=decision.winner,
-            tie=decision.tie,
+            winner=winner,
+            tie=tie,
             margin=decision.margin,
             noise=decision.noise,
         )
@@ -538,6 +544,17 @@ class _RegimeRun:
             reasons=int(reasons),
             meta=meta,
         )
+
+
+def _same_code(a: _Slot, b: _Slot) -> bool:
+    """Both candidates say their kernel names identify the code, and the names match."""
+    ka, kb = a.meta.get("kernels"), b.meta.get("kernels")
+    return bool(
+        ka
+        and ka == kb
+        and a.meta.get("kernels_identify_code")
+        and b.meta.get("kernels_identify_code")
+    )
 
 
 def _batch_reasons(before: Sample, after: Sample) -> ThrottleReason:

@@ -226,6 +226,8 @@ class CudnnConv:
             "cudnn_benchmark": self.pick == "benchmark",
             "memory_format": self.memory_format,
             "kernels": kernels,
+            # library kernel names encode tile, layout and precision: same names, same code
+            "kernels_identify_code": True,
             "pick_s": pick_s,
             "shape": s.describe(),
             "bias": s.bias,

@@ -190,6 +190,8 @@ class TorchMatmul:
         self._meta = {
             "library": self.library,
             "kernels": kernels,
+            # library kernel names encode tile, layout and precision: same names, same code
+            "kernels_identify_code": True,
             "shape": s.describe(),
             "flops": s.flops,
             "bytes": s.bytes,
