@@ -69,6 +69,9 @@ class _Fields:
         done, total = msg.get("done"), msg.get("total")
         ok = isinstance(done, int) and isinstance(total, int)
         self.step = f"[{done}/{total}]" if ok else "[?/?]"
+        c_done, c_total = msg.get("candidates_done"), msg.get("candidates_total")
+        if isinstance(c_done, int) and isinstance(c_total, int) and c_total > 0:
+            self.step += f" {c_done}/{c_total} candidates"
         self.regime = _name(msg, "regime")
         self.workload = _name(msg, "workload")
         self.candidate = _name(msg, "candidate")

@@ -192,3 +192,46 @@ def test_elapsed_over_an_hour_and_stream_without_isatty() -> None:
 def test_bad_interval_names_the_field() -> None:
     with pytest.raises(ValueError, match="interval_s: must be > 0"):
         make_progress(io.StringIO(), interval_s=0)
+
+
+def test_candidates_done_of_total_are_shown() -> None:
+    out = io.StringIO()
+    show = make_progress(out)
+    show(
+        {
+            "type": "progress",
+            "workload": "gemm",
+            "regime": "sustained",
+            "candidate": "cublas",
+            "done": 1,
+            "total": 2,
+            "candidates_done": 7,
+            "candidates_total": 12,
+        }
+    )
+    show.finish()
+    assert "[1/2] 7/12 candidates sustained gemm: cublas" in out.getvalue()
+
+
+def test_worker_counts_a_candidate_done_once_it_has_its_minimum_of_accepted_batches() -> None:
+    from gpuwatchd.tuning.jobspec import Progress
+    from gpuwatchd.tuning.types import BatchRecord, Regime, Workload
+    from gpuwatchd.tuning.worker import ProgressReporter
+
+    sent: list[Progress] = []
+
+    class Channel:
+        def send(self, msg: Progress) -> None:
+            sent.append(msg)
+
+    wl = Workload("w", "matmul", {"m": 1}, "float32", ("cpu.matmul",))
+    rep = ProgressReporter(Channel(), wl, (Regime.UNTHROTTLED,), 0, 1, interval_s=0.0,  # type: ignore[arg-type]
+                           candidates=3, min_batches=2)  # fmt: skip
+
+    def batch(name: str, rejected: bool = False) -> BatchRecord:
+        return BatchRecord(name, Regime.UNTHROTTLED, 1e-3, 10, 1980.0, 300.0, 40.0, 0, rejected)
+
+    for rec in (batch("a"), batch("b"), batch("a"), batch("b", rejected=True), batch("c")):
+        rep(rec)
+    assert [m.candidates_done for m in sent] == [0, 0, 1, 1, 1]
+    assert all(m.candidates_total == 3 for m in sent)

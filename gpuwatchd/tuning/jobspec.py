@@ -396,7 +396,9 @@ class Hello:
 @dataclass(frozen=True, slots=True)
 class Progress:
     """Where the worker is: ``done`` of ``total`` (workload, regime) pairs are finished;
-    ``batches`` timed so far in this one; the telemetry read after the latest batch."""
+    ``batches`` timed so far in this one; ``candidates_done`` of ``candidates_total`` of
+    its candidates have their minimum of accepted batches; the telemetry read after the
+    latest batch."""
 
     workload: str
     regime: Regime
@@ -407,6 +409,8 @@ class Progress:
     sm_clock_mhz: float | None = None
     power_w: float | None = None
     temp_c: float | None = None
+    candidates_done: int = 0
+    candidates_total: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -417,6 +421,8 @@ class Progress:
             "done": self.done,
             "total": self.total,
             "batches": self.batches,
+            "candidates_done": self.candidates_done,
+            "candidates_total": self.candidates_total,
             "sm_clock_mhz": _json_safe(self.sm_clock_mhz),
             "power_w": _json_safe(self.power_w),
             "temp_c": _json_safe(self.temp_c),
@@ -469,12 +475,23 @@ def decode_message(line: str | bytes) -> Message:
             raise JobSpecError(f"hello.{e}") from None
         return Hello(pid=_int(d["pid"], "hello.pid", minimum=1), versions=versions)
     if kind == "progress":
-        optional = ("batches", "sm_clock_mhz", "power_w", "temp_c")
+        optional = (
+            "batches",
+            "candidates_done",
+            "candidates_total",
+            "sm_clock_mhz",
+            "power_w",
+            "temp_c",
+        )
         _obj(d, "progress", ("type", "workload", "regime", "candidate", "done", "total"), optional)
         total = _int(d["total"], "progress.total", minimum=1)
         done = _int(d["done"], "progress.done")
         if done > total:
             raise _fail("progress.done", f"expected at most total ({total})", done)
+        cand_total = _int(d.get("candidates_total", 0), "progress.candidates_total")
+        cand_done = _int(d.get("candidates_done", 0), "progress.candidates_done")
+        if cand_done > cand_total:
+            raise _fail("progress.candidates_done", f"expected at most {cand_total}", cand_done)
         return Progress(
             workload=_str(d["workload"], "progress.workload"),
             regime=_regime(d["regime"], "progress.regime"),
@@ -482,6 +499,8 @@ def decode_message(line: str | bytes) -> Message:
             done=done,
             total=total,
             batches=_int(d.get("batches", 0), "progress.batches"),
+            candidates_done=cand_done,
+            candidates_total=cand_total,
             sm_clock_mhz=_opt_num(d.get("sm_clock_mhz"), "progress.sm_clock_mhz", nonneg=True),
             power_w=_opt_num(d.get("power_w"), "progress.power_w", nonneg=True),
             temp_c=_opt_num(d.get("temp_c"), "progress.temp_c"),

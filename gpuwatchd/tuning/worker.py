@@ -186,6 +186,8 @@ class ProgressReporter:
         done_before: int,
         total: int,
         interval_s: float = PROGRESS_INTERVAL_S,
+        candidates: int = 0,
+        min_batches: int = 1,
     ) -> None:
         self._channel = channel
         self._workload = workload.name
@@ -196,11 +198,17 @@ class ProgressReporter:
         self._last = -float("inf")
         self._regime: Regime | None = None
         self._batches = 0
+        self._candidates = candidates
+        self._min_batches = min_batches
+        self._accepted: dict[str, int] = {}  # per candidate, in the current regime
 
     def __call__(self, rec: BatchRecord) -> None:
         if rec.regime is not self._regime:
             self._regime, self._batches, self._last = rec.regime, 0, -float("inf")
+            self._accepted = {}
         self._batches += 1
+        if not rec.rejected:
+            self._accepted[rec.candidate] = self._accepted.get(rec.candidate, 0) + 1
         now = time.monotonic()
         if now - self._last < self._interval:
             return
@@ -213,6 +221,11 @@ class ProgressReporter:
                 done=self._done_before + self._regimes.index(rec.regime),
                 total=self._total,
                 batches=self._batches,
+                candidates_done=min(
+                    self._candidates,
+                    sum(n >= self._min_batches for n in self._accepted.values()),
+                ),
+                candidates_total=self._candidates,
                 sm_clock_mhz=rec.sm_clock_mhz,
                 power_w=rec.power_w,
                 temp_c=rec.temp_c,
@@ -243,7 +256,15 @@ def run_job(job: JobSpec, channel: Channel, stop: Callable[[], bool]) -> int:
             candidates = candidates_for(workload, session)
             if not candidates:
                 raise WorkerError(f"workload {workload.name}: its families gave no candidates")
-            reporter = ProgressReporter(channel, workload, job.regimes, i * n_regimes, total)
+            reporter = ProgressReporter(
+                channel,
+                workload,
+                job.regimes,
+                i * n_regimes,
+                total,
+                candidates=len(candidates),
+                min_batches=job.protocol.min_rounds,
+            )
             log.info("tuning %s: %d candidates", workload.name, len(candidates))
             results = tune(workload, candidates, session, job.regimes, cfg, reporter, stop)
             for result in results:
