@@ -13,26 +13,15 @@ from typing import Any
 from gpuwatchd.store import Store
 from gpuwatchd.store.rows import StoredResult
 from gpuwatchd.telemetry.types import ThrottleReason
+from gpuwatchd.tuning.jobspec import stats_to_json
 from gpuwatchd.tuning.types import CandidateStats, Regime
 
 REPORT_FORMAT = "gpuwatchd-report/1"
 
 
 def _candidate_json(c: CandidateStats) -> dict[str, Any]:
-    return {
-        "name": c.name,
-        "family": c.family,
-        "median_s": c.median_s,
-        "spread": c.spread,
-        "samples": c.samples,
-        "rejected": c.rejected,
-        "sm_clock_hz": c.sm_clock_hz,
-        "power_w": c.power_w,
-        "temp_c": c.temp_c,
-        "energy_j_per_call": c.energy_j_per_call,
-        "throttle_reasons": ThrottleReason.decode(c.reasons).names(),
-        "meta": c.meta,
-    }
+    """The worker's wire form of the statistics, plus the throttle reasons by name."""
+    return {**stats_to_json(c), "throttle_reasons": ThrottleReason.decode(c.reasons).names()}
 
 
 def _result_json(s: StoredResult) -> dict[str, Any]:
