@@ -125,8 +125,10 @@ def main() -> None:
     rows = [run_one(g, args.seconds, args.clients) for g in args.gpus]
     print(f"# {platform.node()} {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}")  # fmt: skip
-    print("| GPUs | CPU % of one core (10 Hz, no scrapes) | RSS MB | /metrics bytes "
-          "| scrapes | p50 ms | p99 ms (10 clients) |")
+    print(
+        "| GPUs | CPU % of one core (10 Hz, no scrapes) | RSS MB | /metrics bytes "
+        "| scrapes | p50 ms | p99 ms (10 clients) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['gpus']} | {r['cpu_pct_of_one_core']:.2f} | {r['rss_mb']:.1f} | "

@@ -176,3 +176,18 @@ def test_listeners_get_every_snapshot_and_a_failing_one_is_contained(listener_fa
     poller.poll_once(track)
     poller.poll_once(track)
     assert got == [0, 0]
+
+
+def test_every_backend_gives_the_poller_its_static_facts(tmp_path):
+    """The poller asks device_info(gpu, refresh=True); a backend that cannot take it
+    would leave every GPU without limits and thresholds (and the gate on fallbacks)."""
+    from gpuwatchd.telemetry.sim import SimBackend
+
+    for backend in (
+        ReplayBackend(TRACE, loop=False, clock=ManualClock()),
+        SimBackend(gpus=1, clock=ManualClock()),
+        FakeBackend(gpus=1),
+    ):
+        snap = Poller(backend, StateBoard(), GateConfig(), period_s=0.05).poll(0)
+        assert snap.info is not None, backend.name
+        assert snap.info.power_limit_w == 700.0 and snap.info.slowdown_temp_c == 89.0

@@ -97,7 +97,8 @@ class ReplayBackend:
     def devices(self) -> list[int]:
         return sorted(self.trace.devices)
 
-    def device_info(self, gpu: int) -> DeviceInfo:
+    def device_info(self, gpu: int, refresh: bool = False) -> DeviceInfo:
+        """The trace header's facts; a recording never changes, so ``refresh`` reads the same."""
         self._track(gpu)
         return self.trace.devices[gpu]
 

@@ -157,10 +157,10 @@ class CudaSession:
             raise ValueError(f"cuda_device: {ordinal} is not a CUDA device here (count {count})")
         torch.cuda.set_device(ordinal)
         self.cuda_device: int = ordinal
-        self.device: torch.device = torch.device("cuda", ordinal)
+        self.device: Any = torch.device("cuda", ordinal)  # torch is imported lazily
         props = torch.cuda.get_device_properties(ordinal)
         self.l2_bytes: int = int(getattr(props, "L2_cache_size", 0) or _FALLBACK_L2_BYTES)
-        self._scratch: torch.Tensor | None = None
+        self._scratch: Any = None  # a torch.Tensor once flush_l2 first runs
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
         clock_hz = _FALLBACK_SM_CLOCK_HZ

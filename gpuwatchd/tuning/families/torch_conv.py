@@ -361,11 +361,10 @@ def _dims(v: object, where: str) -> tuple[int, int, int, int]:
 
 def _pair(v: object, where: str, low: int) -> tuple[int, int]:
     items = list(v) if isinstance(v, list | tuple) else [v, v]
-    if len(items) != 2 or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= low for d in items
-    ):
+    ints = [d for d in items if isinstance(d, int) and not isinstance(d, bool) and d >= low]
+    if len(items) != 2 or len(ints) != 2:
         raise ValueError(f"{where} must be an integer >= {low} or a pair of them, got {v!r}")
-    return (items[0], items[1])
+    return (ints[0], ints[1])
 
 
 def _prod(dims: tuple[int, ...]) -> int:
