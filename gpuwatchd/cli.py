@@ -134,7 +134,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if url is None:
         cfg, _ = load_with_overrides(args)
         url = _local_url(cfg.daemon.listen)
-    state = fetch_state(url, timeout=args.timeout)
+    state = fetch_state(url, timeout=args.timeout, cacert=args.cacert, user=args.user)
     if args.json:
         import json
 
@@ -229,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="daemon base URL (default from the config's listen address)")
     p.add_argument("--json", action="store_true", help="print the raw JSON state")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the daemon")
+    p.add_argument("--cacert", metavar="FILE", help="CA certificate of an https daemon")
+    p.add_argument("--user", help="basic-auth user (password in $GPUWATCHD_PASSWORD)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("record", help="record a gpuwatchd-trace/1 file from any backend")

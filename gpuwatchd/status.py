@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import ssl
 import urllib.error
 import urllib.request
 from typing import Any
@@ -10,13 +13,41 @@ from typing import Any
 from gpuwatchd.cli import CliError
 
 STATE_PATH = "/api/v1/state"
+PASSWORD_ENV = "GPUWATCHD_PASSWORD"
 
 
-def fetch_state(base_url: str, timeout: float = 3.0) -> dict[str, Any]:
-    """GET the state document; one-line CliError when the daemon can't be reached."""
+def _request(url: str, user: str | None) -> urllib.request.Request:
+    req = urllib.request.Request(url)
+    if user:
+        password = os.environ.get(PASSWORD_ENV)
+        if password is None:
+            raise CliError(f"--user {user}: set the password in ${PASSWORD_ENV}")
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    return req
+
+
+def fetch_state(
+    base_url: str,
+    timeout: float = 3.0,
+    *,
+    cacert: str | None = None,
+    user: str | None = None,
+) -> dict[str, Any]:
+    """GET the state document; one-line CliError when the daemon can't be reached.
+
+    For a daemon behind a web config: an https URL, ``cacert`` (the CA that signed its
+    certificate) and ``user`` for basic auth (password from $GPUWATCHD_PASSWORD).
+    """
     url = base_url.rstrip("/") + STATE_PATH
+    context = None
+    if cacert:
+        try:
+            context = ssl.create_default_context(cafile=cacert)
+        except (OSError, ssl.SSLError) as exc:
+            raise CliError(f"--cacert {cacert}: {exc}") from None
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(_request(url, user), timeout=timeout, context=context) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:
         raise CliError(f"{url}: HTTP {exc.code} {exc.reason}") from None

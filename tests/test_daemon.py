@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -255,6 +256,15 @@ def test_web_config_basic_auth_protects_the_endpoints(tmp_path: Path):
         req.add_header("Authorization", f"Basic {token}")
         with urllib.request.urlopen(req, timeout=2) as resp:
             assert b"gpuwatchd_gate_open" in resp.read()
+        base = f"http://127.0.0.1:{port}"
+        denied = gpuwatchd("status", "--url", base)
+        assert denied.returncode == 1 and "HTTP 401" in denied.stderr
+        env = {**os.environ, "GPUWATCHD_PASSWORD": "s3cret"}
+        ok = subprocess.run(
+            [sys.executable, "-m", "gpuwatchd", "status", "--url", base, "--user", "prom"],
+            capture_output=True, text=True, timeout=30, env=env,
+        )  # fmt: skip
+        assert ok.returncode == 0 and "NVIDIA H200 (simulated)" in ok.stdout, ok.stderr
     finally:
         proc.terminate()
         proc.wait(5)
