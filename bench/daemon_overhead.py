@@ -69,7 +69,7 @@ def scrape_latencies(url: str, clients: int, seconds: float) -> list[float]:
     return out
 
 
-def run_one(gpus: int, seconds: float, clients: int) -> dict[str, float]:
+def run_one(gpus: int, seconds: float, clients: int, interval: float = 0.1) -> dict[str, float]:
     port = free_port()
     scratch = tempfile.mkdtemp(prefix="gpuwatchd-bench-")
     config = os.path.join(scratch, "config.toml")
@@ -77,7 +77,7 @@ def run_one(gpus: int, seconds: float, clients: int) -> dict[str, float]:
         f.write("[tuning]\nenabled = false\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuwatchd", "run", "--config", config, "--backend", "sim",
-         "--gpus", str(gpus), "--poll-interval", "0.1", "--listen", f"127.0.0.1:{port}",
+         "--gpus", str(gpus), "--poll-interval", str(interval), "--listen", f"127.0.0.1:{port}",
          "--log-level", "warning", "--state-dir", scratch,
          "--control-socket", os.path.join(scratch, "control.sock")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -120,9 +120,10 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--interval", type=float, default=0.1, help="poll period (0.1 = 10 Hz)")
     ap.add_argument("--out")
     args = ap.parse_args()
-    rows = [run_one(g, args.seconds, args.clients) for g in args.gpus]
+    rows = [run_one(g, args.seconds, args.clients, args.interval) for g in args.gpus]
     print(f"# {platform.node()} {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}")  # fmt: skip
     print(
