@@ -9,6 +9,7 @@ This module never imports torch; tuning runs in a worker process.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import os
 import platform
@@ -137,7 +138,6 @@ class Daemon:
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
         )
-        self._seeded: set[int] = set()  # GPUs whose missing winners were queued
         # The only way to start GPU work from outside: a Unix socket with file permissions.
         self.control = ControlServer(
             cfg.daemon.control_socket or default_socket_path(),
@@ -176,7 +176,23 @@ class Daemon:
 
     # -- lifecycle -----------------------------------------------------------------
 
+    def _check_sampling(self) -> None:
+        """Warn when the gate can never see enough samples (fast simulated time, slow polls)."""
+        cfg = self.cfg
+        speed = {"sim": cfg.sim.speed, "replay": cfg.replay.speed}.get(self.backend.name, 1.0)
+        per_sample = cfg.daemon.poll_interval_s * speed  # backend seconds between samples
+        # Samples d apart fill a window w with floor(w/d) + 1 of them.
+        if per_sample * (cfg.gate.min_samples - 1) > cfg.gate.window_s:
+            log.warning(
+                "the gate can never open: one sample every %.3g backend seconds gives fewer "
+                "than gate.min_samples=%d in gate.window_s=%g; poll faster or lower the speed",
+                per_sample,
+                cfg.gate.min_samples,
+                cfg.gate.window_s,
+            )
+
     def run(self) -> None:
+        self._check_sampling()
         self.http.start()
         self.control.start()
         self.poller.start()
@@ -190,7 +206,12 @@ class Daemon:
             self.tuning_tick, "interval", seconds=self.cfg.tuning.check_interval_s, id="tune"
         )
         self.scheduler.add_job(
-            self.drift_tick, "interval", seconds=self.cfg.drift.check_interval_s, id="drift"
+            self.drift_tick,
+            "interval",
+            seconds=self.cfg.drift.check_interval_s,
+            id="drift",
+            # first look once the GPUs have been polled, not a whole interval later
+            next_run_time=datetime.datetime.now() + datetime.timedelta(seconds=2),
         )
         self.scheduler.start()
         self.poller.dispatch_slow_reads()  # energy and static facts right away
@@ -242,21 +263,12 @@ class Daemon:
         return winners_json(self.store, **parse_winners_query(target))
 
     def tuning_tick(self) -> None:
-        """APScheduler job: queue what each new GPU lacks, then let the tuner decide."""
-        if self.cfg.tuning.enabled:
-            for snap in self.board.all():
-                if snap.index in self._seeded or snap.info is None:
-                    continue
-                self._seeded.add(snap.index)
-                have = {w.workload for w in self.store.winners(gpu_model=snap.info.name)}
-                missing = [
-                    w for w in runnable_workloads(self.cfg, self.backend.name) if w.name not in have
-                ]
-                self.tuner.request(snap.index, missing, "no winners yet")
+        """APScheduler job: start pending tuning behind open gates (never blocks)."""
         self.tuner.tick()
 
     def drift_tick(self) -> None:
-        """APScheduler job: re-seed references after new sessions, raise re-tune reasons."""
+        """APScheduler job: decide what needs tuning — a GPU never tuned, clock drift,
+        a power-limit/max-clock/version change, stale winners — and queue it."""
         if self.cfg.drift.enabled:
             self.drift_job()
 

@@ -280,3 +280,23 @@ def test_a_bad_web_config_is_a_config_error(tmp_path: Path):
         assert res.returncode == 2, res
         err = res.stderr.strip().splitlines()
         assert len(err) == 1 and "cert_file" in err[0] and "/nonexistent.pem" in err[0]
+
+
+def test_warns_when_fast_simulated_time_starves_the_gate(tmp_path: Path, caplog):
+    from gpuwatchd.config import SimConfig
+
+    def daemon(speed: float) -> Daemon:
+        cfg = Config(
+            daemon=DaemonConfig(
+                backend="sim", listen="127.0.0.1:0", poll_interval_s=0.5,
+                state_dir=str(tmp_path), control_socket=str(tmp_path / "c.sock"),
+            ),
+            sim=SimConfig(speed=speed),
+        )  # fmt: skip
+        return Daemon(cfg)
+
+    caplog.set_level("WARNING", logger="gpuwatchd")
+    daemon(1.0)._check_sampling()
+    assert not [r for r in caplog.records if "never open" in r.message]
+    daemon(10.0)._check_sampling()  # one sample per 5 simulated s, 5 needed in a 5 s window
+    assert [r for r in caplog.records if "never open" in r.message]

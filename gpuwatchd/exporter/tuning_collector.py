@@ -10,9 +10,19 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpuwatchd.gate_types import GateState
 from gpuwatchd.state import StateBoard
 from gpuwatchd.tuning.scheduler import TuningSnapshot
 from gpuwatchd.tuning.types import Regime, SessionStatus
+
+#: Why the scheduler may not start pending work: the gate states that keep it shut, and
+#: its own reasons (see TuneScheduler._blocker).
+DEFERRAL_REASONS = (
+    *(s.value for s in GateState if s is not GateState.COOL_STABLE),
+    "outside_window",
+    "another_session",
+    "retry_backoff",
+)
 
 FINAL = [s.value for s in SessionStatus if s not in (SessionStatus.RUNNING, SessionStatus.DEFERRED)]
 
@@ -41,7 +51,9 @@ class TuningCollector:
             "(the gate state, outside_window, another_session, retry_backoff, unavailable).",
             labels=["reason"],
         )
-        for reason, n in sorted(snap.deferred_total.items()):
+        # Every reason from the start, so rate()/increase() see the first deferral.
+        counts = dict.fromkeys(DEFERRAL_REASONS, 0) | snap.deferred_total
+        for reason, n in sorted(counts.items()):
             deferred.add_metric([reason], float(n))
         yield deferred
 
