@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 from gpuwatchd.gate import GateConfig
-from gpuwatchd.plots import T0_UNIX_KEY, plot_report, plot_timeline
+from gpuwatchd.plots import plot_report, plot_timeline
 from gpuwatchd.report import build_report
 from gpuwatchd.store import Store
 from gpuwatchd.telemetry.nvml import NvmlBackend
-from gpuwatchd.telemetry.trace import TraceWriter
+from gpuwatchd.telemetry.trace import T0_UNIX_KEY, TraceWriter
 
 PERIOD_S = 0.1
 TUNE_TIMEOUT_S = 90.0

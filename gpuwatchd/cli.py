@@ -150,12 +150,17 @@ def cmd_record(args: argparse.Namespace) -> int:
     from gpuwatchd.telemetry.factory import open_backend
 
     cfg, _ = load_with_overrides(args)
+    for flag, value in (("--duration", args.duration), ("--interval", args.interval)):
+        if not value > 0:
+            raise CliError(f"{flag}: must be > 0, got {value}", EXIT_CONFIG)
     try:
         backend = open_backend(cfg)
     except BackendUnavailable as exc:
         raise CliError(str(exc)) from None
     try:
         n = record_trace(backend, args.out, duration_s=args.duration, period_s=args.interval)
+    except OSError as exc:
+        raise CliError(f"{args.out}: {exc.strerror or exc}") from None
     finally:
         backend.close()
     print(f"wrote {n} samples to {args.out}", file=sys.stderr)

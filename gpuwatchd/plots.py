@@ -26,7 +26,7 @@ from gpuwatchd.gate import GateConfig, evaluate
 from gpuwatchd.gate_types import GateDecision, GateState
 from gpuwatchd.report import REPORT_FORMAT
 from gpuwatchd.store.rows import SessionRow
-from gpuwatchd.telemetry.trace import Trace, TraceError, load_trace
+from gpuwatchd.telemetry.trace import T0_UNIX_KEY, Trace, TraceError, load_trace
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.types import Regime
 
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 INSTALL_HINT = "pip install 'gpuwatchd[plot]'"
-#: Header key of a trace: unix seconds at ``t = 0``.
-T0_UNIX_KEY = "t0_unix"
 DPI = 120
 
 REGIME_COLORS = {Regime.UNTHROTTLED.value: "#1f77b4", Regime.SUSTAINED.value: "#d62728"}

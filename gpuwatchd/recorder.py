@@ -20,15 +20,17 @@ def record_trace(
 ) -> int:
     """Sample every GPU each ``period_s`` for ``duration_s`` of real time; return the count.
 
-    Sample times are rebased so the trace starts at 0. A lost GPU leaves a gap.
+    Times are rebased so the trace starts at 0, and the header's ``t0_unix`` says when
+    that was (``plot-timeline`` uses it to shade stored tuning sessions). A lost GPU
+    leaves a gap.
     """
     if duration_s <= 0 or period_s <= 0:
         raise ValueError("duration and interval must be > 0")
     gpus = backend.devices()
     infos = [backend.device_info(g) for g in gpus]
-    t0: float | None = None
+    t0 = backend.clock.now()  # t = 0 of the trace, at the wall time written in its header
     count = 0
-    with TraceWriter(path, infos, period_s, events or []) as writer:
+    with TraceWriter(path, infos, period_s, events or [], t0_unix=time.time()) as writer:
         end = time.monotonic() + duration_s
         next_at = time.monotonic()
         while time.monotonic() < end:
@@ -38,9 +40,7 @@ def record_trace(
                 except GpuLost as exc:
                     log.warning("%s", exc)
                     continue
-                if t0 is None:
-                    t0 = s.t
-                writer.write(s, t=s.t - t0)
+                writer.write(s, t=max(0.0, s.t - t0))
                 count += 1
             next_at += period_s
             time.sleep(max(0.0, next_at - time.monotonic()))

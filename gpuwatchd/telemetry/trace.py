@@ -392,6 +392,10 @@ def _device_json(info: DeviceInfo) -> dict[str, Any]:
     return out
 
 
+#: Optional header key: the unix time of the trace's t = 0.
+T0_UNIX_KEY = "t0_unix"
+
+
 class TraceWriter:
     """Writes samples as a ``gpuwatchd-trace/1`` file that :func:`load_trace` reads back.
 
@@ -410,6 +414,7 @@ class TraceWriter:
         events: Sequence[TraceEvent | Mapping[str, object]] = (),
         *,
         extra_fields: Mapping[str, str] | None = None,
+        t0_unix: float | None = None,
     ) -> None:
         if not devices:
             raise ValueError("devices: at least one DeviceInfo is required")
@@ -435,6 +440,8 @@ class TraceWriter:
             ],
             "fields": {**FIELD_DOCS, **extra},
         }
+        if t0_unix is not None:  # wall time of t = 0: aligns the trace with stored sessions
+            header[T0_UNIX_KEY] = t0_unix
         # The writer owns the handle until close(); a context manager cannot span calls.
         self._fh: TextIO | None = Path(path).open("w", encoding="utf-8")  # noqa: SIM115
         self._fh.write(json.dumps(header) + "\n")
