@@ -40,6 +40,8 @@ def fetch_state(
     certificate) and ``user`` for basic auth (password from $GPUWATCHD_PASSWORD).
     """
     url = base_url.rstrip("/") + STATE_PATH
+    if not url.startswith(("http://", "https://")):
+        raise CliError(f"--url {base_url}: expected http://HOST:PORT or https://HOST:PORT", 2)
     context = None
     if cacert:
         try:

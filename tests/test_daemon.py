@@ -120,6 +120,10 @@ def test_bad_config_is_one_line_naming_the_key_with_exit_2(tmp_path: Path, text:
 
 
 def test_bad_cli_values_exit_2():
+    res = gpuwatchd("run", "--backend", "sim", "--scenario", "nope")
+    assert res.returncode == 2 and "sim.scenario: unknown 'nope'" in res.stderr
+    res = gpuwatchd("status", "--url", "notaurl")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--url notaurl" in res.stderr
     res = gpuwatchd("run", "--backend", "sim", "--gpus", "0")
     assert res.returncode == 2 and "sim.gpus" in res.stderr
     res = gpuwatchd("run", "--backend", "sim", "--listen", "nonsense")

@@ -35,6 +35,14 @@ def _positive(v: float) -> bool:
     return v > 0
 
 
+def _valid_scenario(name: str) -> bool:
+    from gpuwatchd.telemetry.sim.scenarios import SCENARIOS
+
+    if name not in SCENARIOS:
+        raise ValueError(f"sim.scenario: unknown {name!r} (known: {', '.join(SCENARIOS)})")
+    return True
+
+
 def _valid_windows(windows: tuple[str, ...]) -> bool:
     parse_windows(windows)  # raises ValueError naming the bad window
     return True
@@ -106,7 +114,7 @@ class SimConfig:
     """The simulated GPU (``--backend sim``)."""
 
     gpus: int = field(default=1, metadata=check(lambda v: 1 <= v <= 1024, "must be in [1, 1024]"))
-    scenario: str = "idle"
+    scenario: str = field(default="idle", metadata=check(lambda v: _valid_scenario(v), ""))
     seed: int = 0
     #: Simulated seconds per real second.
     speed: float = field(default=1.0, metadata=check(_positive, "must be > 0"))
