@@ -132,8 +132,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     url = args.url
     if url is None:
+        from gpuwatchd.daemon import read_web_config
+
         cfg, _ = load_with_overrides(args)
-        url = _local_url(cfg.daemon.listen)
+        try:
+            web = read_web_config(cfg)
+        except ConfigError as exc:
+            raise CliError(str(exc), EXIT_CONFIG) from None
+        url = _local_url(cfg.daemon.listen, https=web is not None and web.tls is not None)
     state = fetch_state(url, timeout=args.timeout, cacert=args.cacert, user=args.user)
     if args.json:
         import json
@@ -191,7 +197,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return run_report(args)
 
 
-def _local_url(listen: str) -> str:
+def _local_url(listen: str, https: bool = False) -> str:
     from gpuwatchd.exporter import parse_listen
 
     host, port = parse_listen(listen)
@@ -199,7 +205,7 @@ def _local_url(listen: str) -> str:
         host = "127.0.0.1"
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{port}"
+    return f"{'https' if https else 'http'}://{host}:{port}"
 
 
 # -- parser ----------------------------------------------------------------------------
