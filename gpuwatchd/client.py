@@ -38,7 +38,6 @@ from gpuwatchd.tuning.cuda_session import normalize_uuid
 from gpuwatchd.tuning.types import CandidateStats, Regime
 
 DEFAULT_URL = "http://127.0.0.1:9844"
-STORE_NAME = "gpuwatchd.db"
 STATE_PATH = "/api/v1/state"
 WINNERS_PATH = "/api/v1/winners"
 #: Identifies the winners document shape; bump on an incompatible change.
@@ -539,10 +538,10 @@ def default_store_paths() -> list[Path]:
     """Where the daemon keeps its store, most likely first (the client uses the first that
     exists): the state-dir rule of :func:`gpuwatchd.config.resolve_state_dir` for the
     configured ``state_dir``, then the system daemon's ``/var/lib/gpuwatchd``."""
-    from gpuwatchd.config import resolve_state_dir
+    from gpuwatchd.config import STORE_NAME, store_path
 
     _, configured = _daemon_config()
-    paths = [resolve_state_dir(configured) / STORE_NAME, _SYSTEM_STATE_DIR / STORE_NAME]
+    paths = [store_path(configured), _SYSTEM_STATE_DIR / STORE_NAME]
     return list(dict.fromkeys(paths))
 
 

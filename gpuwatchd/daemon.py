@@ -21,7 +21,7 @@ from types import FrameType
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuwatchd import __version__
-from gpuwatchd.config import Config, ConfigError, load_config, resolve_state_dir
+from gpuwatchd.config import Config, ConfigError, load_config, store_path
 from gpuwatchd.control import ControlServer, default_socket_path, make_retune_handler
 from gpuwatchd.drift import DriftDetector, DriftJob, ReferenceSync, current_versions
 from gpuwatchd.exporter import (
@@ -42,8 +42,6 @@ from gpuwatchd.telemetry.backend import Backend
 from gpuwatchd.telemetry.factory import open_backend
 from gpuwatchd.tuning.jobs import runnable_workloads
 from gpuwatchd.tuning.scheduler import TuneScheduler
-
-STORE_NAME = "gpuwatchd.db"
 
 log = logging.getLogger("gpuwatchd")
 
@@ -71,9 +69,9 @@ def read_web_config(cfg: Config) -> WebConfig | None:
 
 def open_state_store(cfg: Config) -> Store:
     """The tuning store under the state directory, created if needed (OSError/StoreError)."""
-    state_dir = resolve_state_dir(cfg.daemon.state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    return Store(state_dir / STORE_NAME)
+    path = store_path(cfg.daemon.state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Store(path)
 
 
 class Daemon:
@@ -288,6 +286,8 @@ class Daemon:
         self.notifier.reloading()
         try:
             new = load_config(self.config_path).with_overrides(**self.overrides)
+            # re-read even when unchanged: renewed certificates must be picked up
+            web = read_web_config(new)
         except (ConfigError, ValueError) as exc:
             log.error("config reload rejected, keeping the running config: %s", exc)
             self.notifier.ready("config reload rejected")
@@ -301,12 +301,6 @@ class Daemon:
             restart_needed.append("[sim]/[replay]")
         if restart_needed:
             log.warning("config reload: %s change only on restart", ", ".join(restart_needed))
-        try:  # re-read even when unchanged: renewed certificates must be picked up
-            web = read_web_config(new)
-        except ConfigError as exc:
-            log.error("config reload rejected, keeping the running config: %s", exc)
-            self.notifier.ready("config reload rejected")
-            return False
         self.http.reload_web_config(web)
         self.poller.reconfigure(new.gate, period_s=new.daemon.poll_interval_s)
         self.tuner.reconfigure(new)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuwatchd.cli import EXIT_CONFIG, CliError, load_with_overrides
-from gpuwatchd.config import Config, resolve_state_dir
+from gpuwatchd.config import Config, store_path
 from gpuwatchd.poller import Poller
 from gpuwatchd.progress import make_progress
 from gpuwatchd.report import format_report, report_from
@@ -30,11 +30,6 @@ from gpuwatchd.tuning.runner import TuneRunner
 from gpuwatchd.tuning.types import Regime, SessionStatus
 
 EXIT_NOT_OPEN = 3  # --no-wait and the gate is shut
-STORE_NAME = "gpuwatchd.db"
-
-
-def default_store_path(cfg: Config) -> Path:
-    return resolve_state_dir(cfg.daemon.state_dir) / STORE_NAME
 
 
 def open_store(path: Path, readonly: bool = False) -> Store:
@@ -158,8 +153,7 @@ def _tune(
     gpus = backend.devices()
     if args.gpu not in gpus:
         raise CliError(f"--gpu {args.gpu}: no such GPU (have {gpus})", EXIT_CONFIG)
-    store_path = Path(args.store) if args.store else default_store_path(cfg)
-    store = open_store(store_path)
+    store = open_store(Path(args.store) if args.store else store_path(cfg.daemon.state_dir))
     runner = TuneRunner(store)
     poller = Poller(
         backend,
@@ -226,7 +220,7 @@ def run_report(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         path = Path(args.store)
     else:
         cfg, _ = load_with_overrides(args)
-        path = default_store_path(cfg)
+        path = store_path(cfg.daemon.state_dir)
     store = open_store(path, readonly=True)
     try:
         doc = build_report(store, gpu_model=args.gpu_model)

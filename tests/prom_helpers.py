@@ -95,7 +95,7 @@ def seed_winners(state_dir: Path, gpu_model: str, winners: Mapping[str, tuple[st
     so the test knows which rows the winners table must show and which "differ".
     Workload names the daemon does not configure keep it tuning (and deferring) its own.
     """
-    from gpuwatchd.daemon import STORE_NAME
+    from gpuwatchd.config import STORE_NAME
     from gpuwatchd.store import SessionMeta, Store
     from gpuwatchd.tuning.types import (
         CandidateStats,

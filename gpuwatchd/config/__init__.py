@@ -2,6 +2,7 @@
 
 from gpuwatchd.config.loader import (
     DEFAULT_CONFIG_PATH,
+    STORE_NAME,
     Config,
     ConfigError,
     DaemonConfig,
@@ -10,10 +11,12 @@ from gpuwatchd.config.loader import (
     load_config,
     parse_config,
     resolve_state_dir,
+    store_path,
 )
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
+    "STORE_NAME",
     "Config",
     "ConfigError",
     "DaemonConfig",
@@ -22,4 +25,5 @@ __all__ = [
     "load_config",
     "parse_config",
     "resolve_state_dir",
+    "store_path",
 ]

@@ -109,6 +109,15 @@ def resolve_state_dir(configured: str) -> Path:
     return Path(base) / "gpuwatchd"
 
 
+#: The tuning store's file name inside the state directory.
+STORE_NAME = "gpuwatchd.db"
+
+
+def store_path(configured_state_dir: str) -> Path:
+    """Where the daemon keeps its tuning store, by the state-directory rule."""
+    return resolve_state_dir(configured_state_dir) / STORE_NAME
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """The simulated GPU (``--backend sim``)."""

@@ -39,6 +39,13 @@ class Pending:
 
 
 @dataclass(frozen=True, slots=True)
+class _Stored:
+    totals: dict[str, int]
+    last_tune_unix: float | None
+    winners: tuple[WinnerRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TuningSnapshot:
     """What the exporter shows about tuning; replaced whole, read without locks."""
 
@@ -79,6 +86,7 @@ class TuneScheduler:
         self._threads: dict[int, threading.Thread] = {}
         self._deferred: Counter[str] = Counter()
         self._stopping = False
+        self._stored = self._read_store()
         self.snapshot = self._make_snapshot()
 
     # -- requests --------------------------------------------------------------------
@@ -121,7 +129,6 @@ class TuneScheduler:
         with self._lock:
             if self._stopping or not self.cfg.tuning.enabled:
                 return
-            self._reap()
             for gpu in sorted(self._pending):
                 if gpu in self._threads:
                     continue  # its session is running
@@ -171,6 +178,15 @@ class TuneScheduler:
 
     def _run(self, gpu: int, runner: TuneRunner, job, snap) -> None:  # type: ignore[no-untyped-def]
         try:
+            self._run_session(gpu, runner, job, snap)
+        finally:  # whatever happened, this GPU is free for the next session
+            with self._lock:
+                self._threads.pop(gpu, None)
+            self._stored = self._read_store()
+            self._publish()
+
+    def _run_session(self, gpu: int, runner: TuneRunner, job, snap) -> None:  # type: ignore[no-untyped-def]
+        try:
             outcome = runner.run_session(
                 job,
                 snap.info,
@@ -184,7 +200,6 @@ class TuneScheduler:
             log.exception("GPU %d: tuning session could not run", gpu)
             status, why = SessionStatus.FAILED, f"{type(exc).__name__}: {exc}"
         with self._lock:
-            self._threads.pop(gpu, None)
             done = {w.name for w in job.workloads}
             p = self._pending.get(gpu)
             if status is SessionStatus.COMPLETED and p is not None:
@@ -196,28 +211,30 @@ class TuneScheduler:
             # PREEMPTED: stays pending, retried at the next open gate.
         level = logging.INFO if status is SessionStatus.COMPLETED else logging.WARNING
         log.log(level, "GPU %d: tuning session %s%s", gpu, status.value, f": {why}" if why else "")
-        self._publish()
-
-    def _reap(self) -> None:
-        for gpu, t in list(self._threads.items()):
-            if not t.is_alive():
-                del self._threads[gpu]
 
     # -- exporter view -------------------------------------------------------------------
 
-    def _make_snapshot(self) -> TuningSnapshot:
+    def _read_store(self) -> _Stored:
+        """What the store says about tuning; it changes only when a session ends."""
         try:
-            totals = {s.value: n for s, n in self.store.session_totals().items()}
-            last = self.store.last_completed_at()
-            winners = tuple(self.store.winners(latest=True))
+            return _Stored(
+                {s.value: n for s, n in self.store.session_totals().items()},
+                self.store.last_completed_at(),
+                tuple(self.store.winners(latest=True)),
+            )
         except Exception as exc:
             log.warning("reading tuning totals from the store failed: %s", exc)
-            totals, last, winners = {}, None, ()
+            return _Stored({}, None, ())
+
+    def _make_snapshot(self) -> TuningSnapshot:
+        stored = self._stored
         with self._lock:
-            running = frozenset(g for g, t in self._threads.items() if t.is_alive())
+            running = frozenset(self._threads)
             pending = {g: tuple(w.name for w in p.workloads) for g, p in self._pending.items()}
             deferred = dict(self._deferred)
-        return TuningSnapshot(totals, deferred, running, pending, last, winners)
+        return TuningSnapshot(
+            stored.totals, deferred, running, pending, stored.last_tune_unix, stored.winners
+        )
 
     def _publish(self) -> None:
         self.snapshot = self._make_snapshot()
