@@ -19,8 +19,7 @@ from pathlib import Path
 # Run from a checkout without `pip install -e .`: import the package from the tree.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwatchd.gate import GateConfig, evaluate
-from gpuwatchd.gate_types import GateDecision
+from gpuwatchd.gate import GateConfig, GateDecision, evaluate
 from gpuwatchd.telemetry.trace import load_trace
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 

@@ -27,10 +27,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuwatchd.tuning.candidate import Candidate, CandidateError
-from gpuwatchd.tuning.cuda_session import CudaSession, cuda_identities, normalize_uuid
-from gpuwatchd.tuning.families import torch_conv, torch_matmul, triton_matmul
 from gpuwatchd.tuning.types import Workload
+from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError
+from gpuwatchd.tuning.worker.cuda_session import CudaSession, cuda_identities, normalize_uuid
+from gpuwatchd.tuning.worker.families import torch_conv, torch_matmul, triton_matmul
 
 FAMILIES: dict[str, Callable[..., Sequence[Candidate]]] = {
     "triton.matmul": triton_matmul.build,

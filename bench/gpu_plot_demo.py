@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from gpuwatchd.gate import GateConfig
-from gpuwatchd.plots import plot_report, plot_timeline
-from gpuwatchd.report import build_report
+from gpuwatchd.report.plots import plot_report, plot_timeline
+from gpuwatchd.report.text import build_report
 from gpuwatchd.store import Store
 from gpuwatchd.telemetry.nvml import NvmlBackend
 from gpuwatchd.telemetry.trace import T0_UNIX_KEY, TraceWriter

@@ -139,7 +139,7 @@ def child(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
 
     from gpuwatchd.torch import steady_state_time, tune_first_call
-    from gpuwatchd.tuning.cuda_session import launched_kernels
+    from gpuwatchd.tuning.worker.cuda_session import launched_kernels
 
     x = torch.randn(*CONV["input"], device="cuda")
     w = torch.randn(*CONV["weight"], device="cuda")

@@ -22,7 +22,7 @@ python3 -m gpuwatchd report --store "$out/gpu.db" --format json > "$out/report-$
 if [ "$what" != conv ]; then
   python3 - "$out" <<'PY'
 import json, sys
-from gpuwatchd.tuning.families.triton_matmul import triton_autotune_pick
+from gpuwatchd.tuning.worker.families.triton_matmul import triton_autotune_pick
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
 picks = {}
 for w in DEFAULT_WORKLOADS:

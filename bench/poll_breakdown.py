@@ -13,8 +13,8 @@ import time
 
 from gpuwatchd import gate
 from gpuwatchd.gate import GateConfig
-from gpuwatchd.poller import Poller
-from gpuwatchd.state import StateBoard
+from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.telemetry.sim import SimBackend
 
 

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure this tre
 
 from gpuwatchd.exporter import DaemonInfo, HttpServer, build_registry
 from gpuwatchd.exporter.render import DEFAULT_MAX_AGE_S
-from gpuwatchd.gate_types import GateDecision, GateState
-from gpuwatchd.state import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.gate import GateDecision, GateState
+from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 
 TARGET_P99_MS = 5.0

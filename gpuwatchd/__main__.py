@@ -1,3 +1,3 @@
-from gpuwatchd.cli import main
+from gpuwatchd.cli.main import main
 
 raise SystemExit(main())

@@ -31,6 +31,7 @@ the settle timer.
 from __future__ import annotations
 
 import bisect
+import enum
 import functools
 import itertools
 import math
@@ -38,7 +39,6 @@ import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
-from gpuwatchd.gate_types import GateDecision, GateState
 from gpuwatchd.telemetry.types import LIMITING_REASONS, DeviceInfo, Sample, ThrottleReason
 
 _IDLE_BIT = int(ThrottleReason.GPU_IDLE)
@@ -47,6 +47,36 @@ _T = operator.attrgetter("t")
 _TEMP = operator.attrgetter("temp_c")
 _CLOCK = operator.attrgetter("sm_clock_mhz")
 _POWER = operator.attrgetter("power_w")
+
+
+class GateState(enum.StrEnum):
+    """Per-GPU gate state. Only ``COOL_STABLE`` means the gate is open."""
+
+    COOL_STABLE = "cool_stable"
+    WARMING = "warming"
+    THROTTLED = "throttled"
+    BUSY = "busy"
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """The gate's verdict for one GPU at time ``t`` (backend clock).
+
+    ``since`` is when the current state began; ``disturbed_at`` the last time anything
+    kept the gate shut (used for the settle time); ``reasons`` are short human-readable
+    strings, e.g. ``"temp 71.0C within 15C of slowdown 87C"``.
+    """
+
+    state: GateState
+    reasons: tuple[str, ...]
+    t: float
+    since: float
+    disturbed_at: float | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.state is GateState.COOL_STABLE
 
 
 @dataclass(frozen=True, slots=True)

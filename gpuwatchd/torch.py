@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from gpuwatchd.client import Client, GpuState, GpuwatchdUnavailable
-from gpuwatchd.tuning.cuda_session import launched_kernels
+from gpuwatchd.tuning.worker.cuda_session import launched_kernels
 
 
 class FirstCall(NamedTuple):

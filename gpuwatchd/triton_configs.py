@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuwatchd.client import Client, Winner
-from gpuwatchd.tuning.families.triton_matmul import FAMILY, TileConfig
 from gpuwatchd.tuning.types import Regime
+from gpuwatchd.tuning.worker.families.triton_matmul import FAMILY, TileConfig
 
 #: The meta-parameters of the triton.matmul kernel, in the order Triton prints them.
 META_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 import pytest
 from prometheus_client.registry import CollectorRegistry
 
-import gpuwatchd.client as client_mod
+import gpuwatchd.client.api as client_mod
 import gpuwatchd.config
-from gpuwatchd.client import (
+from gpuwatchd.client.api import (
     Client,
     GpuwatchdError,
     GpuwatchdUnavailable,
@@ -29,8 +29,8 @@ from gpuwatchd.client import (
     winners_json,
 )
 from gpuwatchd.exporter.http import HttpServer
-from gpuwatchd.gate_types import GateDecision, GateState
-from gpuwatchd.state import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.gate import GateDecision, GateState
+from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.store import SessionMeta, Store, Versions
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, SessionStatus, Workload
@@ -270,7 +270,7 @@ def make_store(path: Path) -> Path:
 
 def test_client_and_integrations_import_without_torch() -> None:
     code = (
-        "import sys, gpuwatchd.client, gpuwatchd.triton_configs, gpuwatchd.torch\n"
+        "import sys, gpuwatchd.client.api, gpuwatchd.triton_configs, gpuwatchd.torch\n"
         "heavy = sorted(m for m in ('torch', 'triton', 'prometheus_client') if m in sys.modules)\n"
         "print(','.join(heavy) or 'clean')\n"
     )

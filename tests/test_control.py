@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from gpuwatchd.cli import CliError
+from gpuwatchd.cli.main import CliError
+from gpuwatchd.cli.retune import add_retune_args, run_retune
 from gpuwatchd.config import Config
 from gpuwatchd.config.loader import TuningConfig
-from gpuwatchd.control import (
+from gpuwatchd.daemon.control import (
     MANUAL_REASON,
     MAX_LINE,
     ControlError,
@@ -36,7 +37,6 @@ from gpuwatchd.control import (
     make_retune_handler,
     parse_request,
 )
-from gpuwatchd.retune_cmd import add_retune_args, run_retune
 from gpuwatchd.tuning.types import Workload
 
 CFG = Config()
@@ -415,7 +415,7 @@ def test_peer_refused_gets_an_error_and_a_log_line(
     srv = ControlServer(sockdir / "c.sock", handler_for(sched), allowed=nobody)
     srv.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="gpuwatchd.control"):
+        with caplog.at_level(logging.WARNING, logger="gpuwatchd.daemon.control"):
             resp = ask_json(srv.path, {"op": "retune", "gpu": 0})
     finally:
         srv.stop()

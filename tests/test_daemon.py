@@ -15,7 +15,7 @@ from daemon_helpers import NotifySocket, free_port, http_get, start_daemon, wait
 from fakes_backend import FakeBackend
 
 from gpuwatchd.config import Config, DaemonConfig
-from gpuwatchd.daemon import Daemon
+from gpuwatchd.daemon.process import Daemon
 
 
 def gpuwatchd(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -38,8 +38,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatchd.exporter import DaemonInfo, build_registry
-from gpuwatchd.gate_types import GateDecision, GateState
-from gpuwatchd.state import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.gate import GateDecision, GateState
+from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "grafana" / "gpuwatchd.json"

@@ -36,10 +36,10 @@ from gpuwatchd.drift import (
 )
 from gpuwatchd.drift.window import interquartile_mean
 from gpuwatchd.exporter import DaemonInfo, build_registry
-from gpuwatchd.exporter.drift_collector import DriftCollector
+from gpuwatchd.exporter.collectors.drift import DriftCollector
 from gpuwatchd.gate import GateConfig
-from gpuwatchd.poller import Poller
-from gpuwatchd.state import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.store import SessionMeta, Store, Versions
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.sim import H200, SCENARIOS, SimBackend
@@ -648,7 +648,7 @@ def test_current_versions_from_package_metadata() -> None:
 def test_reading_versions_never_imports_torch() -> None:
     code = (
         "import sys; from gpuwatchd.drift import current_versions; current_versions(); "
-        "import gpuwatchd.exporter.drift_collector; assert 'torch' not in sys.modules"
+        "import gpuwatchd.exporter.collectors.drift; assert 'torch' not in sys.modules"
     )
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)

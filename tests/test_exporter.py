@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwatchd.exporter import DaemonInfo, HttpServer, build_registry
 from gpuwatchd.exporter.render import MetricsRenderer
 from gpuwatchd.exporter.singleflight import SharedFailure, SingleFlight
-from gpuwatchd.gate_types import GateDecision, GateState
-from gpuwatchd.state import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.gate import GateDecision, GateState
+from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 
 R = ThrottleReason

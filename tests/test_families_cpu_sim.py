@@ -12,13 +12,20 @@ from typing import Any
 import pytest
 
 from gpuwatchd.telemetry.types import ThrottleReason
-from gpuwatchd.tuning import families
-from gpuwatchd.tuning.candidate import CandidateError
-from gpuwatchd.tuning.devices import CpuSession, SimSession
-from gpuwatchd.tuning.families.cpu import TorchCpuCandidate
-from gpuwatchd.tuning.families.sim import CUBLAS_LIKE, SPECS, TRITON_LIKE, SimKernel, sim_family
-from gpuwatchd.tuning.protocol import ProtocolConfig, tune
+from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import Regime, Workload
+from gpuwatchd.tuning.worker import families
+from gpuwatchd.tuning.worker.candidate import CandidateError
+from gpuwatchd.tuning.worker.devices import CpuSession, SimSession
+from gpuwatchd.tuning.worker.families.cpu import TorchCpuCandidate
+from gpuwatchd.tuning.worker.families.sim import (
+    CUBLAS_LIKE,
+    SPECS,
+    TRITON_LIKE,
+    SimKernel,
+    sim_family,
+)
+from gpuwatchd.tuning.worker.protocol import tune
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CFG = ProtocolConfig(
@@ -65,7 +72,7 @@ def test_registry_lists_builtins_and_names_unknown_family() -> None:
 def test_user_families_come_from_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
     group = families.ENTRY_POINT_GROUP
     eps = [
-        EntryPoint("acme.gemm", "gpuwatchd.tuning.families.sim:sim_family", group),
+        EntryPoint("acme.gemm", "gpuwatchd.tuning.worker.families.sim:sim_family", group),
         EntryPoint("acme.broken", "no_such_module_here:family", group),
         EntryPoint("sim", "no_such_module_here:family", group),  # cannot shadow a built-in
     ]
@@ -82,8 +89,8 @@ def test_user_families_come_from_entry_points(monkeypatch: pytest.MonkeyPatch) -
 
 def test_daemon_side_imports_stay_torch_free() -> None:
     code = (
-        "import sys; import gpuwatchd.tuning.families, gpuwatchd.tuning.protocol, "
-        "gpuwatchd.tuning.devices, gpuwatchd.tuning.families.sim, gpuwatchd.tuning.families.cpu; "
+        "import sys; import gpuwatchd.tuning.worker.families, gpuwatchd.tuning.worker.protocol, "
+        "gpuwatchd.tuning.worker.devices, gpuwatchd.tuning.worker.families.sim, gpuwatchd.tuning.worker.families.cpu; "
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False).returncode == 0

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatchd.gate import GateConfig, evaluate
-from gpuwatchd.gate_types import GateDecision, GateState
+from gpuwatchd.gate import GateConfig, GateDecision, GateState, evaluate
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.replay import ReplayBackend
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason

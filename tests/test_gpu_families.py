@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.candidate import CandidateError
-from gpuwatchd.tuning.cuda_session import (
+from gpuwatchd.tuning.types import Workload
+from gpuwatchd.tuning.worker.candidate import CandidateError
+from gpuwatchd.tuning.worker.cuda_session import (
     CudaIdentity,
     CudaSession,
     canonical_dtype,
@@ -31,15 +32,14 @@ from gpuwatchd.tuning.cuda_session import (
     parse_pci_bus_id,
     relative_error,
 )
-from gpuwatchd.tuning.families import torch_conv, torch_matmul, triton_matmul
-from gpuwatchd.tuning.families.triton_matmul import (
+from gpuwatchd.tuning.worker.families import torch_conv, torch_matmul, triton_matmul
+from gpuwatchd.tuning.worker.families.triton_matmul import (
     DEFAULT_CONFIGS,
     HOPPER_SMEM_BYTES,
     TileConfig,
     check_fits,
     configs_for,
 )
-from gpuwatchd.tuning.types import Workload
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -79,10 +79,10 @@ def test_importing_the_gpu_modules_imports_neither_torch_nor_triton() -> None:
     code = textwrap.dedent(
         """
         import sys
-        import gpuwatchd.tuning.cuda_session
-        import gpuwatchd.tuning.families.triton_matmul as t
-        import gpuwatchd.tuning.families.torch_matmul
-        import gpuwatchd.tuning.families.torch_conv
+        import gpuwatchd.tuning.worker.cuda_session
+        import gpuwatchd.tuning.worker.families.triton_matmul as t
+        import gpuwatchd.tuning.worker.families.torch_matmul
+        import gpuwatchd.tuning.worker.families.torch_conv
         assert len(t.DEFAULT_CONFIGS) >= 8
         print(sorted(m for m in ("torch", "triton") if m in sys.modules))
         """
@@ -423,8 +423,8 @@ def _fresh_process_heuristic_kernels(shape: dict[str, Any], fmt: str) -> list[st
     code = textwrap.dedent(
         f"""
         import json, torch
-        from gpuwatchd.tuning.cuda_session import CudaSession
-        from gpuwatchd.tuning.families import torch_conv
+        from gpuwatchd.tuning.worker.cuda_session import CudaSession
+        from gpuwatchd.tuning.worker.families import torch_conv
         from gpuwatchd.tuning.types import Workload
         w = Workload("c", "conv2d", {shape!r}, "float32", (), {{"picks": ["heuristic"],
                      "memory_formats": [{fmt!r}]}})

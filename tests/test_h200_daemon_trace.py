@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuwatchd.gate import GateConfig
-from gpuwatchd.gate_types import GateState
-from gpuwatchd.poller import Poller
-from gpuwatchd.state import StateBoard
+from gpuwatchd.gate import GateConfig, GateState
+from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.replay import ReplayBackend
 from gpuwatchd.telemetry.trace import load_trace

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from gpuwatchd.api.state import STATE_FORMAT, build_state_json
 from gpuwatchd.exporter import DEFAULT_PORT, DaemonInfo, HttpServer, build_registry, parse_listen
 from gpuwatchd.exporter.http import Request, Routes, request_path
 from gpuwatchd.exporter.render import MetricsRenderer
-from gpuwatchd.exporter.state_json import STATE_FORMAT, build_state_json
-from gpuwatchd.gate_types import GateDecision, GateState
-from gpuwatchd.state import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.gate import GateDecision, GateState
+from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 
 R = ThrottleReason

@@ -15,9 +15,8 @@ pytest.importorskip("matplotlib")
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
-from gpuwatchd.gate import GateConfig
-from gpuwatchd.gate_types import GateState
-from gpuwatchd.plots import (
+from gpuwatchd.gate import GateConfig, GateState
+from gpuwatchd.report.plots import (
     GateSpan,
     PlotError,
     build_report_figure,
@@ -27,7 +26,7 @@ from gpuwatchd.plots import (
     replay_gate,
     session_spans,
 )
-from gpuwatchd.report import report_from
+from gpuwatchd.report.text import report_from
 from gpuwatchd.store import Store
 from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, Versions
 from gpuwatchd.telemetry.trace import load_trace

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from fakes_backend import FakeBackend
 
-from gpuwatchd.gate import GateConfig
-from gpuwatchd.gate_types import GateState
-from gpuwatchd.poller import Poller, _GpuTrack
-from gpuwatchd.state import StateBoard
+from gpuwatchd.gate import GateConfig, GateState
+from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.monitor.poller import Poller, _GpuTrack
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.replay import ReplayBackend
 from gpuwatchd.telemetry.types import ThrottleReason
@@ -34,7 +33,7 @@ def test_hanging_read_is_noticed_within_two_periods_and_others_keep_polling(capl
     board = StateBoard()
     period = 0.05
     poller = Poller(backend, board, GateConfig(), period_s=period, stall_periods=2)
-    caplog.set_level(logging.ERROR, logger="gpuwatchd.poller")
+    caplog.set_level(logging.ERROR, logger="gpuwatchd.monitor.poller")
     poller.start()
     try:
         assert wait_for(lambda: board.get(1) is not None and board.get(1).health.success)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuwatchd.progress import LineProgress, TtyProgress, _Fields, fit_line, make_progress
+from gpuwatchd.cli.progress import LineProgress, TtyProgress, _Fields, fit_line, make_progress
 
 
 class FakeTty(io.StringIO):
@@ -216,7 +216,7 @@ def test_candidates_done_of_total_are_shown() -> None:
 def test_worker_counts_a_candidate_done_once_it_has_its_minimum_of_accepted_batches() -> None:
     from gpuwatchd.tuning.jobspec import Progress
     from gpuwatchd.tuning.types import BatchRecord, Regime, Workload
-    from gpuwatchd.tuning.worker import ProgressReporter
+    from gpuwatchd.tuning.worker.main import ProgressReporter
 
     sent: list[Progress] = []
 

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
-from gpuwatchd.tuning import stats
-from gpuwatchd.tuning.candidate import Candidate, CandidateError
-from gpuwatchd.tuning.protocol import Preempted, ProtocolConfig, measure, tune
+from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import BatchRecord, Regime, Workload
+from gpuwatchd.tuning.worker import stats
+from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError
+from gpuwatchd.tuning.worker.protocol import Preempted, measure, tune
 
 WL = Workload(
     name="w", op="matmul", shape={"m": 8, "n": 8, "k": 8}, dtype="fp32", families=("fake",)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuwatchd.report import format_report
+from gpuwatchd.report.text import format_report
 
 DATA = Path(__file__).parent.parent / "bench" / "data"
 

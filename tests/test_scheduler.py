@@ -14,13 +14,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwatchd.config import Config
 from gpuwatchd.config.loader import TuningConfig
-from gpuwatchd.exporter.tuning_collector import TuningCollector
-from gpuwatchd.gate_types import GateDecision, GateState
-from gpuwatchd.state import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.exporter.collectors.tuning import TuningCollector
+from gpuwatchd.gate import GateDecision, GateState
+from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.sessions.runner import SessionOutcome
+from gpuwatchd.sessions.scheduler import TuneScheduler
 from gpuwatchd.store import Store
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.runner import SessionOutcome
-from gpuwatchd.tuning.scheduler import TuneScheduler
 from gpuwatchd.tuning.types import SessionStatus
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
 

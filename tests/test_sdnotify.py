@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuwatchd.sdnotify import Notifier, watchdog_interval_s
+from gpuwatchd.daemon.sdnotify import Notifier, watchdog_interval_s
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_send_failure_returns_false_and_warns_once(caplog: pytest.LogCaptureFixt
     with tempfile.TemporaryDirectory(prefix="sdn") as d:
         path = os.path.join(d, "notify")
         n = _notifier(path)
-        with caplog.at_level(logging.DEBUG, logger="gpuwatchd.sdnotify"):
+        with caplog.at_level(logging.DEBUG, logger="gpuwatchd.daemon.sdnotify"):
             assert n.watchdog() is False
             assert n.watchdog() is False
         levels = [r.levelno for r in caplog.records]
@@ -148,7 +148,7 @@ def test_send_failure_returns_false_and_warns_once(caplog: pytest.LogCaptureFixt
             sock.close()
         os.unlink(path)
         caplog.clear()
-        with caplog.at_level(logging.DEBUG, logger="gpuwatchd.sdnotify"):
+        with caplog.at_level(logging.DEBUG, logger="gpuwatchd.daemon.sdnotify"):
             assert n.watchdog() is False
         assert [r.levelno for r in caplog.records] == [logging.WARNING]
 

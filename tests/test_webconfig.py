@@ -27,9 +27,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpuwatchd.exporter import DaemonInfo, HttpServer, build_registry, webconfig
+from gpuwatchd.exporter import DaemonInfo, HttpServer, build_registry
 from gpuwatchd.exporter import http as http_module
-from gpuwatchd.exporter.webconfig import (
+from gpuwatchd.exporter.web import config as webconfig
+from gpuwatchd.exporter.web.config import (
     WWW_AUTHENTICATE,
     BasicAuth,
     ClientAuth,
@@ -40,7 +41,7 @@ from gpuwatchd.exporter.webconfig import (
     parse_go_duration,
     parse_web_config,
 )
-from gpuwatchd.state import StateBoard
+from gpuwatchd.monitor.board import StateBoard
 from tests.test_http import make_board
 
 INFO = DaemonInfo("9.9.9", "sim", "3.11.7")

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from gpuwatchd.sessions.runner import RunnerBusy, TuneRunner
 from gpuwatchd.store import Store
 from gpuwatchd.telemetry.sim import SimBackend
 from gpuwatchd.telemetry.types import DeviceInfo
@@ -35,8 +36,7 @@ from gpuwatchd.tuning.jobspec import (
     decode_message,
     encode_message,
 )
-from gpuwatchd.tuning.protocol import ProtocolConfig
-from gpuwatchd.tuning.runner import RunnerBusy, TuneRunner
+from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, SessionStatus, Workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ def reaped(pid: int) -> bool:
 
 def test_runner_and_jobspec_never_import_torch() -> None:
     code = (
-        "import sys, gpuwatchd.tuning.runner, gpuwatchd.tuning.jobspec\n"
+        "import sys, gpuwatchd.sessions.runner, gpuwatchd.tuning.jobspec\n"
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -18,7 +18,7 @@ from gpuwatchd.config.fields import check, from_table
 from gpuwatchd.config.windows import parse_windows
 from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.gate import GateConfig
-from gpuwatchd.tuning.protocol import ProtocolConfig
+from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import Regime, Workload
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS, merge_workloads, parse_workloads
 

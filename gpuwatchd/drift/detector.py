@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.drift.versions import changed_versions
 from gpuwatchd.drift.window import LoadWindow
-from gpuwatchd.state import GpuSnapshot
+from gpuwatchd.monitor.board import GpuSnapshot
 from gpuwatchd.store.rows import Versions
 from gpuwatchd.telemetry.types import DeviceInfo
 

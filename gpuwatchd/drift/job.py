@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from gpuwatchd.drift.detector import DriftDetector, RetuneReason
 from gpuwatchd.drift.seed import ReferenceSync
-from gpuwatchd.state import StateBoard
+from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.tuning.types import Workload
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gpuwatchd.exporter.collector import (
+from gpuwatchd.api.state import build_state_json
+from gpuwatchd.exporter.collectors.gpu import (
     DaemonInfo,
     GpuCollector,
     GpuwatchdCollector,
@@ -10,7 +11,6 @@ from gpuwatchd.exporter.collector import (
     build_registry,
 )
 from gpuwatchd.exporter.http import HttpServer, Routes, parse_listen
-from gpuwatchd.exporter.state_json import build_state_json
 
 #: Default TCP port of the HTTP server. Not 9400 (dcgm-exporter) nor 9835
 #: (nvidia_gpu_exporter), so gpuwatchd can run beside either.

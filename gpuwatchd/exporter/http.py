@@ -4,7 +4,7 @@ Three layers, so TLS and basic auth wrap the socket side without touching routin
 :class:`Routes` maps a :class:`Request` to a :class:`Response` (no sockets), ``_Handler``
 speaks HTTP/1.1 framing and admits requests (basic auth, rate limit, extra headers), and
 :class:`HttpServer` owns the listening socket, the serving thread and the TLS handshake.
-The web config (:mod:`gpuwatchd.exporter.webconfig`) is the exporter-toolkit format.
+The web config (:mod:`gpuwatchd.exporter.web.config`) is the exporter-toolkit format.
 Every route reads in-memory state only; no request ever starts GPU work.
 """
 
@@ -29,10 +29,10 @@ from urllib.parse import unquote, urlsplit
 from prometheus_client.registry import CollectorRegistry
 
 import gpuwatchd
+from gpuwatchd.api.state import build_state_json
 from gpuwatchd.exporter.render import DEFAULT_MAX_AGE_S, MetricsRenderer
-from gpuwatchd.exporter.state_json import build_state_json
-from gpuwatchd.exporter.webconfig import WWW_AUTHENTICATE, Admission, WebConfig, WebSecurity
-from gpuwatchd.state import StateBoard
+from gpuwatchd.exporter.web.config import WWW_AUTHENTICATE, Admission, WebConfig, WebSecurity
+from gpuwatchd.monitor.board import StateBoard
 
 log = logging.getLogger(__name__)
 

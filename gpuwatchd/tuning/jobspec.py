@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpuwatchd.store.rows import Versions
-from gpuwatchd.tuning.protocol import ProtocolConfig
+from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, Workload
 
 #: Where the worker's candidates run: a CUDA GPU, the host CPU, or a simulated GPU.

@@ -1,0 +1,1 @@
+"""The ``gpuwatchd`` command line: one module per command, shared errors in ``common``."""

@@ -1,0 +1,144 @@
+"""``gpuwatchd retune``: ask the running daemon, over its control socket, to re-tune.
+
+Exit codes: 0 queued, 1 the daemon cannot be reached, 2 the daemon rejected the request.
+The request only queues work: the daemon starts it at the GPU's next open gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from gpuwatchd.cli.main import EXIT_CONFIG, EXIT_RUNTIME, CliError
+from gpuwatchd.daemon.control import MAX_LINE, SOCKET_NAME, SYSTEM_SOCKET_DIR, default_socket_path
+
+EXIT_REJECTED = EXIT_CONFIG  # 2
+
+
+class Unreachable(Exception):
+    """No daemon answered on the socket (one line)."""
+
+
+def client_socket_path() -> Path:
+    """The daemon's default socket for this user if it exists; else the system daemon's
+    (/run/gpuwatchd, systemd's RuntimeDirectory) when that directory exists."""
+    own = default_socket_path()
+    if own.exists() or not SYSTEM_SOCKET_DIR.is_dir():
+        return own
+    return SYSTEM_SOCKET_DIR / SOCKET_NAME
+
+
+def send_request(
+    path: str | os.PathLike[str], request: dict[str, Any], timeout: float = 5.0
+) -> dict[str, Any]:
+    """Send one request line, return the decoded response; :class:`Unreachable` otherwise."""
+    where = os.fspath(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        try:
+            sock.connect(where)
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            line = _read_line(sock)
+        except OSError as exc:
+            raise Unreachable(_unreachable(where, exc)) from None
+    finally:
+        sock.close()
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        raise Unreachable(f"{where}: the daemon's response is not JSON") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("ok"), bool):
+        raise Unreachable(f"{where}: not a gpuwatchd control response")
+    return doc
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    buf = bytearray()
+    while b"\n" not in buf:
+        if len(buf) > MAX_LINE:
+            raise OSError(errno.EMSGSIZE, "response line too long")
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            chunk = b""  # the server closed after answering while we were still sending
+        if not chunk:
+            if buf:
+                break
+            raise OSError(errno.ECONNRESET, "connection closed without a response")
+        buf += chunk
+    return bytes(buf.split(b"\n", 1)[0])
+
+
+def _unreachable(where: str, exc: OSError) -> str:
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if isinstance(exc, TimeoutError):
+        reason = "timed out"
+    if isinstance(exc, PermissionError):
+        hint = "are you root, the daemon's user or in its control_group?"
+    else:
+        hint = "is the daemon running?"
+    return f"cannot reach gpuwatchd at {where}: {reason} ({hint})"
+
+
+def format_queued(queued: dict[str, list[str]]) -> str:
+    """``queued W on GPU N`` lines, GPUs in numeric order."""
+    lines = [
+        f"queued {w} on GPU {gpu}"
+        for gpu, names in sorted(queued.items(), key=lambda kv: int(kv[0]))
+        for w in names
+    ]
+    return "\n".join(lines) or "nothing queued"
+
+
+def format_pending(pending: dict[str, list[str]]) -> str:
+    lines = [
+        f"GPU {gpu}: {', '.join(names)}"
+        for gpu, names in sorted(pending.items(), key=lambda kv: int(kv[0]))
+    ]
+    return "\n".join(lines) or "no tuning work pending"
+
+
+def add_retune_args(p: argparse.ArgumentParser) -> None:
+    """The ``retune`` subcommand's options."""
+    p.add_argument("--gpu", type=int, metavar="N", help="GPU index (default: every GPU)")
+    p.add_argument(
+        "--workload",
+        action="append",
+        metavar="W",
+        help="workload name, repeatable (default: the daemon's tuning set)",
+    )
+    p.add_argument("--socket", metavar="PATH", help="control socket (default: the daemon's)")
+    p.add_argument("--pending", action="store_true", help="show queued work instead of adding")
+    p.add_argument("--json", action="store_true", help="print the daemon's JSON response")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds to wait")
+
+
+def run_retune(args: argparse.Namespace) -> int:
+    """Entry point of ``gpuwatchd retune``; CliError(1) unreachable, CliError(2) rejected."""
+    path = Path(args.socket) if args.socket else client_socket_path()
+    if args.pending:
+        request: dict[str, Any] = {"op": "status"}
+    else:
+        request = {"op": "retune", "gpu": args.gpu, "workloads": args.workload or None}
+    try:
+        response = send_request(path, request, timeout=args.timeout)
+    except Unreachable as exc:
+        raise CliError(str(exc), EXIT_RUNTIME) from None
+    if args.json:
+        print(json.dumps(response, indent=2, sort_keys=True))
+        return 0 if response["ok"] else EXIT_REJECTED
+    if not response["ok"]:
+        raise CliError(
+            f"request rejected: {response.get('error', 'no reason given')}", EXIT_REJECTED
+        )
+    if args.pending:
+        print(format_pending(response.get("pending") or {}))
+    else:
+        print(format_queued(response.get("queued") or {}))
+    return 0

@@ -1,0 +1,1 @@
+"""The daemon process: wiring of poller, scheduler, exporter and control socket."""

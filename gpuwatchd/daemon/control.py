@@ -1,0 +1,564 @@
+"""The re-tune request channel: a local Unix socket, the only way to start GPU work from outside.
+
+The HTTP endpoint is read-only by design; asking for GPU work needs this socket, which
+authenticates callers without secrets: the file is mode 0660 in a 0750 directory, and
+every connection's SO_PEERCRED is checked against root, the daemon's own uid and an
+optional ``control_group``. One JSON request line gets one JSON response line::
+
+    {"op": "retune", "gpu": 0, "workloads": ["sim-gemm"]}
+        -> {"ok": true, "queued": {"0": ["sim-gemm"]}}
+    {"op": "status"}
+        -> {"ok": true, "pending": {"0": ["sim-gemm"]}}
+    (anything wrong)
+        -> {"ok": false, "error": "one line"}
+
+Each connection gets its own thread (at most ``max_clients``) and a total deadline, so
+a silent, slow or garbage-sending client can never hold up another one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import logging
+import os
+import pwd
+import selectors
+import socket
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # keep the client side free of the config/tuning imports
+    from gpuwatchd.config import Config
+    from gpuwatchd.tuning.types import Workload
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "control.sock"
+SYSTEM_SOCKET_DIR = Path("/run/gpuwatchd")
+#: Longest request line accepted, newline excluded.
+MAX_LINE = 64 * 1024
+#: A client must send its whole request line within this many seconds of connecting.
+CLIENT_TIMEOUT_S = 2.0
+MAX_CLIENTS = 8
+MANUAL_REASON = "manual request"
+#: Keys each operation accepts; anything else is rejected by name.
+OPS: dict[str, frozenset[str]] = {
+    "retune": frozenset({"op", "gpu", "workloads"}),
+    "status": frozenset({"op"}),
+}
+SOCKET_MODE = 0o660
+DIR_MODE = 0o750
+_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python lacks the name
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class ControlError(Exception):
+    """The control socket cannot be set up (one line naming the path)."""
+
+
+class RequestError(Exception):
+    """A request is rejected; the message goes back to the client as ``error``."""
+
+
+def default_socket_path() -> Path:
+    """``$RUNTIME_DIRECTORY`` under systemd, else /run/gpuwatchd for root, else
+    ``$XDG_RUNTIME_DIR/gpuwatchd`` (``/tmp/gpuwatchd-UID`` without one), plus control.sock."""
+    systemd = os.environ.get("RUNTIME_DIRECTORY")
+    if systemd:
+        return Path(systemd.split(":")[0]) / SOCKET_NAME
+    if os.geteuid() == 0:
+        return SYSTEM_SOCKET_DIR / SOCKET_NAME
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(xdg) / "gpuwatchd" if xdg else Path(f"/tmp/gpuwatchd-{os.geteuid()}")
+    return base / SOCKET_NAME
+
+
+# -- who may connect ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCred:
+    """The connecting process as the kernel reports it (not as it claims)."""
+
+    pid: int
+    uid: int
+    gid: int
+    groups: frozenset[int] = frozenset()  # supplementary groups, where the kernel says
+
+
+def peer_credentials(conn: socket.socket) -> PeerCred:
+    """SO_PEERCRED (pid, uid, gid) plus SO_PEERGROUPS when the kernel has it."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    groups: frozenset[int] = frozenset()
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 1024)
+        groups = frozenset(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
+    except OSError:  # old kernel, or more than 256 groups: /etc/group membership still counts
+        pass
+    return PeerCred(pid=pid, uid=uid, gid=gid, groups=groups)
+
+
+class PeerPolicy:
+    """Root, the daemon's own uid, and members of ``group`` (resolved once, at start)."""
+
+    def __init__(self, group: str | None = None, own_uid: int | None = None) -> None:
+        self.own_uid = os.geteuid() if own_uid is None else own_uid
+        self.group = group
+        self.gid: int | None = None
+        if group:
+            try:
+                self.gid = grp.getgrnam(group).gr_gid
+            except KeyError:
+                raise ControlError(f"control_group: no group named {group!r}") from None
+
+    def __call__(self, peer: PeerCred) -> bool:
+        if peer.uid in (0, self.own_uid):
+            return True
+        if self.gid is None:
+            return False
+        if peer.gid == self.gid or self.gid in peer.groups:
+            return True
+        try:  # listed in /etc/group but not (yet) in this process's groups
+            name = pwd.getpwuid(peer.uid).pw_name
+            return name in grp.getgrgid(self.gid).gr_mem
+        except KeyError:
+            return False
+
+    def __str__(self) -> str:
+        who = ["root", f"uid {self.own_uid}"]
+        if self.group:
+            who.append(f"members of group {self.group}")
+        return ", ".join(who)
+
+
+# -- the protocol ------------------------------------------------------------------------
+
+
+def parse_request(line: bytes) -> dict[str, Any]:
+    """Validate one request line into ``{"op", ...}`` with every key of that op present.
+
+    Missing ``gpu``/``workloads`` mean null (all GPUs / the default workloads).
+    """
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RequestError("request is not UTF-8 text") from None
+    if not text.strip():
+        raise RequestError("empty request line")
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise RequestError(f"request is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise RequestError("request must be a JSON object")
+    op = doc.get("op")
+    if op is None:
+        raise RequestError("op: missing (known: " + ", ".join(OPS) + ")")
+    if not isinstance(op, str) or op not in OPS:
+        raise RequestError(f"op: unknown operation {op!r} (known: " + ", ".join(OPS) + ")")
+    unknown = sorted(set(doc) - OPS[op])
+    if unknown:
+        allowed = ", ".join(sorted(OPS[op]))
+        raise RequestError(f"{unknown[0]}: unknown key for op {op!r} (allowed: {allowed})")
+    if op == "status":
+        return {"op": op}
+    gpu = doc.get("gpu")
+    if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0):
+        raise RequestError(f"gpu: must be a GPU index >= 0 or null, got {gpu!r}")
+    names = doc.get("workloads")
+    if names is not None:
+        if not isinstance(names, list) or not names:
+            raise RequestError("workloads: must be a non-empty list of names or null")
+        for n in names:
+            if not isinstance(n, str) or not n:
+                raise RequestError(f"workloads: every entry must be a non-empty string, got {n!r}")
+        names = list(dict.fromkeys(names))  # drop repeats, keep the order
+    return {"op": op, "gpu": gpu, "workloads": names}
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"ok": False, "error": message}
+
+
+class _ClientGone(Exception):
+    """The client closed or broke the connection before sending a request."""
+
+
+# -- the server --------------------------------------------------------------------------
+
+
+class ControlServer:
+    """Serves ``handler`` on a Unix socket at ``path``; see the module docstring.
+
+    ``allowed`` replaces the default :class:`PeerPolicy` (root, own uid, ``allowed_group``).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        handler: Handler,
+        allowed_group: str | None = None,
+        *,
+        allowed: Callable[[PeerCred], bool] | None = None,
+        max_clients: int = MAX_CLIENTS,
+        client_timeout_s: float = CLIENT_TIMEOUT_S,
+    ) -> None:
+        self.path = Path(path)
+        self.handler = handler
+        self._policy = PeerPolicy(allowed_group)
+        self._allowed = allowed if allowed is not None else self._policy
+        self._who = str(self._policy) if allowed is None else None
+        self.client_timeout_s = client_timeout_s
+        self._slots = threading.BoundedSemaphore(max_clients)
+        self._active: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._sock: socket.socket | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._thread: threading.Thread | None = None
+        self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the directory and socket and start serving; ControlError if impossible."""
+        if self._sock is not None:
+            raise RuntimeError("control server already started")
+        self._prepare_dir()
+        self._clear_stale()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._bind(sock)
+            sock.listen(16)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        st = os.lstat(self.path)
+        self._ident = (st.st_dev, st.st_ino)
+        self._wake = socket.socketpair()
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._serve, name="gpuwatchd-control", daemon=True)
+        self._thread.start()
+        group = f", group {self._policy.group}" if self._policy.group else ""
+        log.info("control socket listening on %s (mode 0660%s)", self.path, group)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop accepting, cut open connections, and remove the socket file if still ours."""
+        if self._sock is None or self._wake is None:
+            return
+        self._stopping.set()
+        self._wake[1].send(b"x")
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._lock:
+            active = list(self._active)
+        for conn in active:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        for s in self._wake:
+            s.close()
+        self._sock = self._wake = self._thread = None
+        try:
+            st = os.lstat(self.path)
+            if (st.st_dev, st.st_ino) == self._ident:  # never remove a successor's socket
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    # -- setup -----------------------------------------------------------------------
+
+    def _prepare_dir(self) -> None:
+        """The socket's directory must be ours and closed to writers other than us.
+
+        One we create (or the default runtime directory) is set to 0750 and given to
+        ``control_group``; an existing directory named by the user keeps its mode.
+        """
+        d = self.path.parent
+        created = False
+        try:
+            d.mkdir(mode=DIR_MODE, parents=True)
+            created = True
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise ControlError(f"{d}: cannot create the socket directory: {_why(exc)}") from None
+        st = os.stat(d)
+        if not stat.S_ISDIR(st.st_mode):
+            raise ControlError(f"{d}: not a directory")
+        euid = os.geteuid()
+        if st.st_uid != euid:
+            raise ControlError(
+                f"{d}: owned by uid {st.st_uid}, not by this process (uid {euid}); "
+                "refusing to put the control socket there"
+            )
+        if not created and st.st_mode & 0o022:
+            raise ControlError(
+                f"{d}: writable by group or others, who could replace the control socket; "
+                "use a directory of its own"
+            )
+        if created or d == default_socket_path().parent:
+            try:
+                os.chmod(d, DIR_MODE)
+                if self._policy.gid is not None:
+                    os.chown(d, -1, self._policy.gid)
+            except OSError as exc:
+                raise ControlError(f"{d}: {self._chown_hint(exc)}") from None
+
+    def _clear_stale(self) -> None:
+        """Remove a socket file nobody listens on; a live one means another daemon."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ControlError(
+                f"{self.path}: exists and is not a socket; remove it or pick another path"
+            )
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(self.path))
+        except ConnectionRefusedError:
+            os.unlink(self.path)
+            log.info("removed stale control socket %s", self.path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise ControlError(
+                f"{self.path}: cannot check the existing socket: {_why(exc)}"
+            ) from None
+        finally:
+            probe.close()
+        raise ControlError(f"{self.path}: another gpuwatchd is already listening on this socket")
+
+    def _bind(self, sock: socket.socket) -> None:
+        """Bind under a umask that only narrows the current one, so the file is born at
+        most 0660 (the umask is process-wide: other threads' files only get stricter)."""
+        old = os.umask(0o777)
+        os.umask(old | 0o117)
+        try:
+            sock.bind(str(self.path))
+        except OSError as exc:
+            raise ControlError(
+                f"{self.path}: cannot bind the control socket: {_why(exc)}"
+            ) from None
+        finally:
+            os.umask(old)
+        try:
+            os.chmod(self.path, SOCKET_MODE)
+            if self._policy.gid is not None:
+                os.chown(self.path, -1, self._policy.gid)
+        except OSError as exc:
+            os.unlink(self.path)
+            raise ControlError(f"{self.path}: {self._chown_hint(exc)}") from None
+
+    def _chown_hint(self, exc: OSError) -> str:
+        if self._policy.group and isinstance(exc, PermissionError):
+            g = self._policy.group
+            return (
+                f"cannot give it to group {g}: {_why(exc)} (the daemon must be in group {g}: "
+                f"SupplementaryGroups={g} in the unit)"
+            )
+        return f"cannot set its mode: {_why(exc)}"
+
+    # -- serving ---------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        assert self._sock is not None and self._wake is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._sock, selectors.EVENT_READ, "accept")
+            sel.register(self._wake[0], selectors.EVENT_READ, "wake")
+            while not self._stopping.is_set():
+                for key, _ in sel.select():
+                    if key.data == "wake":
+                        return
+                    self._accept(self._sock)
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return  # the client gave up between select and accept
+        except OSError as exc:  # EMFILE and friends: back off instead of spinning
+            log.warning("control socket: accept failed: %s", _why(exc))
+            self._stopping.wait(0.1)
+            return
+        conn.settimeout(self.client_timeout_s)
+        if not self._slots.acquire(blocking=False):
+            log.warning("control socket: too many connections, turning one away")
+            self._reply(conn, _error("busy: too many control connections, try again"))
+            conn.close()
+            return
+        with self._lock:
+            self._active.add(conn)
+        threading.Thread(
+            target=self._serve_client, args=(conn,), name="gpuwatchd-control-client", daemon=True
+        ).start()
+
+    def _serve_client(self, conn: socket.socket) -> None:
+        deadline = time.monotonic() + self.client_timeout_s
+        try:
+            peer = peer_credentials(conn)
+            if not self._allowed(peer):
+                log.warning(
+                    "control socket: refused uid %d gid %d (pid %d): not allowed to use it",
+                    peer.uid,
+                    peer.gid,
+                    peer.pid,
+                )
+                allowed = f" (allowed: {self._who})" if self._who else ""
+                self._reply(conn, _error(f"permission denied for uid {peer.uid}{allowed}"))
+                return
+            self._reply(conn, self._answer(conn, deadline, peer))
+        except (_ClientGone, OSError):
+            pass
+        finally:
+            with self._lock:
+                self._active.discard(conn)
+            conn.close()
+            self._slots.release()
+
+    def _answer(self, conn: socket.socket, deadline: float, peer: PeerCred) -> dict[str, Any]:
+        try:
+            request = parse_request(self._read_line(conn, deadline))
+            log.debug("control socket: %s from uid %d (pid %d)", request, peer.uid, peer.pid)
+            return self.handler(request)
+        except RequestError as exc:
+            return _error(str(exc))
+        except _ClientGone:
+            raise
+        except Exception as exc:  # a handler bug must not kill the channel
+            log.exception("control socket: request handler failed")
+            return _error(f"internal error: {type(exc).__name__}: {exc}")
+
+    def _read_line(self, conn: socket.socket, deadline: float) -> bytes:
+        """One request line (or everything up to EOF), within the deadline and size cap."""
+        buf = bytearray()
+        while True:
+            nl = buf.find(b"\n")
+            if nl > MAX_LINE or (nl < 0 and len(buf) > MAX_LINE):
+                raise RequestError(f"request line longer than {MAX_LINE} bytes")
+            if nl >= 0:
+                return bytes(buf[:nl])
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestError(f"no complete request line within {self.client_timeout_s:g} s")
+            conn.settimeout(remaining)
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                continue  # the deadline check above answers
+            except OSError:
+                raise _ClientGone from None
+            if not chunk:
+                if buf:
+                    return bytes(buf)
+                raise _ClientGone
+            buf += chunk
+
+    def _reply(self, conn: socket.socket, response: dict[str, Any]) -> None:
+        data = (json.dumps(response, separators=(",", ":")) + "\n").encode()
+        try:
+            conn.settimeout(self.client_timeout_s)
+            conn.sendall(data)
+        except OSError as exc:
+            log.debug("control socket: could not answer a client: %s", _why(exc))
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+# -- the daemon's handler ----------------------------------------------------------------
+
+
+class RetuneTarget(Protocol):
+    """What the handler needs of :class:`~gpuwatchd.sessions.scheduler.TuneScheduler`."""
+
+    def request(self, gpu: int, workloads: Sequence[Workload], reason: str) -> None: ...
+
+    def pending(self) -> dict[int, tuple[str, ...]]: ...
+
+
+def make_retune_handler(
+    scheduler: RetuneTarget,
+    cfg: Config | Callable[[], Config],
+    gpus: Callable[[], list[int]],
+    runnable: Callable[[], tuple[Workload, ...]],
+) -> Handler:
+    """The daemon's request handler for :class:`ControlServer`.
+
+    ``retune`` queues the named workloads (default: ``runnable()``) on one GPU or all
+    of ``gpus()``; names must be among ``runnable()``. ``cfg`` may be a callable so a
+    reloaded config is seen (it tells unknown names from known but not tunable ones).
+    """
+    current: Callable[[], Config] = cfg if callable(cfg) else (lambda: cfg)
+
+    def handle(request: dict[str, Any]) -> dict[str, Any]:
+        if request["op"] == "status":
+            return {"ok": True, "pending": _by_gpu(scheduler.pending())}
+        config = current()
+        if not config.tuning.enabled:
+            raise RequestError(
+                "tuning is disabled in the config ([tuning] enabled = false): nothing would run"
+            )
+        targets = _pick_gpus(request["gpu"], gpus())
+        chosen = _pick_workloads(request["workloads"], config, runnable())
+        for gpu in targets:
+            scheduler.request(gpu, chosen, MANUAL_REASON)
+        names = [w.name for w in chosen]
+        return {"ok": True, "queued": {str(g): names for g in targets}}
+
+    return handle
+
+
+def _by_gpu(pending: dict[int, tuple[str, ...]]) -> dict[str, list[str]]:
+    return {str(g): list(w) for g, w in sorted(pending.items())}
+
+
+def _pick_gpus(gpu: int | None, known: list[int]) -> list[int]:
+    indices = sorted(set(known))
+    if not indices:
+        raise RequestError("the daemon knows no GPUs yet; try again once it has polled them")
+    if gpu is None:
+        return indices
+    if gpu not in indices:
+        listed = ", ".join(map(str, indices))
+        raise RequestError(f"gpu: no GPU {gpu} on this host (GPUs: {listed})")
+    return [gpu]
+
+
+def _pick_workloads(
+    names: list[str] | None, config: Config, runnable: tuple[Workload, ...]
+) -> list[Workload]:
+    here = ", ".join(w.name for w in runnable) or "none"
+    if names is None:
+        if not runnable:
+            raise RequestError("workloads: no configured workload can be tuned by this daemon")
+        return list(runnable)
+    by_name = {w.name: w for w in runnable}
+    out = []
+    for name in names:
+        if name in by_name:
+            out.append(by_name[name])
+            continue
+        try:
+            config.workload(name)
+        except ValueError:
+            raise RequestError(f"workloads: unknown workload {name!r} (known: {here})") from None
+        raise RequestError(f"workloads: {name!r} is not tuned by this daemon (known: {here})")
+    return out

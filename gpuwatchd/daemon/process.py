@@ -1,0 +1,326 @@
+"""The long-running process: wires backend → poller → gate → exporter, handles signals.
+
+Control flow is one loop that waits on an event with a timeout (as APScheduler's
+blocking scheduler does): each tick checks for stalled reads, pings the systemd
+watchdog while the poller makes progress, and applies a pending config reload.
+This module never imports torch; tuning runs in a worker process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+import platform
+import signal
+import threading
+import time
+from types import FrameType
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from gpuwatchd import __version__
+from gpuwatchd.config import Config, ConfigError, load_config, store_path
+from gpuwatchd.daemon.control import ControlServer, default_socket_path, make_retune_handler
+from gpuwatchd.daemon.sdnotify import Notifier
+from gpuwatchd.drift import DriftDetector, DriftJob, ReferenceSync, current_versions
+from gpuwatchd.exporter import (
+    DaemonInfo,
+    HttpServer,
+    build_registry,
+    build_state_json,
+    parse_listen,
+)
+from gpuwatchd.exporter.collectors.drift import DriftCollector
+from gpuwatchd.exporter.collectors.tuning import TuningCollector
+from gpuwatchd.exporter.web.config import WebConfig, load_web_config
+from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.monitor.poller import Poller
+from gpuwatchd.sessions.plan import runnable_workloads
+from gpuwatchd.sessions.scheduler import TuneScheduler
+from gpuwatchd.store import Store
+from gpuwatchd.telemetry.backend import Backend
+from gpuwatchd.telemetry.factory import open_backend
+
+log = logging.getLogger("gpuwatchd")
+
+
+def setup_logging(level: str) -> None:
+    """Log to stderr; under systemd (JOURNAL_STREAM set) journald adds the timestamps."""
+    fmt = "%(levelname)s %(name)s: %(message)s"
+    if "JOURNAL_STREAM" not in os.environ:
+        fmt = "%(asctime)s " + fmt
+    logging.basicConfig(level=level.upper(), format=fmt, force=True)
+    # APScheduler logs every job run at INFO; only its problems are worth a line.
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def read_web_config(cfg: Config) -> WebConfig | None:
+    """The TLS/basic-auth settings, or None for plain HTTP; ConfigError naming the file."""
+    path = cfg.daemon.web_config
+    if not path:
+        return None
+    try:
+        return load_web_config(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def open_state_store(cfg: Config) -> Store:
+    """The tuning store under the state directory, created if needed (OSError/StoreError)."""
+    path = store_path(cfg.daemon.state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Store(path)
+
+
+class Daemon:
+    """One gpuwatchd process. ``run`` blocks until SIGTERM/SIGINT or :meth:`request_stop`."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        config_path: str | None = None,
+        overrides: dict[str, dict[str, object]] | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.overrides = overrides or {}
+        self.backend = backend if backend is not None else open_backend(cfg)
+        self.board = StateBoard()
+        self.store = open_state_store(cfg)
+        self.tuner = TuneScheduler(
+            cfg, self.board, self.store, self.backend.name, sim_time=self.backend.clock.now
+        )
+        self.poller = Poller(
+            self.backend,
+            self.board,
+            cfg.gate,
+            period_s=cfg.daemon.poll_interval_s,
+            energy_period_s=cfg.daemon.energy_interval_s,
+            info_refresh_s=cfg.daemon.info_refresh_s,
+            stall_periods=cfg.daemon.stall_periods,
+            own_pids=self.tuner.own_pids,
+        )
+        # Re-tune triggers: the sustained clock learned from production load against the
+        # clock the winners were measured at, power/max-clock/version changes, stale winners.
+        self.drift = DriftDetector(cfg.drift, current_versions)
+        self.poller.add_listener(self.drift.observe)
+        self.drift_job = DriftJob(
+            self.drift,
+            ReferenceSync(self.drift, self.store),
+            self.board,
+            request=self.tuner.request,
+            workloads=lambda: runnable_workloads(self.cfg, self.backend.name),
+        )
+        self.info = DaemonInfo(
+            version=__version__, backend=self.backend.name, python_version=platform.python_version()
+        )
+        self.registry = build_registry(
+            self.board,
+            self.info,
+            extra=[
+                TuningCollector(self.board, lambda: self.tuner.snapshot),
+                DriftCollector(self.drift.view),
+            ],
+        )
+        self.http = HttpServer(
+            self.board,
+            self.registry,
+            parse_listen(cfg.daemon.listen),
+            state_json=self.state_json,
+            web_config=read_web_config(cfg),
+            json_routes={"/api/v1/winners": self.winners_json},
+        )
+        self.scheduler = BackgroundScheduler(
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
+        )
+        # The only way to start GPU work from outside: a Unix socket with file permissions.
+        self.control = ControlServer(
+            cfg.daemon.control_socket or default_socket_path(),
+            make_retune_handler(
+                self.tuner,
+                lambda: self.cfg,
+                self.backend.devices,
+                lambda: runnable_workloads(self.cfg, self.backend.name),
+            ),
+            allowed_group=cfg.daemon.control_group or None,
+        )
+        self.notifier = Notifier.from_env()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._healthy = True
+
+    # -- control -------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+
+    def install_signal_handlers(self) -> None:
+        def on_term(signum: int, _frame: FrameType | None) -> None:
+            log.info("received %s, stopping", signal.Signals(signum).name)
+            self.request_stop()
+
+        def on_hup(_signum: int, _frame: FrameType | None) -> None:
+            self.request_reload()
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+        signal.signal(signal.SIGHUP, on_hup)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def _check_sampling(self) -> None:
+        """Warn when the gate can never see enough samples (fast simulated time, slow polls)."""
+        cfg = self.cfg
+        speed = {"sim": cfg.sim.speed, "replay": cfg.replay.speed}.get(self.backend.name, 1.0)
+        per_sample = cfg.daemon.poll_interval_s * speed  # backend seconds between samples
+        # Samples d apart fill a window w with floor(w/d) + 1 of them.
+        if per_sample * (cfg.gate.min_samples - 1) > cfg.gate.window_s:
+            log.warning(
+                "the gate can never open: one sample every %.3g backend seconds gives fewer "
+                "than gate.min_samples=%d in gate.window_s=%g; poll faster or lower the speed",
+                per_sample,
+                cfg.gate.min_samples,
+                cfg.gate.window_s,
+            )
+
+    def run(self) -> None:
+        self._check_sampling()
+        self.http.start()
+        self.control.start()
+        self.poller.start()
+        self.scheduler.add_job(
+            self.poller.dispatch_slow_reads,
+            "interval",
+            seconds=self.cfg.daemon.energy_interval_s,
+            id="slow-fields",
+        )
+        self.scheduler.add_job(
+            self.tuning_tick, "interval", seconds=self.cfg.tuning.check_interval_s, id="tune"
+        )
+        self.scheduler.add_job(
+            self.drift_tick,
+            "interval",
+            seconds=self.cfg.drift.check_interval_s,
+            id="drift",
+            # first look once the GPUs have been polled, not a whole interval later
+            next_run_time=datetime.datetime.now() + datetime.timedelta(seconds=2),
+        )
+        self.scheduler.start()
+        self.poller.dispatch_slow_reads()  # energy and static facts right away
+        log.info(
+            "gpuwatchd %s: backend %s, %d GPU(s), polling every %.3g s, serving on %s",
+            __version__,
+            self.backend.name,
+            len(self.backend.devices()),
+            self.cfg.daemon.poll_interval_s,
+            self.http.url,
+        )
+        self.notifier.ready(f"polling {len(self.backend.devices())} GPU(s)")
+        try:
+            self._main_loop()
+        finally:
+            self.shutdown()
+
+    def _main_loop(self) -> None:
+        ping_every = self.notifier.watchdog_interval_s()
+        last_ping = 0.0
+        tick = min(0.25, self.poller.period_s)
+        while not self._stop.wait(tick):
+            self.poller.check_stalls()
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload()
+            due = ping_every is not None and time.monotonic() - last_ping >= ping_every
+            if due and self.healthy():
+                self.notifier.watchdog()
+                last_ping = time.monotonic()
+
+    def state_json(self) -> dict[str, object]:
+        """/api/v1/state: the board plus what the tuner is doing."""
+        doc = build_state_json(self.board, self.info)
+        snap = self.tuner.snapshot
+        doc["gate_config"] = dataclasses.asdict(self.cfg.gate)
+        doc["tuning"] = {
+            "enabled": self.cfg.tuning.enabled,
+            "running_gpus": sorted(snap.running),
+            "pending": {str(g): list(w) for g, w in sorted(snap.pending.items())},
+            "last_completed_unix": snap.last_tune_unix,
+        }
+        return doc
+
+    def winners_json(self, target: str) -> dict[str, object]:
+        """/api/v1/winners[?workload=&regime=&gpu_model=]: what jobs should run."""
+        from gpuwatchd.client.api import parse_winners_query, winners_json
+
+        return winners_json(self.store, **parse_winners_query(target))
+
+    def tuning_tick(self) -> None:
+        """APScheduler job: start pending tuning behind open gates (never blocks)."""
+        self.tuner.tick()
+
+    def drift_tick(self) -> None:
+        """APScheduler job: decide what needs tuning — a GPU never tuned, clock drift,
+        a power-limit/max-clock/version change, stale winners — and queue it."""
+        if self.cfg.drift.enabled:
+            self.drift_job()
+
+    def healthy(self) -> bool:
+        """False once a GPU read is stuck past ``watchdog_stall_s``: let systemd restart us."""
+        stuck = self.poller.longest_stall_s()
+        ok = stuck <= self.cfg.daemon.watchdog_stall_s
+        if not ok and self._healthy:
+            log.error("a telemetry read has been stuck %.0f s; withholding watchdog pings", stuck)
+        elif ok and not self._healthy:
+            log.warning("telemetry reads completing again; watchdog pings resume")
+        self._healthy = ok
+        return ok
+
+    def reload(self) -> bool:
+        """Re-read the config file (SIGHUP). A bad file is rejected and the old config kept."""
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path).with_overrides(**self.overrides)
+            # re-read even when unchanged: renewed certificates must be picked up
+            web = read_web_config(new)
+        except (ConfigError, ValueError) as exc:
+            log.error("config reload rejected, keeping the running config: %s", exc)
+            self.notifier.ready("config reload rejected")
+            return False
+        restart_needed = [
+            key
+            for key in ("backend", "listen", "state_dir", "control_socket", "control_group")
+            if getattr(new.daemon, key) != getattr(self.cfg.daemon, key)
+        ]
+        if new.sim != self.cfg.sim or new.replay != self.cfg.replay:
+            restart_needed.append("[sim]/[replay]")
+        if restart_needed:
+            log.warning("config reload: %s change only on restart", ", ".join(restart_needed))
+        self.http.reload_web_config(web)
+        self.poller.reconfigure(new.gate, period_s=new.daemon.poll_interval_s)
+        self.tuner.reconfigure(new)
+        self.drift.reconfigure(new.drift)
+        logging.getLogger().setLevel(new.daemon.log_level.upper())
+        self.cfg = new
+        log.info("config reloaded from %s", self.config_path or "defaults")
+        self.notifier.ready("config reloaded")
+        return True
+
+    def shutdown(self) -> None:
+        self.notifier.stopping()
+        self.control.stop()
+        self.scheduler.shutdown(wait=False)
+        self.tuner.shutdown(timeout=2.0)
+        self.poller.stop(timeout=2.0)
+        self.http.stop()
+        try:
+            self.backend.close()
+        except Exception as exc:
+            log.warning("closing backend %s failed: %s", self.backend.name, exc)
+        self.store.close()
+        log.info("stopped")

@@ -1,0 +1,1 @@
+"""Prometheus collectors, one per file; each reads state the daemon already holds."""

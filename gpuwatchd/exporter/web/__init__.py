@@ -1,0 +1,1 @@
+"""The exporter-toolkit web-config format: TLS and basic auth for the HTTP endpoint."""

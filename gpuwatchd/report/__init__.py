@@ -1,0 +1,1 @@
+"""Reading the store for people: the text/JSON report and the plots."""

@@ -1,0 +1,590 @@
+"""The daemon side of a tuning session: spawn the worker, watch it, record what it sends.
+
+:class:`TuneRunner` starts a session row in the store, runs ``python -m
+gpuwatchd.tuning.worker`` pinned to one GPU, stores the versions from its ``hello`` and
+each ``result`` as it arrives, and ends the session ``completed``, ``failed`` (crash,
+hang, garbage output, a missing result) or ``preempted`` (``should_preempt`` gave a
+reason, or :meth:`TuneRunner.cancel`). The worker runs in its own process group so a
+kill also reaches its children (Triton's compilers); every wait is bounded, every
+child is reaped, and nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+import gpuwatchd
+from gpuwatchd.store import SessionMeta, Store, StoreError, Versions
+from gpuwatchd.telemetry.types import DeviceInfo, Sample
+from gpuwatchd.tuning.jobspec import (
+    MAX_LINE_BYTES,
+    ErrorMessage,
+    Hello,
+    JobSpec,
+    JobSpecError,
+    Message,
+    Progress,
+    ResultMessage,
+    decode_message,
+)
+from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus
+
+log = logging.getLogger("gpuwatchd.sessions.runner")
+
+WORKER_MODULE = "gpuwatchd.tuning.worker"
+#: Directory holding the ``gpuwatchd`` package: put on the worker's PYTHONPATH so it runs
+#: the same code as the daemon, installed or not.
+_PACKAGE_ROOT = str(Path(gpuwatchd.__file__).resolve().parent.parent)
+
+ShouldPreempt = Callable[[], "str | None"]
+OnProgress = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOutcome:
+    """How a session ended, and the results the worker delivered (also in the store)."""
+
+    status: SessionStatus
+    why: str | None
+    session_id: int
+    results: tuple[RegimeResult, ...]
+
+
+class RunnerBusy(RuntimeError):
+    """A session is already running on this runner (one at a time per instance)."""
+
+
+# -- the worker process ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Invalid:
+    """A line from the worker that is not a valid message."""
+
+    why: str
+
+
+class _Eof:
+    """The worker's stdout closed."""
+
+
+_Event = Message | _Invalid | _Eof
+
+
+def _exit_text(rc: int) -> str:
+    """``-11`` -> ``exit 139 (SIGSEGV)``, ``3`` -> ``exit 3``: what a shell would say."""
+    signum = -rc if rc < 0 else rc - 128 if rc > 128 else 0
+    code = 128 - rc if rc < 0 else rc
+    try:
+        name = signal.Signals(signum).name if signum else ""
+    except ValueError:
+        name = ""
+    return f"exit {code} ({name})" if name else f"exit {code}"
+
+
+class WorkerProcess:
+    """One worker subprocess in its own process group, with its pipes drained by threads.
+
+    Messages parsed from stdout arrive on :attr:`events`; stderr is logged at debug
+    level and its last lines kept for the failure message.
+    """
+
+    def __init__(self, cmd: Sequence[str], env: dict[str, str], stdin_data: bytes) -> None:
+        self.proc = subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # own process group: killpg reaches grandchildren
+            close_fds=True,
+        )
+        self.pid = self.proc.pid
+        self.events: queue.Queue[_Event] = queue.Queue()
+        self.stderr_tail: deque[str] = deque(maxlen=50)
+        assert self.proc.stdin and self.proc.stdout and self.proc.stderr
+        self._threads = [
+            _thread(f"gpuwatchd-worker-{self.pid}-stdin", _feed, self.proc.stdin, stdin_data),
+            _thread(f"gpuwatchd-worker-{self.pid}-stdout", self._read_stdout, self.proc.stdout),
+            _thread(f"gpuwatchd-worker-{self.pid}-stderr", self._read_stderr, self.proc.stderr),
+        ]
+
+    def _read_stdout(self, stream: IO[bytes]) -> None:
+        try:
+            while line := stream.readline(MAX_LINE_BYTES + 1):
+                if len(line) > MAX_LINE_BYTES:
+                    self.events.put(_Invalid(f"a line longer than {MAX_LINE_BYTES} bytes"))
+                    return
+                if not line.strip():
+                    continue
+                try:
+                    self.events.put(decode_message(line))
+                except JobSpecError as e:
+                    self.events.put(_Invalid(str(e)))
+                    return
+        except (OSError, ValueError) as e:
+            self.events.put(_Invalid(f"cannot read its stdout: {e}"))
+        finally:
+            self.events.put(_Eof())
+
+    def _read_stderr(self, stream: IO[bytes]) -> None:
+        with suppress(OSError, ValueError):
+            for raw in stream:
+                line = raw.decode("utf-8", "replace").rstrip()
+                if line.strip():
+                    self.stderr_tail.append(line)
+                    log.debug("worker %d: %s", self.pid, line)
+
+    def last_stderr_line(self) -> str | None:
+        """The line that best says why it died: a fatal-error banner, else the last line."""
+        for line in reversed(self.stderr_tail):
+            if line.startswith("Fatal Python error"):
+                return line.strip()
+        return self.stderr_tail[-1].strip() if self.stderr_tail else None
+
+    def exited(self) -> bool:
+        """True once the worker has exited, without reaping it: while it is a zombie its
+        PID, and so its process group ID, cannot be reused by another process."""
+        if self.proc.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        if self.proc.returncode is not None:
+            return  # reaped: its group ID may belong to someone else now
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        """Poll until the worker exits or ``timeout_s`` passes; True if it exited."""
+        deadline = time.monotonic() + timeout_s
+        while not self.exited():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM the group, SIGKILL it after ``grace_s`` if the worker is still there."""
+        if not self.exited():
+            self.signal_group(signal.SIGTERM)
+            if grace_s > 0:
+                self.wait_exit(grace_s)
+        self.signal_group(signal.SIGKILL)
+
+    def reap(self, timeout_s: float) -> int | None:
+        """Kill whatever is left of the group, reap the worker and join the pipe threads.
+
+        Returns the exit status, or None if the worker would not die in time (stuck in
+        the kernel): a background thread then reaps it whenever it does.
+        """
+        self.signal_group(signal.SIGKILL)  # leftover grandchildren, the worker if alive
+        try:
+            rc: int | None = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.error("worker %d did not die within %.1f s of SIGKILL", self.pid, timeout_s)
+            _thread(f"gpuwatchd-reap-{self.pid}", self.proc.wait)
+            rc = None
+        for t in self._threads:
+            t.join(timeout=0.5)
+        # A pipe still held open by an escaped grandchild is left to its reader thread:
+        # closing a stream another thread is blocked reading would block here too.
+        for t, stream in zip(self._threads[1:], (self.proc.stdout, self.proc.stderr), strict=True):
+            if stream is not None and not t.is_alive():
+                with suppress(OSError):
+                    stream.close()
+        return rc
+
+
+def _thread(name: str, target: Callable[..., object], *args: object) -> threading.Thread:
+    t = threading.Thread(target=target, args=args, name=name, daemon=True)
+    t.start()
+    return t
+
+
+def _feed(stream: IO[bytes], data: bytes) -> None:
+    """Write the job and close stdin; a worker that died early just breaks the pipe."""
+    with suppress(OSError, ValueError):
+        stream.write(data)
+    with suppress(OSError, ValueError):
+        stream.close()
+
+
+# -- the runner ------------------------------------------------------------------------------
+
+
+class TuneRunner:
+    """Runs tuning sessions in worker subprocesses and records them in ``store``.
+
+    ``python`` runs the worker; ``env`` (default: this process's) is its environment,
+    to which the runner adds ``CUDA_VISIBLE_DEVICES`` (the GPU's UUID for a ``cuda``
+    job, empty otherwise), ``PYTHONPATH`` and ``PYTHONUNBUFFERED``. ``worker_cmd``
+    replaces the whole command (tests use small fake workers). ``term_grace_s`` is
+    how long a SIGTERM'd worker gets before SIGKILL; ``poll_s`` how often
+    ``should_preempt`` is asked; ``exit_wait_s`` how long an exited worker's pipes, or
+    a worker that reported an error, may linger before its group is killed.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+        *,
+        worker_cmd: Sequence[str] | None = None,
+        term_grace_s: float = 0.5,
+        poll_s: float = 0.05,
+        exit_wait_s: float = 1.0,
+        reap_timeout_s: float = 5.0,
+    ) -> None:
+        for name, value in (
+            ("term_grace_s", term_grace_s),
+            ("poll_s", poll_s),
+            ("exit_wait_s", exit_wait_s),
+            ("reap_timeout_s", reap_timeout_s),
+        ):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if poll_s <= 0:
+            raise ValueError(f"poll_s must be > 0, got {poll_s!r}")
+        self.store = store
+        self.python = python
+        self._env = env
+        self._cmd = list(worker_cmd) if worker_cmd is not None else [python, "-m", WORKER_MODULE]
+        if not self._cmd:
+            raise ValueError("worker_cmd must not be empty")
+        self.term_grace_s = term_grace_s
+        self.poll_s = poll_s
+        self.exit_wait_s = exit_wait_s
+        self.reap_timeout_s = reap_timeout_s
+        self._lock = threading.Lock()
+        self._active = False
+        self._worker: WorkerProcess | None = None
+        self._hello_pid: int | None = None
+        self._cancel: str | None = None
+
+    # -- public ----------------------------------------------------------------------
+
+    def pids(self) -> frozenset[int]:
+        """PIDs of the live worker (the gate counts them as ours, not a foreign process)."""
+        with self._lock:
+            w = self._worker
+            if w is None or w.proc.returncode is not None:
+                return frozenset()
+            return frozenset(p for p in (w.pid, self._hello_pid) if p is not None)
+
+    def cancel(self, reason: str) -> bool:
+        """Stop the running session (daemon shutdown); it ends ``preempted`` with
+        ``cancelled: <reason>``, so it is retried later. False if none was running."""
+        with self._lock:
+            if not self._active:
+                return False
+            self._cancel = reason or "cancelled"
+            return True
+
+    def run_session(
+        self,
+        job: JobSpec,
+        info: DeviceInfo,
+        backend_name: str,
+        should_preempt: ShouldPreempt,
+        on_progress: OnProgress | None = None,
+        timeout_s: float = 3600.0,
+        *,
+        sample: Sample | None = None,
+    ) -> SessionOutcome:
+        """Run ``job`` on the GPU ``info`` in a worker and record the session.
+
+        Returns once the worker is gone: normally, killed after ``timeout_s``, killed
+        for invalid output, or stopped within about ``poll_s + term_grace_s`` of
+        ``should_preempt`` returning a reason. ``sample`` (the GPU's latest reading)
+        is stored as its state at the start. Raises :class:`RunnerBusy` if a session
+        is running already, ``ValueError`` for a job that is not for ``info``, and
+        :class:`~gpuwatchd.store.StoreError` if the session cannot even be started.
+        """
+        if not isinstance(timeout_s, int | float) or not math.isfinite(timeout_s):
+            raise ValueError(f"timeout_s must be a finite number, got {timeout_s!r}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if job.gpu_uuid != info.uuid or job.gpu_index != info.index:
+            raise ValueError(
+                f"job is for GPU {job.gpu_index} ({job.gpu_uuid}) but info is GPU "
+                f"{info.index} ({info.uuid})"
+            )
+        with self._claim():
+            meta = SessionMeta.for_device(
+                info,
+                backend=backend_name,
+                workloads=job.workloads,
+                regimes=job.regimes,
+                sample=sample,
+            )
+            meta = _with_extra(meta, job)
+            sid = self.store.start_session(meta)
+            log.info("tuning session %d on GPU %d (%s) started", sid, info.index, info.uuid)
+            session = _Session(self, job, info, sid, should_preempt, on_progress, timeout_s)
+            try:
+                status, why = session.run()
+            except BaseException as e:  # KeyboardInterrupt, a bug: never leave it running
+                session.kill()
+                self._finish(sid, SessionStatus.FAILED, f"runner interrupted: {_one_line(e)}")
+                raise
+            self._finish(sid, status, why)
+            log.info("tuning session %d ended %s%s", sid, status.value, f": {why}" if why else "")
+            return SessionOutcome(status, why, sid, tuple(session.results.values()))
+
+    # -- internals -------------------------------------------------------------------
+
+    @contextmanager
+    def _claim(self) -> Iterator[None]:
+        with self._lock:
+            if self._active:
+                raise RunnerBusy("a tuning session is already running on this runner")
+            self._active, self._cancel, self._hello_pid = True, None, None
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active, self._worker, self._hello_pid = False, None, None
+
+    def _finish(self, sid: int, status: SessionStatus, why: str | None) -> None:
+        try:
+            self.store.finish_session(sid, status, why)
+        except StoreError as e:
+            log.error("cannot end tuning session %d as %s (%s): %s", sid, status.value, why, e)
+
+    def _command_env(self, job: JobSpec) -> dict[str, str]:
+        env = dict(os.environ if self._env is None else self._env)
+        env["CUDA_VISIBLE_DEVICES"] = job.gpu_uuid if job.device == "cuda" else ""
+        env["PYTHONUNBUFFERED"] = "1"
+        path = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
+        return env
+
+    def _spawn(self, job: JobSpec) -> WorkerProcess:
+        worker = WorkerProcess(self._cmd, self._command_env(job), job.dumps().encode())
+        with self._lock:
+            self._worker = worker
+        return worker
+
+    def _set_hello_pid(self, pid: int) -> None:
+        with self._lock:
+            self._hello_pid = pid
+
+    def _cancel_reason(self) -> str | None:
+        with self._lock:
+            return None if self._cancel is None else f"cancelled: {self._cancel}"
+
+
+class _Failed(Exception):
+    """Ends the watch loop: the session failed for the reason given."""
+
+
+class _Session:
+    """One session's watch loop: events in, verdict out. Owned by one run_session call."""
+
+    def __init__(
+        self,
+        runner: TuneRunner,
+        job: JobSpec,
+        info: DeviceInfo,
+        sid: int,
+        should_preempt: ShouldPreempt,
+        on_progress: OnProgress | None,
+        timeout_s: float,
+    ) -> None:
+        self.r = runner
+        self.job = job
+        self.info = info
+        self.sid = sid
+        self.should_preempt = should_preempt
+        self.on_progress = on_progress
+        self.timeout_s = timeout_s
+        self.expected = set(job.pairs())
+        self.results: dict[tuple[str, Regime], RegimeResult] = {}
+        self.hello: Hello | None = None
+        self.error: str | None = None
+        self.worker: WorkerProcess | None = None
+
+    def run(self) -> tuple[SessionStatus, str | None]:
+        try:
+            self.worker = self.r._spawn(self.job)
+        except OSError as e:
+            return SessionStatus.FAILED, f"cannot start the worker: {_one_line(e)}"
+        worker = self.worker
+        try:
+            verdict = self._watch(worker)
+        except _Failed as e:
+            worker.stop(0)
+            verdict = (SessionStatus.FAILED, str(e))
+        rc = worker.reap(self.r.reap_timeout_s)
+        self._drain(worker)
+        return verdict or self._judge(worker, rc)
+
+    def kill(self) -> None:
+        if self.worker is not None:
+            self.worker.stop(0)
+            self.worker.reap(self.r.reap_timeout_s)
+
+    def _watch(self, worker: WorkerProcess) -> tuple[SessionStatus, str] | None:
+        """Until the worker is done; a verdict when the runner ended it, else None."""
+        start = time.monotonic()
+        deadline = start + self.timeout_s
+        eof = False
+        exited_at: float | None = None
+        error_at: float | None = None
+        while True:
+            reason = self._preempt_reason()
+            if reason is not None:
+                worker.stop(self.r.term_grace_s)
+                return SessionStatus.PREEMPTED, reason
+            now = time.monotonic()
+            if now >= deadline:
+                worker.stop(0)
+                return SessionStatus.FAILED, f"worker timed out after {self.timeout_s:g} s"
+            try:
+                event = worker.events.get(timeout=min(self.r.poll_s, deadline - now))
+            except queue.Empty:
+                event = None
+            if isinstance(event, _Eof):
+                eof = True
+            elif isinstance(event, _Invalid):
+                raise _Failed(f"worker sent invalid output: {event.why}")
+            elif event is not None:
+                self._handle(event)
+                if isinstance(event, ErrorMessage) and error_at is None:
+                    error_at = time.monotonic()
+            if worker.exited():
+                exited_at = exited_at or time.monotonic()
+                if eof:
+                    return None
+            # Exited but a grandchild still holds stdout, or reported an error and hangs.
+            marks = [t for t in (exited_at, error_at) if t is not None]
+            if marks and time.monotonic() - min(marks) > self.r.exit_wait_s:
+                return None
+
+    def _drain(self, worker: WorkerProcess) -> None:
+        """Handle what the worker sent before it went, once its pipes are closed."""
+        while True:
+            try:
+                event = worker.events.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(event, _Invalid) and self.error is None:
+                self.error = f"invalid output: {event.why}"
+            elif not isinstance(event, _Invalid | _Eof):
+                try:
+                    self._handle(event)
+                except _Failed as e:
+                    self.error = self.error or str(e)
+
+    def _preempt_reason(self) -> str | None:
+        cancelled = self.r._cancel_reason()
+        if cancelled is not None:
+            return cancelled
+        try:
+            reason = self.should_preempt()
+        except Exception as e:  # a broken callback must not leave the GPU loaded
+            return f"preempted: should_preempt failed: {_one_line(e)}"
+        return reason if reason else None
+
+    def _handle(self, msg: Message) -> None:
+        if isinstance(msg, Hello):
+            if self.hello is not None:
+                raise _Failed("worker sent invalid output: a second hello")
+            self.hello = msg
+            self.r._set_hello_pid(msg.pid)
+            versions = Versions(driver=self.info.driver_version).merge(msg.versions)
+            self._store(lambda: self.r.store.set_session_versions(self.sid, versions))
+            return
+        if isinstance(msg, ErrorMessage):  # may come first: opening the device can fail
+            self.error = self.error or msg.message
+            return
+        if self.hello is None:
+            raise _Failed(f"worker sent invalid output: {type(msg).__name__} before hello")
+        if isinstance(msg, Progress):
+            self._check_pair(msg.workload, msg.regime, "progress")
+            if self.on_progress is not None:
+                payload = msg.to_json()
+                payload["session_id"] = self.sid
+                try:
+                    self.on_progress(payload)
+                except Exception:
+                    log.exception("on_progress callback failed; tuning goes on")
+        elif isinstance(msg, ResultMessage):
+            res = msg.result
+            key = (res.workload, res.regime)
+            self._check_pair(res.workload, res.regime, "result")
+            if key in self.results:
+                raise _Failed(f"worker sent invalid output: a second result for {_pair_text(key)}")
+            self._store(lambda: self.r.store.record_result(self.sid, res))
+            self.results[key] = res
+
+    def _check_pair(self, workload: str, regime: Regime, what: str) -> None:
+        if (workload, regime) not in self.expected:
+            raise _Failed(
+                f"worker sent invalid output: {what} for {_pair_text((workload, regime))},"
+                " which is not in the job"
+            )
+
+    def _store(self, write: Callable[[], None]) -> None:
+        try:
+            write()
+        except StoreError as e:
+            raise _Failed(f"store error: {e}") from None
+
+    def _judge(self, worker: WorkerProcess, rc: int | None) -> tuple[SessionStatus, str | None]:
+        """The verdict for a worker that ended on its own."""
+        if self.error is not None:
+            return SessionStatus.FAILED, f"worker error: {self.error}"
+        if rc is None:
+            return SessionStatus.FAILED, "worker would not exit"
+        if rc != 0:
+            why = f"worker crashed: {_exit_text(rc)}"
+            last = worker.last_stderr_line()
+            return SessionStatus.FAILED, f"{why}: {last}" if last else why
+        if self.hello is None:
+            return SessionStatus.FAILED, "worker sent invalid output: it exited without a hello"
+        missing = [p for p in self.job.pairs() if p not in self.results]
+        if missing:
+            text = ", ".join(_pair_text(p) for p in missing)
+            return SessionStatus.FAILED, f"worker finished without a result for {text}"
+        return SessionStatus.COMPLETED, None
+
+
+def _pair_text(pair: tuple[str, Regime]) -> str:
+    return f"{pair[0]} ({pair[1].value})"
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _with_extra(meta: SessionMeta, job: JobSpec) -> SessionMeta:
+    """Keep what the worker was asked to do with the session (device, budget, protocol)."""
+    spec = job.to_json()
+    extra = {
+        "device": job.device,
+        "time_budget_s": job.time_budget_s,
+        "protocol": spec["protocol"],
+        **({"sim": spec["sim"]} if job.sim is not None else {}),
+    }
+    return replace(meta, extra={**meta.extra, **extra})

@@ -1,0 +1,5 @@
+"""``python -m gpuwatchd.tuning.worker``: one tuning job in this process, then exit."""
+
+from gpuwatchd.tuning.worker.main import run_and_exit
+
+run_and_exit()

@@ -1,0 +1,260 @@
+"""``cpu.matmul`` and ``cpu.conv2d``: real torch CPU ops, so the whole path runs without a GPU.
+
+Each candidate is a genuinely different way to compute the op (library call, einsum,
+k-blocked accumulation, transposed layout; direct conv with and without oneDNN,
+channels_last, im2col + GEMM), checked against a float64 reference in ``setup``.
+torch is imported inside the functions only: the daemon imports this registry module
+to list families and must stay torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpuwatchd.tuning.types import Workload
+from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
+
+if TYPE_CHECKING:
+    import torch
+
+#: Workload dtype spellings -> torch dtype attribute names.
+DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float64": "float64",
+    "fp64": "float64",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+#: Relative Frobenius error allowed against the float64 reference, per dtype.
+TOLERANCE = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 5e-3}
+
+Inputs = tuple["torch.Tensor", ...]
+Fn = Callable[..., "torch.Tensor"]
+
+
+class TorchCpuCandidate:
+    """One CPU implementation: ``make`` builds its inputs, ``fn`` computes the op."""
+
+    def __init__(
+        self,
+        name: str,
+        family: str,
+        make: Callable[[], tuple[Inputs, torch.Tensor]],
+        fn: Fn,
+        config: dict[str, Any],
+        flops: float,
+        working_set_bytes: int,
+        tolerance: float,
+        context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> None:
+        self.name = name
+        self.family = family
+        self._make = make
+        self._fn = fn
+        self._config = config
+        self._flops = flops
+        self._ws = working_set_bytes
+        self._tol = tolerance
+        self._context = context
+        self._inputs: Inputs | None = None
+
+    def setup(self) -> None:
+        """Build inputs, run once, and compare with the float64 reference."""
+        import torch
+
+        try:
+            inputs, reference = self._make()
+            with self._context():
+                out = self._fn(*inputs)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise CandidateError(f"{self.name}: {' '.join(str(e).split())}") from e
+        if out.shape != reference.shape:
+            raise CandidateError(f"{self.name}: output shape {tuple(out.shape)} != reference")
+        err = float(torch.linalg.norm(out.double() - reference) / torch.linalg.norm(reference))
+        if not err <= self._tol:  # also catches NaN
+            raise CandidateError(f"{self.name}: relative error {err:.3g} > {self._tol:g}")
+        self._inputs = inputs
+
+    def run(self, calls: int) -> None:
+        if self._inputs is None:
+            raise CandidateError(f"{self.name}: run before setup")
+        fn, inputs = self._fn, self._inputs
+        with self._context():
+            for _ in range(calls):
+                fn(*inputs)
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "config": dict(self._config),
+            "flops": self._flops,
+            "working_set_bytes": self._ws,
+        }
+
+    def teardown(self) -> None:
+        self._inputs = None
+
+
+def _dtype(w: Workload) -> torch.dtype:
+    import torch
+
+    key = DTYPES.get(w.dtype.lower())
+    if key is None:
+        known = ", ".join(sorted(DTYPES))
+        raise ValueError(f"workload {w.name}: dtype {w.dtype!r} not supported (known: {known})")
+    return getattr(torch, key)
+
+
+def _check_op(w: Workload, family: str, ops: Sequence[str]) -> None:
+    if w.op not in ops:
+        raise ValueError(f"workload {w.name}: family {family} cannot run op {w.op!r}")
+
+
+def _positive_int(w: Workload, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"workload {w.name}: shape.{key} must be a positive integer, got {value!r}"
+        )
+    return value
+
+
+def _int_list(w: Workload, key: str, n: int) -> list[int]:
+    value = w.shape.get(key)
+    if not isinstance(value, list | tuple) or len(value) != n:
+        raise ValueError(f"workload {w.name}: shape.{key} must be a list of {n} integers")
+    return [_positive_int(w, f"{key}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _seeded(seed: int) -> torch.Generator:
+    import torch
+
+    return torch.Generator().manual_seed(seed)
+
+
+# -- cpu.matmul -------------------------------------------------------------------------
+
+
+def matmul_family(w: Workload, session: DeviceSession) -> list[Candidate]:
+    """C = A @ B for shape ``m, n, k``: library matmul, mm into a preallocated output,
+    einsum, B stored transposed, and k-blocked accumulation with addmm."""
+    import torch
+
+    _check_op(w, "cpu.matmul", ("matmul", "gemm"))
+    m, n, k = (_positive_int(w, key, w.shape.get(key)) for key in ("m", "n", "k"))
+    dtype = _dtype(w)
+    tol = TOLERANCE[str(dtype).removeprefix("torch.")]
+    esize = torch.empty((), dtype=dtype).element_size()
+    ws = (m * k + k * n + m * n) * esize
+    flops = 2.0 * m * n * k
+    seed = int(w.params.get("seed", 0))
+
+    def inputs(transpose_b: bool = False, out: bool = False) -> tuple[Inputs, torch.Tensor]:
+        g = _seeded(seed)
+        a = torch.randn(m, k, generator=g, dtype=torch.float64)
+        b = torch.randn(k, n, generator=g, dtype=torch.float64)
+        ref = a @ b
+        bb = b.t().contiguous().to(dtype) if transpose_b else b.to(dtype)
+        extra = (torch.empty(m, n, dtype=dtype),) if out else ()
+        return (a.to(dtype), bb, *extra), ref
+
+    def blocked(bk: int) -> Fn:
+        def fn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+            torch.mm(a[:, :bk], b[:bk], out=c)
+            for k0 in range(bk, k, bk):
+                c.addmm_(a[:, k0 : k0 + bk], b[k0 : k0 + bk])
+            return c
+
+        return fn
+
+    def cand(
+        name: str, make: Callable[[], tuple[Inputs, torch.Tensor]], fn: Fn, **cfg: Any
+    ) -> TorchCpuCandidate:
+        return TorchCpuCandidate(
+            name, "cpu.matmul", make, fn, {"impl": name, **cfg}, flops, ws, tol
+        )
+
+    cands: list[Candidate] = [
+        cand("torch.matmul", inputs, torch.matmul),
+        cand("torch.mm[out]", lambda: inputs(out=True), lambda a, b, c: torch.mm(a, b, out=c)),
+        cand("einsum", inputs, lambda a, b: torch.einsum("ik,kj->ij", a, b)),
+        cand("matmul[b^T]", lambda: inputs(transpose_b=True), lambda a, bt: a @ bt.t()),
+    ]
+    for bk in (64, 256):
+        if bk < k:
+            cands.append(cand(f"blocked[k{bk}]", lambda: inputs(out=True), blocked(bk), bk=bk))
+    return cands
+
+
+# -- cpu.conv2d -------------------------------------------------------------------------
+
+
+def conv2d_family(w: Workload, session: DeviceSession) -> list[Candidate]:
+    """2-D convolution for shape ``input`` (N,C,H,W), ``weight`` (K,C,R,S), ``stride``,
+    ``padding``: oneDNN direct conv (contiguous and channels_last), torch's native conv
+    with oneDNN off, and im2col (unfold) + GEMM."""
+    import torch
+    import torch.nn.functional as F
+
+    _check_op(w, "cpu.conv2d", ("conv2d", "conv"))
+    nb, c, h, wd = _int_list(w, "input", 4)
+    kk, wc, r, s = _int_list(w, "weight", 4)
+    if wc != c:
+        raise ValueError(f"workload {w.name}: shape.weight channels {wc} != input channels {c}")
+    stride = _positive_int(w, "stride", w.shape.get("stride", 1))
+    padding = w.shape.get("padding", 0)
+    if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
+        raise ValueError(f"workload {w.name}: shape.padding must be an integer >= 0")
+    ho = (h + 2 * padding - r) // stride + 1
+    wo = (wd + 2 * padding - s) // stride + 1
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"workload {w.name}: shape.weight larger than the padded input")
+    dtype = _dtype(w)
+    tol = TOLERANCE[str(dtype).removeprefix("torch.")]
+    esize = torch.empty((), dtype=dtype).element_size()
+    ws = (nb * c * h * wd + kk * c * r * s + nb * kk * ho * wo) * esize
+    flops = 2.0 * nb * kk * ho * wo * c * r * s
+    seed = int(w.params.get("seed", 0))
+
+    def inputs(channels_last: bool = False) -> tuple[Inputs, torch.Tensor]:
+        g = _seeded(seed)
+        x = torch.randn(nb, c, h, wd, generator=g, dtype=torch.float64)
+        wt = torch.randn(kk, c, r, s, generator=g, dtype=torch.float64)
+        ref = F.conv2d(x, wt, stride=stride, padding=padding)
+        x, wt = x.to(dtype), wt.to(dtype)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+            wt = wt.contiguous(memory_format=torch.channels_last)
+        return (x, wt), ref
+
+    def direct(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, wt, stride=stride, padding=padding)
+
+    def im2col(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+        cols = F.unfold(x, (r, s), padding=padding, stride=stride)  # N, C*R*S, L
+        out = wt.reshape(kk, -1) @ cols  # N, K, L
+        return out.reshape(nb, kk, ho, wo)
+
+    @contextlib.contextmanager
+    def no_onednn() -> Iterator[None]:
+        # set_flags touches only what it is given; flags() would also flip TF32.
+        was = torch.backends.mkldnn.set_flags(_enabled=False, _fp32_precision=None)[0]
+        try:
+            yield
+        finally:
+            torch.backends.mkldnn.set_flags(_enabled=was, _fp32_precision=None)
+
+    def cand(
+        name: str, make: Callable[[], tuple[Inputs, torch.Tensor]], fn: Fn, **kw: Any
+    ) -> TorchCpuCandidate:
+        return TorchCpuCandidate(name, "cpu.conv2d", make, fn, {"impl": name}, flops, ws, tol, **kw)
+
+    return [
+        cand("conv2d", inputs, direct),
+        cand("conv2d[channels_last]", lambda: inputs(channels_last=True), direct),
+        cand("conv2d[native]", inputs, direct, context=no_onednn),
+        cand("im2col+gemm", inputs, im2col),
+    ]

@@ -1,0 +1,374 @@
+"""``torch.conv2d`` family: the cuDNN kernels torch picks, heuristic and benchmark, per layout.
+
+Four candidates by default: {heuristic pick (``cudnn.benchmark=False``), benchmark pick
+(``cudnn.benchmark=True``)} x {contiguous (NCHW), channels_last (NHWC)}. Each records the
+kernels it really launches (torch.profiler) in ``meta["kernels"]``.
+
+Why each candidate owns a thread. In ATen's cuDNN v8 path (``Conv_v8.cpp``,
+``run_single_conv``) the chosen execution plan is cached per key, and the key holds the
+shapes, strides/memory format, dtype, alignment, ``deterministic`` and ``allow_tf32``,
+but *not* the benchmark flag; the cache is consulted before the flag is looked at, and
+the heuristic path fills it too. So in one thread whichever pick runs first is reused by
+the other whatever the flag says. The cache is declared ``thread_local`` (cuDNN plans
+are not thread safe), so a candidate that does all its calls on its own thread keeps
+its own pick. The v7 API (``TORCH_CUDNN_V8_API_DISABLED=1``) caches process-wide and
+is refused. The flags themselves are process-global: they are set and restored around
+each candidate's calls under one lock.
+
+fp32 convs: cuDNN may use TF32 tensor cores unless told not to (torch's default allows
+it). ``params.tf32`` (default false: true IEEE fp32) sets it explicitly and
+``meta["fp32_precision"]`` records it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from gpuwatchd.tuning.types import Workload
+from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
+from gpuwatchd.tuning.worker.cuda_session import (
+    canonical_dtype,
+    first_line,
+    fp32_precision,
+    launched_kernels,
+    relative_error,
+    require_cuda_device,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+FAMILY = "torch.conv2d"
+PICKS = ("heuristic", "benchmark")
+MEMORY_FORMATS = ("contiguous", "channels_last")
+_ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+#: Images of the batch checked against a float64 CPU reference (convs are per image).
+_CHECK_IMAGES = 2
+_FLAGS_LOCK = threading.Lock()
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class ConvSpec:
+    """y = conv2d(x, w): x (N,C,H,W), w (K,C/groups,R,S)."""
+
+    input: tuple[int, int, int, int]
+    weight: tuple[int, int, int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    dtype: str
+    tf32: bool
+    bias: bool
+    seed: int
+
+    @property
+    def output(self) -> tuple[int, int, int, int]:
+        n, _, h, w = self.input
+        k, _, r, s = self.weight
+        ho = (h + 2 * self.padding[0] - self.dilation[0] * (r - 1) - 1) // self.stride[0] + 1
+        wo = (w + 2 * self.padding[1] - self.dilation[1] * (s - 1) - 1) // self.stride[1] + 1
+        return (n, k, ho, wo)
+
+    @property
+    def flops(self) -> int:
+        n, k, ho, wo = self.output
+        _, cg, r, s = self.weight
+        return 2 * n * k * ho * wo * cg * r * s
+
+    @property
+    def bytes(self) -> int:
+        """Compulsory traffic: read x and w once, write y once."""
+        elems = _prod(self.input) + _prod(self.weight) + _prod(self.output)
+        return elems * _ELEM_BYTES[self.dtype]
+
+    @property
+    def tolerance(self) -> float:
+        if self.dtype == "float32":
+            return 1e-2 if self.tf32 else 1e-4
+        return 1e-2 if self.dtype == "float16" else 2e-2
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "input": list(self.input),
+            "weight": list(self.weight),
+            "stride": list(self.stride),
+            "padding": list(self.padding),
+            "dilation": list(self.dilation),
+            "groups": self.groups,
+            "dtype": self.dtype,
+        }
+
+
+def parse_conv(workload: Workload) -> ConvSpec:
+    """Validate a conv2d workload; ValueError naming the bad field."""
+    where = f"workload {workload.name!r}"
+    if workload.op not in ("conv2d", "conv"):
+        raise ValueError(f"{where}: op must be 'conv2d' for {FAMILY}, got {workload.op!r}")
+    shape = workload.shape
+    x = _dims(shape.get("input"), f"{where}: shape.input")
+    w = _dims(shape.get("weight"), f"{where}: shape.weight")
+    stride = _pair(shape.get("stride", 1), f"{where}: shape.stride", low=1)
+    padding = _pair(shape.get("padding", 0), f"{where}: shape.padding", low=0)
+    dilation = _pair(shape.get("dilation", 1), f"{where}: shape.dilation", low=1)
+    groups = shape.get("groups", 1)
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"{where}: shape.groups must be a positive integer, got {groups!r}")
+    if x[1] != w[1] * groups:
+        raise ValueError(
+            f"{where}: shape.weight has {w[1]} input channels per group, shape.input has "
+            f"{x[1]} channels in {groups} group(s)"
+        )
+    if w[0] % groups:
+        raise ValueError(f"{where}: shape.weight output channels {w[0]} not divisible by groups")
+    dtype = canonical_dtype(workload.dtype, tuple(_ELEM_BYTES), where)
+    params = workload.params
+    tf32 = params.get("tf32", False)
+    bias = params.get("bias", False)
+    for key, v in (("tf32", tf32), ("bias", bias)):
+        if not isinstance(v, bool):
+            raise ValueError(f"{where}: params.{key} must be true or false, got {v!r}")
+    seed = params.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{where}: params.seed must be an integer, got {seed!r}")
+    spec = ConvSpec(x, w, stride, padding, dilation, groups, dtype, tf32, bias, seed)
+    if min(spec.output[2:]) < 1:
+        raise ValueError(f"{where}: shape.weight (dilated) is larger than the padded input")
+    return spec
+
+
+def _choices(workload: Workload, key: str, allowed: tuple[str, ...]) -> list[str]:
+    raw = workload.params.get(key, list(allowed))
+    where = f"workload {workload.name!r}: params.{key}"
+    if not isinstance(raw, list | tuple) or not raw:
+        raise ValueError(f"{where} must be a non-empty list, got {raw!r}")
+    for v in raw:
+        if v not in allowed:
+            raise ValueError(f"{where} entries must be one of {', '.join(allowed)}, got {v!r}")
+    return list(dict.fromkeys(raw))
+
+
+class _OwnThread:
+    """One worker thread, bound to the session's device and stream, that runs our calls."""
+
+    def __init__(self, name: str, device: torch.device, stream: torch.cuda.Stream) -> None:
+        self._pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=name, initializer=_bind, initargs=(device, stream)
+        )
+
+    def call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return self._pool.submit(fn, *args).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _bind(device: torch.device, stream: torch.cuda.Stream) -> None:
+    """Current device and stream are per thread in CUDA/torch: use the session's."""
+    import torch
+
+    torch.cuda.set_device(device)
+    torch.cuda.set_stream(stream)
+
+
+class CudnnConv:
+    """F.conv2d through cuDNN with one pick mode and one memory format, on its own thread."""
+
+    family = FAMILY
+
+    def __init__(self, spec: ConvSpec, pick: str, memory_format: str, device: torch.device):
+        self.spec = spec
+        self.pick = pick
+        self.memory_format = memory_format
+        self.name = f"cudnn[{pick},{memory_format}]"
+        self._device = device
+        self._thread: _OwnThread | None = None
+        self._x: Any = None
+        self._w: Any = None
+        self._b: Any = None
+        self._meta: dict[str, Any] = {}
+
+    def setup(self) -> None:
+        """Pick the algorithm (on our thread), check against float64, read the kernels."""
+        try:
+            self._setup()
+        except BaseException:
+            self.teardown()
+            raise
+
+    def _setup(self) -> None:
+        import torch
+
+        stream = torch.cuda.current_stream(self._device)
+        self._thread = _OwnThread(self.name, self._device, stream)
+        try:
+            y, pick_s = self._thread.call(self._first_call)
+            err = self._check(y)
+            del y
+            # Profiled from this thread: CUPTI sees every thread's kernels, and Kineto
+            # complains when its first session starts on a thread it was not set up on.
+            kernels = launched_kernels(lambda: self.run(1))
+        except RuntimeError as e:
+            raise CandidateError(f"{self.name}: {type(e).__name__}: {first_line(e)}") from e
+        if not kernels:
+            raise CandidateError(f"{self.name}: the profiler saw no GPU kernel for the conv")
+        s = self.spec
+        self._meta = {
+            "pick": self.pick,
+            "cudnn_benchmark": self.pick == "benchmark",
+            "memory_format": self.memory_format,
+            "kernels": kernels,
+            # library kernel names encode tile, layout and precision: same names, same code
+            "kernels_identify_code": True,
+            "pick_s": pick_s,
+            "shape": s.describe(),
+            "bias": s.bias,
+            "flops": s.flops,
+            "bytes": s.bytes,
+            "working_set_bytes": s.bytes,
+            "rel_error": err,
+            "fp32_precision": ("tf32" if s.tf32 else "ieee") if s.dtype == "float32" else None,
+            "cudnn_version": torch.backends.cudnn.version(),
+            "cudnn_benchmark_limit": torch.backends.cudnn.benchmark_limit,
+            "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        }
+
+    def _first_call(self) -> tuple[Any, float]:
+        """Runs on our thread: make inputs, then the call where cuDNN picks the algorithm."""
+        import torch
+
+        s = self.spec
+        dt = getattr(torch, s.dtype)
+        fmt = torch.channels_last if self.memory_format == "channels_last" else None
+        g = torch.Generator(device=self._device).manual_seed(s.seed)
+        x = torch.randn(s.input, dtype=dt, device=self._device, generator=g)
+        w = torch.randn(s.weight, dtype=dt, device=self._device, generator=g)
+        if fmt is not None:
+            x = x.contiguous(memory_format=fmt)
+            w = w.contiguous(memory_format=fmt)
+        self._x, self._w = x, w
+        if s.bias:
+            self._b = torch.randn(s.weight[0], dtype=dt, device=self._device, generator=g)
+        torch.cuda.synchronize(self._device)
+        t0 = time.perf_counter()
+        with self._mode():
+            y = self._conv()
+        torch.cuda.synchronize(self._device)
+        return y, time.perf_counter() - t0
+
+    def _check(self, y: torch.Tensor) -> float:
+        """First images of the batch against a float64 CPU conv (independent of cuDNN)."""
+        import torch.nn.functional as F
+
+        s = self.spec
+        n = min(_CHECK_IMAGES, s.input[0])
+        x = self._x[:n].double().cpu()
+        w = self._w.double().cpu()
+        b = self._b.double().cpu() if self._b is not None else None
+        ref = F.conv2d(x, w, b, s.stride, s.padding, s.dilation, s.groups)
+        err = relative_error(y[:n].cpu(), ref)
+        if not err <= s.tolerance:
+            raise CandidateError(
+                f"{self.name}: wrong result, relative error {err:.3g} over {s.tolerance:g}"
+            )
+        return err
+
+    @contextmanager
+    def _mode(self) -> Iterator[None]:
+        """cudnn.benchmark and the fp32 math mode for our calls, restored after."""
+        import torch
+
+        with _FLAGS_LOCK:
+            prev = torch.backends.cudnn.benchmark
+            torch.backends.cudnn.benchmark = self.pick == "benchmark"
+            try:
+                with fp32_precision("conv", self.spec.tf32):
+                    yield
+            finally:
+                torch.backends.cudnn.benchmark = prev
+
+    def _conv(self) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        s = self.spec
+        return F.conv2d(self._x, self._w, self._b, s.stride, s.padding, s.dilation, s.groups)
+
+    def _enqueue(self, calls: int) -> None:
+        with self._mode():
+            for _ in range(calls):
+                self._conv()
+
+    def run(self, calls: int) -> None:
+        if self._thread is None:
+            raise CandidateError(f"{self.name}: run before setup")
+        self._thread.call(self._enqueue, calls)
+
+    def meta(self) -> dict[str, Any]:
+        return dict(self._meta)
+
+    def teardown(self) -> None:
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
+        self._x = self._w = self._b = None
+
+
+def _v8_api_disabled() -> bool:
+    return os.environ.get("TORCH_CUDNN_V8_API_DISABLED", "").strip().lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+        "y",
+    )
+
+
+def build(workload: Workload, session: DeviceSession) -> list[CudnnConv]:
+    """``params.picks`` x ``params.memory_formats`` candidates (default: all four)."""
+    spec = parse_conv(workload)
+    picks = _choices(workload, "picks", PICKS)
+    formats = _choices(workload, "memory_formats", MEMORY_FORMATS)
+    device = require_cuda_device(session, FAMILY)
+    if _v8_api_disabled():
+        raise CandidateError(
+            f"{FAMILY}: TORCH_CUDNN_V8_API_DISABLED is set; the v7 API caches algorithm "
+            "picks process-wide, so the heuristic and benchmark picks cannot both be measured"
+        )
+    import torch
+
+    if torch.version.hip is not None or not torch.backends.cudnn.is_available():
+        raise CandidateError(f"{FAMILY}: this torch has no cuDNN")
+    return [CudnnConv(spec, p, f, device) for p in picks for f in formats]
+
+
+def _dims(v: object, where: str) -> tuple[int, int, int, int]:
+    if (
+        not isinstance(v, list | tuple)
+        or len(v) != 4
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in v)
+    ):
+        raise ValueError(f"{where} must be a list of 4 positive integers, got {v!r}")
+    return (v[0], v[1], v[2], v[3])
+
+
+def _pair(v: object, where: str, low: int) -> tuple[int, int]:
+    items = list(v) if isinstance(v, list | tuple) else [v, v]
+    ints = [d for d in items if isinstance(d, int) and not isinstance(d, bool) and d >= low]
+    if len(items) != 2 or len(ints) != 2:
+        raise ValueError(f"{where} must be an integer >= {low} or a pair of them, got {v!r}")
+    return (ints[0], ints[1])
+
+
+def _prod(dims: tuple[int, ...]) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out

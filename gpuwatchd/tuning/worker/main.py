@@ -1,0 +1,336 @@
+"""The tuning worker: ``python -m gpuwatchd.tuning.worker``, one job, one GPU, then exit.
+
+It reads one :class:`~gpuwatchd.tuning.jobspec.JobSpec` (JSON) from stdin, opens the
+device with its own telemetry (NVML for ``cuda``, a simulated GPU for ``sim``, none for
+``cpu``), runs the measurement protocol on every workload and writes JSON lines to
+stdout: ``hello``, throttled ``progress``, a ``result`` per (workload, regime), or an
+``error`` and a non-zero exit. The daemon spawns it so that a CUDA crash, a hang or a
+10 GB import never takes the daemon down; only this process imports torch.
+
+stdout carries the protocol and nothing else: at start the real stdout is kept for
+the messages and file descriptor 1 is pointed at stderr, so prints from libraries
+(even C-level ones) land in the log instead of corrupting the stream.
+
+SIGTERM (and the daemon disappearing) stops the protocol at the next batch boundary;
+the worker then exits 143 without waiting for a slow interpreter or CUDA teardown.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from types import FrameType
+from typing import BinaryIO, TextIO
+
+from gpuwatchd.store.rows import Versions
+from gpuwatchd.tuning.jobspec import (
+    MAX_JOB_BYTES,
+    ErrorMessage,
+    Hello,
+    JobSpec,
+    JobSpecError,
+    Message,
+    Progress,
+    ResultMessage,
+    encode_message,
+)
+from gpuwatchd.tuning.types import BatchRecord, Regime, Workload
+from gpuwatchd.tuning.worker.candidate import DeviceSession
+from gpuwatchd.tuning.worker.families import candidates_for
+from gpuwatchd.tuning.worker.protocol import Preempted, tune
+
+log = logging.getLogger("gpuwatchd.tuning.worker")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_JOB = 2
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, what a shell reports for a SIGTERM death
+
+#: Least wall time between two progress messages.
+PROGRESS_INTERVAL_S = 0.25
+
+
+class WorkerError(Exception):
+    """The job cannot go on; the message is sent to the daemon as the session's why."""
+
+
+class Channel:
+    """Writes protocol messages, one JSON line each, flushed at once."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def send(self, msg: Message) -> None:
+        self._stream.write(encode_message(msg) + "\n")
+        self._stream.flush()
+
+
+def claim_stdout() -> TextIO:
+    """Keep the real stdout for the protocol; point fd 1 and ``sys.stdout`` at stderr."""
+    sys.stdout.flush()
+    protocol_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(protocol_fd, "w", encoding="utf-8", buffering=1)
+
+
+class StopFlag:
+    """``should_stop`` for the protocol: a SIGTERM arrived or the daemon went away.
+
+    The parent check catches a daemon killed with SIGKILL: the worker is re-parented
+    and stops at the next batch instead of loading the GPU as an orphan.
+    """
+
+    def __init__(self) -> None:
+        self.signalled = False
+        self._parent = os.getppid()
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signalled = True
+
+    def __call__(self) -> bool:
+        return self.signalled or os.getppid() != self._parent
+
+
+@dataclass(slots=True)
+class OpenDevice:
+    """A device session, the versions its timings depend on, and how to close it."""
+
+    session: DeviceSession
+    versions: Versions
+    close: Callable[[], None]
+
+
+def open_device(job: JobSpec) -> OpenDevice:
+    """Open the job's device with its own telemetry and check it is the GPU asked for."""
+    if job.device == "cpu":
+        import torch
+
+        from gpuwatchd.tuning.worker.devices import CpuSession
+
+        return OpenDevice(CpuSession(), Versions(torch=torch.__version__), lambda: None)
+    if job.device == "sim":
+        from gpuwatchd.telemetry.clocks import ManualClock
+        from gpuwatchd.telemetry.sim import SimBackend
+        from gpuwatchd.tuning.worker.devices import SimSession
+
+        assert job.sim is not None  # JobSpec guarantees it for device sim
+        clock = ManualClock()
+        try:
+            backend = SimBackend(
+                gpus=job.sim.gpus, scenario=job.sim.scenario, seed=job.sim.seed, clock=clock
+            )
+            sim = SimSession(backend, clock, job.gpu_index, seed=job.sim.seed)
+        except ValueError as e:
+            raise WorkerError(f"job.sim: {e}") from None
+        clock.advance(job.sim.start_t)  # the model catches up on its first read
+        _check_uuid(job, sim.info.uuid)
+        return OpenDevice(sim, Versions(driver=sim.info.driver_version), backend.close)
+    return _open_cuda(job)
+
+
+def _open_cuda(job: JobSpec) -> OpenDevice:
+    from gpuwatchd.telemetry.backend import BackendUnavailable
+    from gpuwatchd.telemetry.nvml import NvmlBackend
+    from gpuwatchd.tuning.worker.cuda_session import CudaSession
+
+    try:
+        nvml = NvmlBackend()
+    except BackendUnavailable as e:
+        raise WorkerError(f"NVML: {e}") from None
+    try:
+        _check_uuid(job, nvml.device_info(job.gpu_index).uuid)
+        cuda = CudaSession(job.gpu_index, nvml)
+        sw = cuda.software()
+    except BaseException:
+        nvml.close()
+        raise
+
+    def close() -> None:
+        cuda.close()
+        nvml.close()
+
+    versions = Versions(
+        driver=cuda.info.driver_version,
+        cuda=sw.get("cuda"),
+        torch=sw.get("torch"),
+        triton=sw.get("triton"),
+        cudnn=sw.get("cudnn"),
+    )
+    return OpenDevice(cuda, versions, close)
+
+
+def _check_uuid(job: JobSpec, actual: str) -> None:
+    if actual.lower() != job.gpu_uuid.lower():
+        raise WorkerError(
+            f"job.gpu_uuid is {job.gpu_uuid} but GPU {job.gpu_index} here is {actual};"
+            " the daemon and the worker disagree on the GPU"
+        )
+
+
+class ProgressReporter:
+    """``on_batch`` for the protocol: a progress message at most every ``interval_s``,
+    and always on the first batch of a regime."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        workload: Workload,
+        regimes: tuple[Regime, ...],
+        done_before: int,
+        total: int,
+        interval_s: float = PROGRESS_INTERVAL_S,
+        candidates: int = 0,
+        min_batches: int = 1,
+    ) -> None:
+        self._channel = channel
+        self._workload = workload.name
+        self._regimes = regimes
+        self._done_before = done_before
+        self._total = total
+        self._interval = interval_s
+        self._last = -float("inf")
+        self._regime: Regime | None = None
+        self._batches = 0
+        self._candidates = candidates
+        self._min_batches = min_batches
+        self._accepted: dict[str, int] = {}  # per candidate, in the current regime
+
+    def __call__(self, rec: BatchRecord) -> None:
+        if rec.regime is not self._regime:
+            self._regime, self._batches, self._last = rec.regime, 0, -float("inf")
+            self._accepted = {}
+        self._batches += 1
+        if not rec.rejected:
+            self._accepted[rec.candidate] = self._accepted.get(rec.candidate, 0) + 1
+        now = time.monotonic()
+        if now - self._last < self._interval:
+            return
+        self._last = now
+        self._channel.send(
+            Progress(
+                workload=self._workload,
+                regime=rec.regime,
+                candidate=rec.candidate,
+                done=self._done_before + self._regimes.index(rec.regime),
+                total=self._total,
+                batches=self._batches,
+                candidates_done=min(
+                    self._candidates,
+                    sum(n >= self._min_batches for n in self._accepted.values()),
+                ),
+                candidates_total=self._candidates,
+                sm_clock_mhz=rec.sm_clock_mhz,
+                power_w=rec.power_w,
+                temp_c=rec.temp_c,
+            )
+        )
+
+
+def run_job(job: JobSpec, channel: Channel, stop: Callable[[], bool]) -> int:
+    """Measure every workload of the job; returns the exit code."""
+    if stop():
+        return EXIT_TERMINATED
+    dev = open_device(job)
+    try:
+        channel.send(Hello(pid=os.getpid(), versions=dev.versions))
+        session, n_regimes = dev.session, len(job.regimes)
+        total = len(job.workloads) * n_regimes
+        start = session.now()
+        for i, workload in enumerate(job.workloads):
+            if stop():
+                return EXIT_TERMINATED
+            left = job.time_budget_s - (session.now() - start)
+            if left <= 0:
+                raise WorkerError(
+                    f"time budget of {job.time_budget_s:g} s spent before workload {workload.name}"
+                )
+            share = left / ((len(job.workloads) - i) * n_regimes)
+            cfg = replace(job.protocol, time_budget_s=min(job.protocol.time_budget_s, share))
+            candidates = candidates_for(workload, session)
+            if not candidates:
+                raise WorkerError(f"workload {workload.name}: its families gave no candidates")
+            reporter = ProgressReporter(
+                channel,
+                workload,
+                job.regimes,
+                i * n_regimes,
+                total,
+                candidates=len(candidates),
+                min_batches=job.protocol.min_rounds,
+            )
+            log.info("tuning %s: %d candidates", workload.name, len(candidates))
+            results = tune(workload, candidates, session, job.regimes, cfg, reporter, stop)
+            for result in results:
+                channel.send(ResultMessage(result))
+        return EXIT_OK
+    except Preempted as e:
+        log.info("stopping: %s", e)
+        return EXIT_TERMINATED
+    finally:
+        dev.close()
+
+
+def _read_job(stream: BinaryIO) -> JobSpec:
+    data = stream.read(MAX_JOB_BYTES + 1)
+    if not data.strip():
+        raise JobSpecError("job: stdin was empty; expected one job spec (JSON)")
+    return JobSpec.loads(data)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    name = type(e).__name__
+    if isinstance(e, WorkerError | JobSpecError):
+        return text or name
+    return f"{name}: {text}" if text else name
+
+
+def main() -> int:
+    """Run one job from stdin; messages on the real stdout, everything else on stderr."""
+    channel = Channel(claim_stdout())
+    faulthandler.enable(sys.stderr)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format=f"gpuwatchd-worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
+    )
+    stop = StopFlag()
+    signal.signal(signal.SIGTERM, stop.handle)
+    try:
+        job = _read_job(sys.stdin.buffer)
+    except JobSpecError as e:
+        _send_error(channel, f"bad job spec: {e}")
+        return EXIT_BAD_JOB
+    try:
+        return run_job(job, channel, stop)
+    except BrokenPipeError:
+        return EXIT_TERMINATED if stop() else EXIT_FAILED  # the daemon stopped listening
+    except Exception as e:
+        log.exception("tuning failed")
+        _send_error(channel, _one_line(e))
+        return EXIT_FAILED
+
+
+def _send_error(channel: Channel, message: str) -> None:
+    try:
+        channel.send(ErrorMessage(message))
+    except OSError:
+        log.error("cannot report the error to the daemon: %s", message)
+
+
+def run_and_exit() -> None:
+    """Run :func:`main` and exit; a SIGTERM'd run skips interpreter and CUDA teardown."""
+    code = main()
+    if code == EXIT_TERMINATED:
+        # Asked to stop: skip interpreter and CUDA teardown, which can take seconds.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

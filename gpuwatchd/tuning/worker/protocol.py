@@ -1,0 +1,501 @@
+"""The measurement protocol: time every candidate in a thermal regime, decide winner or tie.
+
+``unthrottled``: warm each candidate up (which also calibrates its batch size), then
+rounds of short timed batches with pauses between them; a batch during which a limiting
+throttle reason appeared or the SM clock sat under ``clock_ratio_min`` of max is kept
+as a rejected record, followed by a recovery pause, and retried (nvbench-style).
+
+``sustained``: load the device back-to-back until SM clock and power settle, then time
+batches back-to-back: the steady state a training loop sees. Nothing is rejected.
+
+In both, candidates are interleaved in a freshly shuffled order each round (seeded) so
+drift does not favour whoever runs first, every batch is tagged with the telemetry read
+around it, and rounds repeat until every candidate's relative spread is under target or
+the time budget (on ``session.now()``, which must advance as batches and pauses run)
+ends. ``should_stop`` is polled between batches; when it says so, :class:`Preempted`
+is raised and candidates are still torn down.
+
+The verdict (:func:`gpuwatchd.tuning.worker.stats.decide`): ``winner`` is set only when the
+margin of the fastest median over the runner-up beats the noise; otherwise
+``winner=None, tie=True``. Candidates in a result are ordered fastest first either way.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwatchd.telemetry.types import LIMITING_REASONS, Sample, ThrottleReason
+from gpuwatchd.tuning.settings import ProtocolConfig
+from gpuwatchd.tuning.types import BatchRecord, CandidateStats, Regime, RegimeResult, Workload
+from gpuwatchd.tuning.worker import stats
+from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
+
+OnBatch = Callable[[BatchRecord], None]
+ShouldStop = Callable[[], bool]
+
+
+class Preempted(Exception):
+    """``should_stop()`` asked the protocol to give the device back (another process)."""
+
+
+@dataclass(slots=True)
+class _Slot:
+    """A candidate's mutable state across the regimes of one tuning run."""
+
+    cand: Candidate
+    meta: dict[str, Any]
+    calls: int = 1
+    flush: bool = False
+    error: str | None = None
+    set_up: bool = False  # setup() succeeded, so teardown() is owed
+    accepted: list[BatchRecord] = field(default_factory=list)
+    rejected: list[BatchRecord] = field(default_factory=list)
+    skipped: int = 0  # unthrottled slots given up after max_retries rejections
+
+    @property
+    def name(self) -> str:
+        return self.cand.name
+
+    def reset(self) -> None:
+        self.accepted, self.rejected, self.skipped = [], [], 0
+
+
+def measure(
+    workload: Workload,
+    candidates: Sequence[Candidate],
+    session: DeviceSession,
+    regime: Regime | str,
+    cfg: ProtocolConfig | None = None,
+    on_batch: OnBatch | None = None,
+    should_stop: ShouldStop | None = None,
+) -> RegimeResult:
+    """Set the candidates up, measure them in one regime, tear them down."""
+    return tune(workload, candidates, session, [regime], cfg, on_batch, should_stop)[0]
+
+
+def tune(
+    workload: Workload,
+    candidates: Sequence[Candidate],
+    session: DeviceSession,
+    regimes: Iterable[Regime | str] = (Regime.UNTHROTTLED, Regime.SUSTAINED),
+    cfg: ProtocolConfig | None = None,
+    on_batch: OnBatch | None = None,
+    should_stop: ShouldStop | None = None,
+) -> list[RegimeResult]:
+    """Measure the candidates in each regime in order, setting each up only once.
+
+    Every candidate that was set up is torn down, whatever happens (Preempted, a CUDA
+    error, ...); a candidate whose ``setup`` raises :class:`CandidateError` is kept in
+    the results with its error and never timed.
+    """
+    cfg = cfg or ProtocolConfig()
+    order = [_regime(r) for r in regimes]
+    names = [c.name for c in candidates]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"candidates: duplicate names {dupes} in workload {workload.name!r}")
+    l2_bytes = getattr(session, "l2_bytes", None) or cfg.l2_bytes
+    slots: list[_Slot] = []
+    try:
+        for cand in candidates:
+            slots.append(_prepare(cand, l2_bytes, cfg))
+        results = []
+        for regime in order:
+            run = _RegimeRun(workload, slots, session, regime, cfg, on_batch, should_stop)
+            results.append(run.run())
+        return results
+    finally:
+        for slot in slots:
+            if slot.set_up:
+                _teardown(slot)
+
+
+def _regime(r: Regime | str) -> Regime:
+    try:
+        return Regime(r)
+    except ValueError:
+        known = ", ".join(x.value for x in Regime)
+        raise ValueError(f"regime: unknown regime {r!r} (known: {known})") from None
+
+
+def _prepare(cand: Candidate, l2_bytes: int, cfg: ProtocolConfig) -> _Slot:
+    """Set a candidate up; one that fails is kept with its error and never timed.
+
+    ``l2_bytes`` is the session's own L2 size when it knows it (a CUDA session reads it
+    from the device), else the configured one.
+    """
+    slot = _Slot(cand, {})
+    try:
+        cand.setup()
+        slot.set_up = True
+        slot.meta = dict(cand.meta())
+    except CandidateError as e:
+        slot.error = _one_line(e)
+        return slot
+    slot.flush = _wants_flush(slot.meta, l2_bytes, cfg)
+    return slot
+
+
+def _wants_flush(meta: Mapping[str, Any], l2_bytes: int, cfg: ProtocolConfig) -> bool:
+    """Flush L2 between calls when the working set would otherwise stay cached in it.
+
+    ``auto`` trusts the candidate's ``working_set_bytes`` when it gives one, else its
+    boolean ``small`` flag, else assumes a kernel too big to matter.
+    """
+    if cfg.flush_l2 != "auto":
+        return cfg.flush_l2 == "always"
+    ws = meta.get("working_set_bytes")
+    if isinstance(ws, int | float) and not isinstance(ws, bool):
+        return ws <= l2_bytes
+    return bool(meta.get("small", False))
+
+
+def _teardown(slot: _Slot) -> None:
+    try:
+        slot.cand.teardown()
+    except CandidateError as e:
+        slot.error = slot.error or f"teardown: {_one_line(e)}"
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:500]
+
+
+class _RegimeRun:
+    """One regime's measurement over the prepared candidates."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        slots: list[_Slot],
+        session: DeviceSession,
+        regime: Regime,
+        cfg: ProtocolConfig,
+        on_batch: OnBatch | None,
+        should_stop: ShouldStop | None,
+    ) -> None:
+        self.workload = workload
+        self.slots = slots
+        self.s = session
+        self.regime = regime
+        self.cfg = cfg
+        self.on_batch = on_batch
+        self.should_stop = should_stop
+        self.rng = random.Random(f"{cfg.seed}/{workload.name}/{regime.value}")
+        self.start = session.now()
+        self._last_wall = 0.0  # end-to-end seconds of the last flushed batch
+        self.regime_meta: dict[str, Any] = {}
+        for slot in slots:
+            slot.reset()
+
+    # -- control --------------------------------------------------------------------
+
+    def run(self) -> RegimeResult:
+        sustained = self.regime is Regime.SUSTAINED
+        for slot in self._active():
+            if self._over_budget():
+                break
+            self._calibrate(slot, pause_after=not sustained)
+        if sustained:
+            self._settle()
+        else:  # let the warm-ups' (or an earlier regime's) heat and power go
+            self.s.pause(self.cfg.cool_pause_s)
+        rounds = 0
+        while self._active() and not self._over_budget() and rounds < self.cfg.max_rounds:
+            order = self._active()
+            self.rng.shuffle(order)
+            for slot in order:
+                if self._over_budget():
+                    break
+                if slot.error is not None:
+                    continue
+                if sustained:
+                    self._sustained_batch(slot)
+                else:
+                    self._unthrottled_batch(slot)
+            rounds += 1
+            if rounds >= self.cfg.min_rounds and self._stable():
+                break
+        self.regime_meta["rounds"] = rounds
+        return self._result()
+
+    def _active(self) -> list[_Slot]:
+        return [s for s in self.slots if s.error is None]
+
+    def _over_budget(self) -> bool:
+        return self.s.now() - self.start >= self.cfg.time_budget_s
+
+    def _check_stop(self) -> None:
+        if self.should_stop is not None and self.should_stop():
+            raise Preempted(f"preempted while tuning {self.workload.name} ({self.regime.value})")
+
+    def _stable(self) -> bool:
+        for slot in self._active():
+            xs = [r.seconds_per_call for r in slot.accepted]
+            if len(xs) < self.cfg.min_rounds:
+                return False
+            if stats.relative_spread(xs) >= self.cfg.spread_target:
+                return False
+        return True
+
+    # -- timing ---------------------------------------------------------------------
+
+    def _time(self, slot: _Slot, calls: int) -> float | None:
+        """Seconds for ``calls`` calls (each after an L2 flush when the slot needs it).
+
+        A candidate that raises :class:`CandidateError` here is dropped with its error.
+        """
+        self._check_stop()
+        try:
+            if not slot.flush:
+                return self.s.time_batch(slot.cand, calls)
+            total = 0.0
+            begin = self.s.now()
+            for _ in range(calls):
+                self.s.flush_l2()
+                total += self.s.time_batch(slot.cand, 1)
+            self._last_wall = self.s.now() - begin
+            return total
+        except CandidateError as e:
+            slot.error = f"run: {_one_line(e)}"
+            return None
+
+    def _calibrate(self, slot: _Slot, *, pause_after: bool) -> None:
+        """Warm up back-to-back for ``warmup_s``, growing batches to size the timed ones.
+
+        Sizing uses the fastest per-call time seen: a host hiccup only ever inflates a
+        batch, and must not shrink every later batch to a single call.
+        """
+        cfg = self.cfg
+        calls = cfg.min_calls
+        begin = self.s.now()
+        best = math.inf
+        while not self._over_budget():
+            self._last_wall = 0.0
+            t = self._time(slot, calls)
+            if t is None:
+                return
+            # A flushed batch costs its flushes too: size it by what it takes end to end,
+            # or the flushes alone would eat the time budget.
+            best = min(best, max(max(t, self._last_wall) / calls, 1e-12))
+            big_enough = best * calls >= cfg.batch_target_s / 2 or calls >= cfg.max_calls
+            if big_enough and self.s.now() - begin >= cfg.warmup_s:
+                break
+            if not big_enough:
+                grow = math.ceil(cfg.batch_target_s / 2 / best)
+                calls = min(cfg.max_calls, max(2 * calls, grow))
+        if math.isfinite(best):
+            slot.calls = min(cfg.max_calls, max(cfg.min_calls, round(cfg.batch_target_s / best)))
+        if pause_after:
+            self.s.pause(cfg.pause_s)
+
+    def _settle(self) -> None:
+        """Load the device round-robin, no pauses, until mean clock and power stop moving."""
+        cfg = self.cfg
+        begin = self.s.now()
+        window: list[Sample] = []
+        settled = False
+        while self._active() and not self._over_budget():
+            for slot in self._active():
+                if self._time(slot, slot.calls) is None:
+                    continue
+                window.append(self.s.sample())
+            now = self.s.now()
+            window = [w for w in window if w.t >= now - 2 * cfg.settle_window_s]
+            if now - begin >= cfg.settle_window_s and _settled(window, cfg):
+                settled = True
+                break
+            if now - begin >= cfg.settle_timeout_s:
+                break
+        self.regime_meta["settled"] = settled
+        self.regime_meta["settle_s"] = round(self.s.now() - begin, 6)
+
+    def _unthrottled_batch(self, slot: _Slot) -> None:
+        """One timed batch; rejected ones are recorded, cooled off and retried."""
+        for _ in range(self.cfg.max_retries + 1):
+            if self._over_budget():
+                return
+            before = self.s.sample()
+            t = self._time(slot, slot.calls)
+            if t is None:
+                return
+            after = self.s.sample()
+            reason = self._reject_reason(before, after)
+            self._record(slot, t, before, after, reason)
+            if reason is None:
+                self.s.pause(self.cfg.pause_s)
+                return
+            self._check_stop()
+            self.s.pause(self.cfg.cool_pause_s)
+        slot.skipped += 1
+
+    def _sustained_batch(self, slot: _Slot) -> None:
+        before = self.s.sample()
+        t = self._time(slot, slot.calls)
+        if t is None:
+            return
+        self._record(slot, t, before, self.s.sample(), None)
+
+    def _reject_reason(self, before: Sample, after: Sample) -> str | None:
+        """Why a batch is not an unthrottled one, or None.
+
+        Reasons read before the batch catch a throttle already active when it began,
+        reasons read after it the state it ended in. The clock is judged after only:
+        before a batch an idle GPU may legitimately sit at a low clock.
+        """
+        limiting = _batch_reasons(before, after) & LIMITING_REASONS
+        if limiting:
+            return "throttled: " + ",".join(limiting.names())
+        max_mhz = self.s.info.max_sm_clock_mhz
+        clock = after.sm_clock_mhz
+        if max_mhz and clock is not None and clock < self.cfg.clock_ratio_min * max_mhz:
+            return (
+                f"sm clock {clock:.0f} MHz under {self.cfg.clock_ratio_min:.0%} "
+                f"of max {max_mhz:.0f} MHz"
+            )
+        return None
+
+    def _record(
+        self, slot: _Slot, t: float, before: Sample, after: Sample, reject: str | None
+    ) -> None:
+        rec = BatchRecord(
+            candidate=slot.name,
+            regime=self.regime,
+            seconds_per_call=t / slot.calls,
+            calls=slot.calls,
+            sm_clock_mhz=after.sm_clock_mhz,
+            power_w=after.power_w,
+            temp_c=after.temp_c,
+            reasons=int(_batch_reasons(before, after)),
+            rejected=reject is not None,
+            reject_reason=reject,
+        )
+        (slot.rejected if rec.rejected else slot.accepted).append(rec)
+        if self.on_batch is not None:
+            self.on_batch(rec)
+
+    # -- results --------------------------------------------------------------------
+
+    def _result(self) -> RegimeResult:
+        cfg = self.cfg
+        decision = stats.decide(
+            {s.name: [r.seconds_per_call for r in s.accepted] for s in self.slots},
+            noise_k=cfg.noise_k,
+            min_margin=cfg.min_margin,
+            confidence=cfg.confidence,
+        )
+        rank = {name: i for i, name in enumerate(decision.ranking)}
+        ordered = sorted(self.slots, key=lambda s: rank.get(s.name, len(rank)))
+        winner, tie = decision.winner, decision.tie
+        if winner is not None and len(ordered) >= 2 and _same_code(ordered[0], ordered[1]):
+            # Two library picks that launched the very same kernels are one candidate: a
+            # gap between them is measurement bias (thread, order), not a faster kernel.
+            winner, tie = None, True
+            self.regime_meta["tie_reason"] = "winner and runner-up launch the same kernels"
+        return RegimeResult(
+            workload=self.workload.name,
+            regime=self.regime,
+            candidates=tuple(self._stats(s) for s in ordered),
+            winner=winner,
+            tie=tie,
+            margin=decision.margin,
+            noise=decision.noise,
+        )
+
+    def _stats(self, slot: _Slot) -> CandidateStats:
+        acc = slot.accepted
+        xs = [r.seconds_per_call for r in acc]
+        med = stats.median(xs) if xs else None
+        spread = stats.relative_spread(xs) if len(xs) >= 2 else None
+        clock = _mean(r.sm_clock_mhz for r in acc)
+        power = _mean(r.power_w for r in acc)
+        reasons = ThrottleReason(0)
+        for r in acc:
+            reasons |= ThrottleReason.decode(r.reasons)
+        meta = dict(slot.meta)
+        meta.update(self.regime_meta)
+        meta["calls_per_batch"] = slot.calls
+        if self.regime is Regime.UNTHROTTLED:
+            # NVML power is a ~1 s average: over short batches with pauses it is the duty-
+            # cycled mean, not the kernel's draw, so no energy per call is claimed here.
+            meta["power_note"] = "1 s average over paused batches"
+        meta["flush_l2"] = slot.flush
+        if slot.skipped:
+            meta["skipped_batches"] = slot.skipped
+        if slot.error is not None:
+            meta["error"] = slot.error
+        return CandidateStats(
+            name=slot.name,
+            family=slot.cand.family,
+            regime=self.regime,
+            median_s=med,
+            spread=spread if spread is None or math.isfinite(spread) else None,
+            samples=len(acc),
+            rejected=len(slot.rejected),
+            sm_clock_hz=clock * 1e6 if clock is not None else None,
+            power_w=power,
+            temp_c=_mean(r.temp_c for r in acc),
+            energy_j_per_call=(
+                power * med
+                if power is not None and med is not None and self.regime is Regime.SUSTAINED
+                else None
+            ),
+            reasons=int(reasons),
+            meta=meta,
+        )
+
+
+def _same_code(a: _Slot, b: _Slot) -> bool:
+    """Both candidates say their kernel names identify the code, and the names match."""
+    ka, kb = a.meta.get("kernels"), b.meta.get("kernels")
+    return bool(
+        ka
+        and ka == kb
+        and a.meta.get("kernels_identify_code")
+        and b.meta.get("kernels_identify_code")
+    )
+
+
+def _batch_reasons(before: Sample, after: Sample) -> ThrottleReason:
+    """Reasons seen around a batch; GPU_IDLE only counts after it (idle before is normal)."""
+    mask = (int(before.reasons or 0) & LIMITING_REASONS) | int(after.reasons or 0)
+    return ThrottleReason.decode(mask)
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _settled(window: Sequence[Sample], cfg: ProtocolConfig) -> bool:
+    """True when the means of the two halves of the last ``settle_window_s`` agree.
+
+    Comparing half-window means, not the range, tolerates candidates of different
+    power alternating round-robin; a device without clock or power telemetry (the CPU)
+    is settled once it has run for a full window.
+    """
+    if not window:
+        return False
+    end = window[-1].t
+    recent = [w for w in window if w.t >= end - cfg.settle_window_s]
+    mid = end - cfg.settle_window_s / 2
+    first = [w for w in recent if w.t < mid]
+    second = [w for w in recent if w.t >= mid]
+    if not first or not second:
+        return False
+    checks = (
+        ([w.sm_clock_mhz for w in first], [w.sm_clock_mhz for w in second], cfg.settle_clock_rel),
+        ([w.power_w for w in first], [w.power_w for w in second], cfg.settle_power_rel),
+    )
+    for a, b, limit in checks:
+        ma, mb = _mean(a), _mean(b)
+        if ma is None or mb is None or ma <= 0:
+            continue
+        if abs(mb - ma) / ma > limit:
+            return False
+    return True
