@@ -31,9 +31,16 @@ from gpuwatchd.client.api import (
 from gpuwatchd.exporter.http import HttpServer
 from gpuwatchd.gate import GateDecision, GateState
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
-from gpuwatchd.store import SessionMeta, Store, Versions
+from gpuwatchd.store import SessionMeta, Store
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
-from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, SessionStatus, Workload
+from gpuwatchd.tuning.types import (
+    CandidateStats,
+    Regime,
+    RegimeResult,
+    SessionStatus,
+    Versions,
+    Workload,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 U, S = Regime.UNTHROTTLED, Regime.SUSTAINED

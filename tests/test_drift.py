@@ -40,7 +40,7 @@ from gpuwatchd.exporter.collectors.drift import DriftCollector
 from gpuwatchd.gate import GateConfig
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.monitor.poller import Poller
-from gpuwatchd.store import SessionMeta, Store, Versions
+from gpuwatchd.store import SessionMeta, Store
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.sim import H200, SCENARIOS, SimBackend
 from gpuwatchd.telemetry.types import (
@@ -50,7 +50,14 @@ from gpuwatchd.telemetry.types import (
     Sample,
     ThrottleReason,
 )
-from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, SessionStatus, Workload
+from gpuwatchd.tuning.types import (
+    CandidateStats,
+    Regime,
+    RegimeResult,
+    SessionStatus,
+    Versions,
+    Workload,
+)
 
 R = RetuneReason
 BASE_UNIX = 1_750_000_000.0  # the sim's t = 0 on the wall clock

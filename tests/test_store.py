@@ -16,7 +16,6 @@ from gpuwatchd.store import (
     SessionMeta,
     Store,
     StoreError,
-    Versions,
     sql_migration,
 )
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
@@ -25,6 +24,7 @@ from gpuwatchd.tuning.types import (
     Regime,
     RegimeResult,
     SessionStatus,
+    Versions,
     Workload,
 )
 

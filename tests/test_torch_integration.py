@@ -17,14 +17,13 @@ import pytest
 
 import gpuwatchd.torch as gtorch
 from gpuwatchd.client import GpuState, GpuwatchdUnavailable, RankedCandidate, Winner
-from gpuwatchd.store import Versions
 from gpuwatchd.triton_configs import (
     configs_from_names,
     to_triton,
     triton_configs,
     winner_configs,
 )
-from gpuwatchd.tuning.types import Regime
+from gpuwatchd.tuning.types import Regime, Versions
 
 BIG = "triton[128x256x64,s3,w8,g8]"
 SMALL = "triton[128x128x64,s4,w4,g8]"

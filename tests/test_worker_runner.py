@@ -120,7 +120,7 @@ def test_job_and_messages_round_trip() -> None:
 
 
 def _hello_versions() -> Any:
-    from gpuwatchd.store import Versions
+    from gpuwatchd.tuning.types import Versions
 
     return Versions(torch="2.13", cudnn="91900", driver="580.1")
 

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.gate import GateConfig, GateDecision, evaluate
-from gpuwatchd.store import Store, StoreError, Versions, WinnerRow
+from gpuwatchd.store import Store, StoreError, WinnerRow
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
-from gpuwatchd.tuning.types import CandidateStats, Regime
+from gpuwatchd.tuning.types import CandidateStats, Regime, Versions
 from gpuwatchd.tuning.worker.cuda_session import normalize_uuid
 
 DEFAULT_URL = "http://127.0.0.1:9844"

@@ -22,8 +22,8 @@ from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.drift.versions import changed_versions
 from gpuwatchd.drift.window import LoadWindow
 from gpuwatchd.monitor.board import GpuSnapshot
-from gpuwatchd.store.rows import Versions
 from gpuwatchd.telemetry.types import DeviceInfo
+from gpuwatchd.tuning.types import Versions
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 
 from gpuwatchd.drift.detector import DriftDetector, Reference
 from gpuwatchd.store import SessionRow, Store, StoredResult, StoreError
-from gpuwatchd.store.codec import pick_winner
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Regime, SessionStatus
+from gpuwatchd.tuning.winners import pick_winner
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Callable
 
-from gpuwatchd.store.rows import Versions
 from gpuwatchd.telemetry.types import DeviceInfo
+from gpuwatchd.tuning.types import Versions
 
 #: Fields whose change makes the winners suspect: they decide which kernels exist.
 COMPARED_FIELDS: tuple[str, ...] = ("driver", "torch", "triton", "cudnn")

@@ -15,6 +15,7 @@ from gpuwatchd.store.rows import StoredResult
 from gpuwatchd.telemetry.types import ThrottleReason
 from gpuwatchd.tuning.jobspec import stats_to_json
 from gpuwatchd.tuning.types import CandidateStats, Regime
+from gpuwatchd.tuning.winners import winners_differ
 
 REPORT_FORMAT = "gpuwatchd-report/1"
 
@@ -51,12 +52,8 @@ def _differ(results: list[StoredResult]) -> dict[str, bool]:
     for workload, regimes in by_workload.items():
         cool = regimes.get(Regime.UNTHROTTLED)
         hot = regimes.get(Regime.SUSTAINED)
-        out[workload] = bool(
-            cool is not None
-            and hot is not None
-            and cool.result.winner is not None
-            and hot.result.winner is not None
-            and cool.result.winner != hot.result.winner
+        out[workload] = winners_differ(
+            cool.result.winner if cool else None, hot.result.winner if hot else None
         )
     return out
 

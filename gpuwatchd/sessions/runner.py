@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import gpuwatchd
-from gpuwatchd.store import SessionMeta, Store, StoreError, Versions
+from gpuwatchd.store import SessionMeta, Store, StoreError
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.jobspec import (
     MAX_LINE_BYTES,
@@ -41,7 +41,7 @@ from gpuwatchd.tuning.jobspec import (
     ResultMessage,
     decode_message,
 )
-from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus
+from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
 
 log = logging.getLogger("gpuwatchd.sessions.runner")
 

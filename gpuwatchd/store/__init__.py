@@ -1,7 +1,7 @@
 """The tuning store: SQLite (WAL) holding sessions, candidate statistics and per-regime winners."""
 
 from gpuwatchd.store.errors import StoreError
-from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, Versions, WinnerRow
+from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, WinnerRow
 from gpuwatchd.store.schema import MIGRATIONS, Migration, sql_migration
 from gpuwatchd.store.store import FINAL_STATUSES, Store
 
@@ -14,7 +14,6 @@ __all__ = [
     "Store",
     "StoreError",
     "StoredResult",
-    "Versions",
     "WinnerRow",
     "sql_migration",
 ]

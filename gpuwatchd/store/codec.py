@@ -13,8 +13,15 @@ import sqlite3
 from typing import Any, TypeVar
 
 from gpuwatchd.store.errors import StoreError
-from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, Versions, WinnerRow
-from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, SessionStatus, Workload
+from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, WinnerRow
+from gpuwatchd.tuning.types import (
+    CandidateStats,
+    Regime,
+    RegimeResult,
+    SessionStatus,
+    Versions,
+    Workload,
+)
 
 
 def dumps(value: Any, what: str) -> str:
@@ -101,19 +108,6 @@ def check_result(result: RegimeResult) -> None:
         dumps(c.meta, f"{where}.meta")
     if result.winner is not None and result.winner not in names:
         raise StoreError(f"result.winner {result.winner!r} is not one of its candidates")
-
-
-def pick_winner(result: RegimeResult) -> CandidateStats | None:
-    """The candidate a winners row records: the declared winner, else on a tie the fastest.
-
-    None when nothing was measured (every batch of every candidate rejected).
-    """
-    if result.winner is not None:
-        return next(c for c in result.candidates if c.name == result.winner)
-    if not result.tie:
-        return None
-    timed = [c for c in result.candidates if c.median_s is not None]
-    return min(timed, key=lambda c: c.median_s or 0.0) if timed else None
 
 
 # -- reading -------------------------------------------------------------------------------

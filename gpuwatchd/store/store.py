@@ -22,7 +22,7 @@ from typing import Any
 from gpuwatchd.store import codec
 from gpuwatchd.store.errors import StoreError
 from gpuwatchd.store.files import connect, is_damage, quarantine_if_damaged
-from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, Versions, WinnerRow
+from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, WinnerRow
 from gpuwatchd.store.schema import (
     MIGRATIONS,
     Migration,
@@ -32,7 +32,8 @@ from gpuwatchd.store.schema import (
     refuse_newer,
     schema_version,
 )
-from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus
+from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
+from gpuwatchd.tuning.winners import clear_winner, pick_winner, winners_differ
 
 log = logging.getLogger("gpuwatchd.store")
 
@@ -517,7 +518,7 @@ class Store:
         rows = conn.execute(f"{_RESULT_SELECT} WHERE r.session_id = ?", (session_id,)).fetchall()
         for result_id, stored in self._parse_results(conn, rows):
             res = stored.result
-            pick = codec.pick_winner(res)
+            pick = pick_winner(res)
             if pick is None:
                 continue
             v = stored.versions
@@ -613,9 +614,9 @@ class Store:
         hot = same_stack.get(Regime.SUSTAINED)
         if cool is None or hot is None:
             return None
-        if cool.tie or hot.tie:
-            return False
-        return cool.candidate != hot.candidate
+        return winners_differ(
+            clear_winner(cool.candidate, cool.tie), clear_winner(hot.candidate, hot.tie)
+        )
 
     # -- retention -------------------------------------------------------------------------
 

@@ -18,9 +18,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpuwatchd.store.rows import Versions
 from gpuwatchd.tuning.settings import ProtocolConfig
-from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, Workload
+from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, Versions, Workload
 
 #: Where the worker's candidates run: a CUDA GPU, the host CPU, or a simulated GPU.
 DEVICES = ("cuda", "cpu", "sim")

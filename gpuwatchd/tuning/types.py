@@ -6,7 +6,8 @@ Everything here is plain data that crosses the daemon/worker process boundary as
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 
@@ -109,3 +110,41 @@ class RegimeResult:
     tie: bool
     margin: float | None  # (runner_up - winner) / winner
     noise: float | None  # the relative noise the margin had to beat
+
+
+@dataclass(frozen=True, slots=True)
+class Versions:
+    """The software stack a timing depends on; winners are keyed by all of it.
+
+    ``cuda`` is the CUDA runtime torch was built against: it decides the cuBLAS
+    and cuDNN kernels on offer, and torch's version string does not always carry it.
+    A field that is unknown (no torch on a sim run, say) is ``None``.
+    """
+
+    driver: str | None = None
+    cuda: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+    cudnn: str | None = None
+
+    def key(self) -> str:
+        """Canonical JSON (sorted keys, no spaces, nulls kept): equal stacks, equal keys."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    def merge(self, other: Versions) -> Versions:
+        """These versions with every field ``other`` knows taking precedence."""
+        known = {f.name: getattr(other, f.name) for f in fields(other)}
+        return replace(self, **{k: v for k, v in known.items() if v is not None})
+
+    @classmethod
+    def from_json(cls, d: Any) -> Versions:
+        """Parse a versions mapping; unknown keys are ignored, values must be strings."""
+        if not isinstance(d, dict):
+            raise ValueError(f"versions must be an object, got {type(d).__name__}")
+        out: dict[str, str | None] = {}
+        for f in fields(cls):
+            v = d.get(f.name)
+            if v is not None and not isinstance(v, str):
+                raise ValueError(f"versions.{f.name} must be a string, got {v!r}")
+            out[f.name] = v
+        return cls(**out)

@@ -14,6 +14,7 @@ from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.sessions.scheduler import TuningSnapshot
 from gpuwatchd.tuning.types import Regime, SessionStatus
+from gpuwatchd.tuning.winners import clear_winner, winners_differ
 
 #: Why the scheduler may not start pending work: the gate states that keep it shut, and
 #: its own reasons (see TuneScheduler._blocker).
@@ -106,7 +107,7 @@ class TuningCollector:
             cool, hot = regimes.get(Regime.UNTHROTTLED), regimes.get(Regime.SUSTAINED)
             if cool is None or hot is None:
                 continue
-            flips = not cool[1] and not hot[1] and cool[0] != hot[0]
+            flips = winners_differ(clear_winner(*cool), clear_winner(*hot))
             differ.add_metric([model, workload], 1.0 if flips else 0.0)
         yield differ
 

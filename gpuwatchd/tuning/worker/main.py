@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import BinaryIO, TextIO
 
-from gpuwatchd.store.rows import Versions
 from gpuwatchd.tuning.jobspec import (
     MAX_JOB_BYTES,
     ErrorMessage,
@@ -40,7 +39,7 @@ from gpuwatchd.tuning.jobspec import (
     ResultMessage,
     encode_message,
 )
-from gpuwatchd.tuning.types import BatchRecord, Regime, Workload
+from gpuwatchd.tuning.types import BatchRecord, Regime, Versions, Workload
 from gpuwatchd.tuning.worker.candidate import DeviceSession
 from gpuwatchd.tuning.worker.families import candidates_for
 from gpuwatchd.tuning.worker.protocol import Preempted, tune

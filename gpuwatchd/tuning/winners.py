@@ -1,0 +1,36 @@
+"""The rules that turn a regime's measurements into a winner, in one place.
+
+The worker's protocol decides winner-or-tie; these rules read that verdict back: which
+candidate a winners row records, and whether the two regimes disagree. The store, the
+report and the exporter all ask here, so they can never answer differently.
+"""
+
+from __future__ import annotations
+
+from gpuwatchd.tuning.types import CandidateStats, RegimeResult
+
+
+def pick_winner(result: RegimeResult) -> CandidateStats | None:
+    """The candidate a winners row records: the declared winner, else on a tie the fastest.
+
+    None when nothing was measured (every batch of every candidate rejected).
+    """
+    if result.winner is not None:
+        return next(c for c in result.candidates if c.name == result.winner)
+    if not result.tie:
+        return None
+    timed = [c for c in result.candidates if c.median_s is not None]
+    return min(timed, key=lambda c: c.median_s or 0.0) if timed else None
+
+
+def clear_winner(candidate: str | None, tie: bool) -> str | None:
+    """The candidate if it won beyond noise; None for a tie or no result."""
+    return None if tie else candidate
+
+
+def winners_differ(unthrottled: str | None, sustained: str | None) -> bool:
+    """Do the regimes pick different kernels? Each argument is that regime's clear winner.
+
+    A tie (None) is no evidence of a difference, so it never counts as one.
+    """
+    return unthrottled is not None and sustained is not None and unthrottled != sustained
