@@ -90,7 +90,8 @@ def test_user_families_come_from_entry_points(monkeypatch: pytest.MonkeyPatch) -
 def test_daemon_side_imports_stay_torch_free() -> None:
     code = (
         "import sys; import gpuwatchd.tuning.worker.families, gpuwatchd.tuning.worker.protocol, "
-        "gpuwatchd.tuning.worker.devices, gpuwatchd.tuning.worker.families.sim, gpuwatchd.tuning.worker.families.cpu; "
+        "gpuwatchd.tuning.worker.devices, gpuwatchd.tuning.worker.families.sim, "
+        "gpuwatchd.tuning.worker.families.cpu; "
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False).returncode == 0

@@ -27,7 +27,7 @@ class SessionMeta:
     backend: str
     workloads: tuple[Workload, ...]
     regimes: tuple[Regime, ...]
-    versions: Versions = Versions()
+    versions: Versions = field(default_factory=Versions)
     host: str = field(default_factory=socket.gethostname)
     started_at: float | None = None  # unix seconds; None: the store's clock
     max_sm_clock_hz: float | None = None
