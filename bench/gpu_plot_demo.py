@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 from gpuwatchd.gate import GateConfig
-from gpuwatchd.report.plots import plot_report, plot_timeline
+from gpuwatchd.report.results_plot import plot_report
 from gpuwatchd.report.text import build_report
+from gpuwatchd.report.timeline_plot import plot_timeline
 from gpuwatchd.store import Store
 from gpuwatchd.telemetry.nvml import NvmlBackend
 from gpuwatchd.telemetry.trace import T0_UNIX_KEY, TraceWriter

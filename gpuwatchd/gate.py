@@ -1,10 +1,12 @@
 """The stability gate: is a GPU idle, cool and steady enough to tune on?
 
 Pure logic: a window of recent samples in, a :class:`GateDecision` out. No I/O, no
-clocks, no threads, so it is tested on recorded traces sample by sample and the poller
-can call it for every sample of every GPU: O(window) in C-level passes (map + sort)
-plus a few checks on the latest sample, ~13 µs for a quiet 50-sample window and ~3 µs
-for a throttled or busy one, which skips the window (see ``bench/gate_cost.py``).
+clocks, no threads, so it is tested on recorded traces sample by sample, and
+:class:`gpuwatchd.monitor.watch.GpuWatch` (which keeps the window and the previous
+decision between calls) can call it for every sample of every GPU: O(window) in
+C-level passes (map + sort) plus a few checks on the latest sample, ~13 µs for a quiet
+50-sample window and ~3 µs for a throttled or busy one, which skips the window (see
+``bench/gate_cost.py``).
 
 States, highest priority first (only ``cool_stable`` opens the gate):
 
@@ -21,7 +23,9 @@ States, highest priority first (only ``cool_stable`` opens the gate):
                  disturbance.
 
 A *disturbance* is anything above except the last two (too few samples, settling): it
-restarts the settle timer. Hysteresis: while the gate is shut every limit is tightened
+restarts the settle timer. An ``unavailable`` spell lasts, as a disturbance, until the
+next reading: the time without readings (a lost GPU, a stalled or failed read) is
+never counted as quiet. Hysteresis: while the gate is shut every limit is tightened
 (temperature by ``hyst_temp_c``, ratio limits by the fraction ``hyst_ratio``), so a
 reading hovering at a limit keeps the gate shut instead of flapping. Only crossing the
 nominal limit counts as a disturbance, so the band delays opening without resetting
@@ -40,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from gpuwatchd.telemetry.types import LIMITING_REASONS, DeviceInfo, Sample, ThrottleReason
+from gpuwatchd.validate import check_durations
 
 _IDLE_BIT = int(ThrottleReason.GPU_IDLE)
 _LIMITING_BITS = int(LIMITING_REASONS)
@@ -135,6 +140,7 @@ class GateConfig:
                 hi is not None and (value >= hi if hi_open else value > hi)
             ):
                 raise ValueError(f"gate.{f.name}: must be {_range_text(f.name)}, got {value!r}")
+        check_durations(self, "gate")
         if self.clock_ratio_throttled > self.clock_ratio_min:
             raise ValueError(
                 f"gate.clock_ratio_throttled: must be <= clock_ratio_min "
@@ -161,22 +167,23 @@ class GateConfig:
 
 
 _INT_FIELDS = frozenset({"min_samples"})
-# name -> (low, low is exclusive, high, high is exclusive)
+# name -> (low, low is exclusive, high, high is exclusive). Temperatures stay within what a
+# GPU can reach; durations are bounded by check_durations (at most a year).
 _RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "window_s": (0, True, None, False),
-    "min_samples": (1, False, None, False),
+    "min_samples": (1, False, 10_000, False),
     "stale_after_s": (0, True, None, False),
     "settle_s": (0, False, None, False),
-    "temp_margin_c": (0, False, None, False),
-    "max_temp_c": (0, True, None, False),
-    "temp_jitter_max_c": (0, False, None, False),
+    "temp_margin_c": (0, False, 100, False),
+    "max_temp_c": (0, True, 150, False),
+    "temp_jitter_max_c": (0, False, 100, False),
     "clock_ratio_min": (0, True, 1, False),
     "clock_ratio_throttled": (0, True, 1, False),
     "clock_jitter_max": (0, False, 1, False),
     "util_max": (0, False, 1, False),
     "power_ratio_max": (0, True, 1, False),
     "power_jitter_max": (0, False, 1, False),
-    "hyst_temp_c": (0, False, None, False),
+    "hyst_temp_c": (0, False, 50, False),
     "hyst_ratio": (0, False, 1, True),
 }
 
@@ -192,6 +199,18 @@ def _range_text(name: str) -> str:
 
 
 @functools.cache
+def _basis(key: str, configured: str, shut: bool, cfg: GateConfig) -> str:
+    """Where a ratio limit comes from: the configured value, less hysteresis while shut.
+
+    Quoted after the limit a reason compares with, so ``util 4.5% > 4.0%`` reads
+    ``(util_max 5.0% - 20% to reopen)`` rather than contradicting the config (as the
+    temperature reason says ``- 3C to reopen``).
+    """
+    if shut and cfg.hyst_ratio:
+        return f" ({key} {configured} - {cfg.hyst_ratio:.0%} to reopen)"
+    return f" ({key})"
+
+
 def _limiting_names(mask: int) -> str:
     """``sw_power_cap+hw_slowdown`` for a raw mask; cached (decoding an IntFlag is ~5 µs)."""
     return "+".join(ThrottleReason.decode(mask & _LIMITING_BITS).names())
@@ -268,8 +287,12 @@ def evaluate(
     disturbed = False
     max_clock = info.max_sm_clock_mhz if info is not None else None
     limit_w = info.power_limit_w if info is not None else None
-    if prev is not None and prev.disturbed_at is not None:
-        disturbed_at: float = prev.disturbed_at
+    if prev is not None and prev.state is GateState.UNAVAILABLE:
+        # No reading vouched for the GPU until this one (lost, a stalled or failed read,
+        # a stale sample): the outage is a disturbance that lasted until now, not quiet.
+        disturbed_at: float = t
+    elif prev is not None and prev.disturbed_at is not None:
+        disturbed_at = prev.disturbed_at
     else:
         disturbed_at = window[0].t  # nothing is known before the first sample seen
 
@@ -286,7 +309,8 @@ def evaluate(
     if util is not None and util > cfg.util_max * keep:
         own_active = bool(own_pids) and (procs is None or any(p in own_pids for p in procs))
         if not own_active:
-            busy.append(f"util {util:.1%} > {cfg.util_max * keep:.1%}")
+            basis = _basis("util_max", f"{cfg.util_max:.1%}", shut, cfg)
+            busy.append(f"util {util:.1%} > {cfg.util_max * keep:.1%}{basis}")
             disturbed = disturbed or util > cfg.util_max
     if disturbed:  # busy (and a disturbance): nothing below can change the verdict
         return _decide(GateState.BUSY, tuple(busy), t, prev, t)
@@ -327,8 +351,9 @@ def evaluate(
         ratio = clock / max_clock
         lim = 1.0 - (1.0 - cfg.clock_ratio_min) * keep
         if ratio < lim:
+            basis = _basis("clock_ratio_min", f"{cfg.clock_ratio_min:.0%}", shut, cfg)
             warming.append(
-                f"SM {clock:.0f}MHz is {ratio:.0%} of max {max_clock:.0f}MHz (< {lim:.0%})"
+                f"SM {clock:.0f}MHz is {ratio:.0%} of max {max_clock:.0f}MHz (< {lim:.0%}){basis}"
             )
             disturbed = disturbed or ratio < cfg.clock_ratio_min
 
@@ -336,8 +361,9 @@ def evaluate(
         ratio = power / limit_w
         lim = cfg.power_ratio_max * keep
         if ratio > lim:
+            basis = _basis("power_ratio_max", f"{cfg.power_ratio_max:.0%}", shut, cfg)
             warming.append(
-                f"power {power:.0f}W is {ratio:.0%} of limit {limit_w:.0f}W (> {lim:.0%})"
+                f"power {power:.0f}W is {ratio:.0%} of limit {limit_w:.0f}W (> {lim:.0%}){basis}"
             )
             disturbed = disturbed or ratio > cfg.power_ratio_max
 
@@ -347,7 +373,8 @@ def evaluate(
         lo, hi = span
         lim = cfg.temp_jitter_max_c * keep
         if hi - lo > lim:
-            warming.append(f"temp spread {lo:.0f}-{hi:.0f}C > {lim:.3g}C")
+            basis = _basis("temp_jitter_max_c", f"{cfg.temp_jitter_max_c:g}C", shut, cfg)
+            warming.append(f"temp spread {lo:.0f}-{hi:.0f}C > {lim:.3g}C{basis}")
             disturbed = disturbed or hi - lo > cfg.temp_jitter_max_c
 
     span = _span(recent, _CLOCK)
@@ -359,7 +386,8 @@ def evaluate(
         if span is not None and span[1] and (span[1] - span[0]) / span[1] > lim:
             lo, hi = span
             jitter = (hi - lo) / hi
-            warming.append(f"SM spread {lo:.0f}-{hi:.0f}MHz ({jitter:.1%} > {lim:.1%})")
+            basis = _basis("clock_jitter_max", f"{cfg.clock_jitter_max:.1%}", shut, cfg)
+            warming.append(f"SM spread {lo:.0f}-{hi:.0f}MHz ({jitter:.1%} > {lim:.1%}){basis}")
             disturbed = disturbed or jitter > cfg.clock_jitter_max
 
     span = _span(recent, _POWER)
@@ -368,7 +396,8 @@ def evaluate(
         scale = limit_w or hi
         lim = cfg.power_jitter_max * keep
         if (hi - lo) / scale > lim:
-            warming.append(f"power spread {lo:.0f}-{hi:.0f}W > {lim * scale:.0f}W")
+            basis = _basis("power_jitter_max", f"{cfg.power_jitter_max:.0%}", shut, cfg)
+            warming.append(f"power spread {lo:.0f}-{hi:.0f}W > {lim * scale:.0f}W{basis}")
             disturbed = disturbed or (hi - lo) / scale > cfg.power_jitter_max
 
     # -- verdict -----------------------------------------------------------------

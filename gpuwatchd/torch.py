@@ -10,6 +10,13 @@ The plan cache of torch's cuDNN v8 path is per thread and keyed by shapes, strid
 dtype, not by the benchmark flag: run the first call on the thread that will run the
 rest, and the shapes tuned here keep their pick even if the flag is turned off after.
 
+A model's own shapes: :func:`capture` records the GEMMs and convolutions a few steps
+run (shapes, layouts, time shares) and submits them as workloads; :func:`apply_winners`
+makes the recorded winners run from the first call. torch.compile:
+:func:`capture_compiled` records the GEMMs Inductor lowers, and
+:func:`use_inductor_winners` installs the winners as Inductor's lookup table, so
+``mode="max-autotune"`` compiles without benchmarking.
+
 This module is ``gpuwatchd.torch``; ``import torch`` below is the real torch (absolute
 imports), imported when a function is first called.
 """
@@ -25,7 +32,32 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from gpuwatchd.client import Client, GpuState, GpuwatchdUnavailable
+from gpuwatchd.jobside.apply_winners import AppliedWinners, apply_winners
+from gpuwatchd.jobside.capture import Capture, capture
+from gpuwatchd.jobside.inductor import (
+    CompiledCapture,
+    InductorWinners,
+    capture_compiled,
+    inductor_lookup_table,
+    use_inductor_winners,
+)
 from gpuwatchd.tuning.worker.cuda_session import launched_kernels
+
+__all__ = [
+    "AppliedWinners",
+    "Capture",
+    "CompiledCapture",
+    "FirstCall",
+    "InductorWinners",
+    "apply_winners",
+    "capture",
+    "capture_compiled",
+    "current_gpu_uuid",
+    "inductor_lookup_table",
+    "steady_state_time",
+    "tune_first_call",
+    "use_inductor_winners",
+]
 
 
 class FirstCall(NamedTuple):

@@ -1,16 +1,29 @@
-"""One-line errors for everything read from outside: config, requests, trace files.
+"""One-line errors for everything read from outside: config, requests, trace files, the wire.
 
 Every parser names the bad field the same way (``where: what, got value``) and folds
 exception text onto one line, so an operator sees one readable line, never a traceback.
+The ``need_*`` checks return the value they accept and raise ``error`` (each parser's
+own exception type) with that one message shape. :func:`from_table` builds a config
+section's frozen dataclass from a TOML table with the same checks; it lives here,
+below every component, so a component can define its own section.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: The longest value shown back in an error; longer ones are cut with an ellipsis.
 SHOW_MAX = 80
+
+#: What a check raises: an exception class (or any callable) taking the one-line message.
+ErrorType = Callable[[str], Exception]
 
 
 def one_line(text: object, limit: int | None = None) -> str:
@@ -44,6 +57,17 @@ def field_error(where: str, what: str, value: Any) -> str:
     return f"{where}: {what}, got {show(value)}"
 
 
+def fail(where: str, what: str, value: Any, error: ErrorType = ValueError) -> Exception:
+    """The exception to raise for a bad field, its text made by :func:`field_error`."""
+    return error(field_error(where, what, value))
+
+
+def require(ok: bool, where: str, what: str, value: Any, error: ErrorType = ValueError) -> None:
+    """Raise :func:`fail`'s exception unless ``ok``: for range and consistency checks."""
+    if not ok:
+        raise fail(where, what, value, error)
+
+
 def is_number(value: Any) -> bool:
     """A real int or float (bools are not numbers in config files)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
@@ -52,3 +76,160 @@ def is_number(value: Any) -> bool:
 def is_finite(value: Any) -> bool:
     """A number that is neither NaN nor infinite."""
     return is_number(value) and math.isfinite(value)
+
+
+def need_bool(value: Any, where: str, error: ErrorType = ValueError) -> bool:
+    """A real ``bool`` (``1`` and ``"yes"`` are not)."""
+    require(isinstance(value, bool), where, "expected true or false", value, error)
+    return typing.cast(bool, value)
+
+
+def need_int(
+    value: Any, where: str, *, minimum: int | None = None, error: ErrorType = ValueError
+) -> int:
+    """An ``int`` (not a bool, not a float), at least ``minimum`` when given."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if minimum is None:
+        require(ok, where, "expected an integer", value, error)
+    else:
+        require(ok and value >= minimum, where, f"expected an integer >= {minimum}", value, error)
+    return typing.cast(int, value)
+
+
+def need_number(
+    value: Any,
+    where: str,
+    *,
+    finite: bool = True,
+    minimum: float | None = None,
+    error: ErrorType = ValueError,
+) -> float:
+    """An int or float as ``float``: finite unless ``finite=False``, at least ``minimum``."""
+    if finite:
+        require(is_finite(value), where, "expected a finite number", value, error)
+    else:
+        require(is_number(value), where, "expected a number", value, error)
+    if minimum is not None:
+        require(value >= minimum, where, f"expected a number >= {minimum:g}", value, error)
+    return float(value)
+
+
+#: The longest duration any setting takes: a year. A longer one is a typo or an attempt
+#: to switch a safeguard off, and the timers built from it overflow (APScheduler's
+#: intervals, datetimes, ``threading`` waits).
+MAX_DURATION_S = 366 * 86400.0
+
+
+def need_duration(
+    value: Any,
+    where: str,
+    *,
+    minimum: float = 0.0,
+    maximum: float = MAX_DURATION_S,
+    error: ErrorType = ValueError,
+) -> float:
+    """Seconds as ``float``: a finite number in ``[minimum, maximum]`` (at most a year)."""
+    ok = is_finite(value) and minimum <= value <= maximum
+    require(ok, where, f"expected seconds from {minimum:g} to {_span(maximum)}", value, error)
+    return float(value)
+
+
+def _span(seconds: float) -> str:
+    """``366 days`` for whole days, else ``2.5 s``: limits read as people write them."""
+    days, rest = divmod(seconds, 86400.0)
+    return f"{days:g} days" if days >= 1 and rest == 0 else f"{seconds:g} s"
+
+
+def is_duration_key(name: str) -> bool:
+    """Every duration setting's name ends in ``_s`` (seconds); nothing else's does."""
+    return name.endswith("_s")
+
+
+def check_durations(section: Any, where: str, error: ErrorType = ValueError) -> None:
+    """Apply :func:`need_duration` to every ``*_s`` field of a dataclass instance.
+
+    The one rule for every duration key of every config section, whichever way the
+    section was built: the per-key checks say how small a value may be, this one
+    that it is finite and at most :data:`MAX_DURATION_S`.
+    """
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if is_duration_key(f.name) and value is not None:
+            need_duration(value, f"{where}.{f.name}", error=error)
+
+
+def need_text(
+    value: Any, where: str, *, empty_ok: bool = False, error: ErrorType = ValueError
+) -> str:
+    """A ``str``; unless ``empty_ok``, one with something besides whitespace in it."""
+    if empty_ok:
+        require(isinstance(value, str), where, "expected a string", value, error)
+    else:
+        ok = isinstance(value, str) and bool(value.strip())
+        require(ok, where, "expected a non-empty string", value, error)
+    return typing.cast(str, value)
+
+
+# -- config sections: a TOML table -> a frozen dataclass ------------------------------------
+
+#: Per-field checks: ``metadata={"check": (predicate, "must be > 0")}``.
+Check = tuple[Callable[[Any], bool], str]
+
+
+def check(pred: Callable[[Any], bool], message: str) -> dict[str, Check]:
+    """Field metadata for a value check, e.g. ``field(metadata=check(lambda v: v > 0, "> 0"))``.
+
+    A predicate may raise ``ValueError`` itself when it has a better message to give.
+    """
+    return {"check": (pred, message)}
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], key)
+    if hint is bool:
+        return need_bool(value, key)
+    if hint is int:
+        return need_int(value, key)
+    if hint is float:
+        number = need_number(value, key, finite=False)
+        require(math.isfinite(number), key, "expected a finite number", value)
+        return number
+    if hint is str:
+        return need_text(value, key, empty_ok=True)
+    if origin is tuple:
+        require(isinstance(value, list | tuple), key, "expected a list", value)
+        (item,) = typing.get_args(hint)[:1]
+        return tuple(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
+    raise TypeError(f"{key}: unsupported config type {hint!r}")  # a bug, not user input
+
+
+def from_table(cls: type[T], table: Mapping[str, Any], section: str) -> T:
+    """Build dataclass ``cls`` from ``table``; keys are ``section.key`` in errors."""
+    if not isinstance(table, Mapping):
+        raise ValueError(f"[{section}]: expected a table, got {type(table).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        full = f"{section}.{key}"
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ValueError(f"{full}: unknown key (known keys: {known})")
+        coerced = _coerce(value, hints[key], full)
+        pred_msg = fields[key].metadata.get("check")
+        if pred_msg is not None and coerced is not None:
+            pred, message = pred_msg
+            try:
+                ok = pred(coerced)
+            except ValueError as exc:  # a check that explains itself
+                raise ValueError(str(exc)) from None
+            require(ok, full, message, value)
+        kwargs[key] = coerced
+    section_obj = cls(**kwargs)
+    check_durations(section_obj, section)
+    return section_obj

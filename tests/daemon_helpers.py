@@ -11,11 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from builders import wait_until
 
 
 class NotifySocket:
@@ -38,12 +34,8 @@ class NotifySocket:
                     return self.messages
 
     def wait_for(self, needle: str, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.drain()
-            if any(needle in m for m in self.messages):
-                return True
-        return False
+        """Whether a message containing ``needle`` arrives within ``timeout`` seconds."""
+        return wait_until(lambda: any(needle in m for m in self.drain()), timeout, interval=0)
 
     def close(self) -> None:
         self.sock.close()

@@ -10,10 +10,17 @@ Usage::
     fake.fail("nvmlDeviceGetTemperature", pynvml.NVML_ERROR_UNKNOWN, gpu=1, times=1)
     fake.lose(1); ...; fake.recover(1)                     # GPU 1 falls off the bus
     fake.count("nvmlDeviceGetPowerUsage", gpu=0)           # how often it was asked
+    fake.fail_field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, pynvml.NVML_ERROR_UNKNOWN)
+    release = fake.hang("nvmlDeviceGetUtilizationRates", gpu=1)  # blocks until release.set()
+    fake.xid(0, 48)                                        # GPU 0 reports XID 48
+
+Field values (``nvmlDeviceGetFieldValues``) take field ids or ``(id, scope)`` pairs like
+pynvml; a field the GPU's ``fields`` lacks answers NOT_SUPPORTED in its own entry.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -48,7 +55,27 @@ class FakeGpu:
     pstate: int | None = 0
     energy_mj: int | None = 1_000_000
     mem_temp: int | None = 35
+    memory_used: int | None = 1_048_576_000  # with memory_total; free is the rest
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, fail
+    fan_percent: int | None = None  # passively cooled, like an SXM board
+    pcie_kbps: tuple[int, int] | None = (1564, 2000)  # throughput sample: TX, RX in KB/s
+    process_memory: dict[int, int | None] | None = None  # pid -> bytes; default: none known
+    #: Field values by NVML field id (scope-less), the memory temperature excepted.
+    fields: dict[int, int] | None = None  # default: an H200's (ECC, PCIe, NVLink)
+    xid_events: bool = True
     lost: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fields is None:
+            self.fields = {
+                pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: 3,
+                pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: 0,
+                pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: 17,
+                pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: 1,
+                pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: 2,
+                pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: 1000,  # KiB, all links
+                pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: 2000,
+            }
 
 
 @dataclass(frozen=True)
@@ -94,9 +121,15 @@ class FakeNvml(ModuleType):
         self.initialized = 0
         self._generation = [0] * len(self.gpus)
         self._errors: dict[tuple[str, int | None], _Injected] = {}
+        self._field_errors: dict[tuple[int, int | None], int] = {}
+        self._hangs: dict[tuple[str, int | None], threading.Event] = {}
+        self._events: queue.Queue[SimpleNamespace] = queue.Queue()
+        self._registered: dict[int, int] = {}  # gpu -> event mask
         self._lock = threading.Lock()
         for key, value in vars(pynvml).items():
-            if key.startswith(("NVML_", "NVMLError")) or key == "NVMLLibraryMismatchError":
+            if key.startswith(("NVML_", "NVMLError", "nvmlEventType")) or key in (
+                "NVMLLibraryMismatchError",
+            ):
                 setattr(self, key, value)
         hidden = set(missing)
         if legacy:
@@ -115,6 +148,33 @@ class FakeNvml(ModuleType):
     def clear(self, func: str, gpu: int | None = None) -> None:
         with self._lock:
             self._errors.pop((func, gpu), None)
+
+    def fail_field(self, field_id: int, code: int | None, gpu: int | None = None) -> None:
+        """Make one field value answer ``code`` in its entry (``None`` clears it)."""
+        with self._lock:
+            if code is None:
+                self._field_errors.pop((field_id, gpu), None)
+            else:
+                self._field_errors[(field_id, gpu)] = code
+
+    def hang(self, func: str, gpu: int | None = None) -> threading.Event:
+        """Make ``func`` block (a stuck driver call) until the returned event is set."""
+        release = threading.Event()
+        with self._lock:
+            self._hangs[(func, gpu)] = release
+        return release
+
+    def xid(self, gpu: int, code: int) -> None:
+        """GPU ``gpu`` reports XID ``code``: an event for every set it is registered with."""
+        if self._registered.get(gpu, 0) & pynvml.nvmlEventTypeXidCriticalError:
+            event = SimpleNamespace(
+                device=FakeHandle(gpu, self._generation[gpu]),
+                eventType=pynvml.nvmlEventTypeXidCriticalError,
+                eventData=code,
+                gpuInstanceId=0,
+                computeInstanceId=0,
+            )
+            self._events.put(event)
 
     def lose(self, gpu: int) -> None:
         """The GPU falls off the bus: every call on it raises GPU_IS_LOST."""
@@ -149,6 +209,9 @@ class FakeNvml(ModuleType):
                     injected.times -= 1
                     if injected.times <= 0:
                         self._errors = {k: v for k, v in self._errors.items() if v is not injected}
+                hung = self._hangs.get((name, gpu)) or self._hangs.get((name, None))
+            if hung is not None:
+                hung.wait()
             if injected is not None:
                 self._raise(injected.code)
             if name not in ("nvmlInit", "nvmlShutdown") and not self.initialized:
@@ -229,29 +292,68 @@ class FakeNvml(ModuleType):
             return SimpleNamespace(gpu=u[0], memory=u[1])
 
         def procs(h: FakeHandle) -> list[SimpleNamespace]:
-            return [SimpleNamespace(pid=p, usedGpuMemory=None) for p in v(gpu(h).pids)]
-
-        def field_values(h: FakeHandle, ids: list[int]) -> list[SimpleNamespace]:
             g = gpu(h)
+            memory = g.process_memory or {}
+            return [SimpleNamespace(pid=p, usedGpuMemory=memory.get(p)) for p in v(g.pids)]
+
+        def field_values(h: FakeHandle, ids: list[int | tuple[int, int]]) -> list[SimpleNamespace]:
+            g = gpu(h)
+            known = {**(g.fields or {}), pynvml.NVML_FI_DEV_MEMORY_TEMP: g.mem_temp}
             out = []
-            for fid in ids:
-                ok = fid == pynvml.NVML_FI_DEV_MEMORY_TEMP and g.mem_temp is not None
+            for request in ids:
+                fid, scope = request if isinstance(request, tuple) else (request, 0)
+                value = known.get(fid)
+                code = self._field_errors.get((fid, h.index), self._field_errors.get((fid, None)))
+                if code is None:
+                    code = (
+                        pynvml.NVML_SUCCESS
+                        if value is not None
+                        else pynvml.NVML_ERROR_NOT_SUPPORTED
+                    )
                 out.append(
                     SimpleNamespace(
                         fieldId=fid,
-                        nvmlReturn=pynvml.NVML_SUCCESS if ok else pynvml.NVML_ERROR_NOT_SUPPORTED,
-                        valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_INT,
-                        value=SimpleNamespace(uiVal=g.mem_temp if ok else 0),
+                        scopeId=scope,
+                        nvmlReturn=code,
+                        valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                        value=SimpleNamespace(ullVal=value if code == pynvml.NVML_SUCCESS else 0),
                     )
                 )
             return out
+
+        def pcie_throughput(h: FakeHandle, counter: int) -> int:
+            kbps = v(gpu(h).pcie_kbps)
+            return kbps[0] if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else kbps[1]
+
+        def event_set_create() -> SimpleNamespace:
+            return SimpleNamespace(freed=False)
+
+        def supported_events(h: FakeHandle) -> int:
+            g = gpu(h)
+            return pynvml.nvmlEventTypeXidCriticalError if g.xid_events else 0
+
+        def register_events(h: FakeHandle, mask: int, event_set: SimpleNamespace) -> None:
+            if not mask & supported_events(h):
+                self._raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            self._registered[h.index] = mask
+
+        def event_wait(event_set: SimpleNamespace, timeout_ms: int) -> SimpleNamespace:
+            try:
+                return self._events.get(timeout=timeout_ms / 1000.0)
+            except queue.Empty:
+                self._raise(pynvml.NVML_ERROR_TIMEOUT)
+                raise AssertionError("unreachable") from None
+
+        def event_free(event_set: SimpleNamespace) -> None:
+            event_set.freed = True
 
         def pci(h: FakeHandle) -> SimpleNamespace:
             return SimpleNamespace(busId=str(gpu(h).pci_bus_id).encode())  # ctypes char array
 
         def memory(h: FakeHandle) -> SimpleNamespace:
-            total = v(gpu(h).memory_total)
-            return SimpleNamespace(total=total, free=total, used=0)
+            g = gpu(h)
+            total, used = v(g.memory_total), v(g.memory_used)
+            return SimpleNamespace(total=total, free=total - used, used=used)
 
         return {
             "nvmlInit": init,
@@ -281,4 +383,12 @@ class FakeNvml(ModuleType):
             "nvmlDeviceGetPerformanceState": lambda h: v(gpu(h).pstate),
             "nvmlDeviceGetTotalEnergyConsumption": lambda h: v(gpu(h).energy_mj),
             "nvmlDeviceGetFieldValues": field_values,
+            "nvmlDeviceGetRemappedRows": lambda h: v(gpu(h).remapped_rows),
+            "nvmlDeviceGetFanSpeed": lambda h: v(gpu(h).fan_percent),
+            "nvmlDeviceGetPcieThroughput": pcie_throughput,
+            "nvmlEventSetCreate": event_set_create,
+            "nvmlDeviceGetSupportedEventTypes": supported_events,
+            "nvmlDeviceRegisterEvents": register_events,
+            "nvmlEventSetWait_v2": event_wait,
+            "nvmlEventSetFree": event_free,
         }

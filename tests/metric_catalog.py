@@ -45,6 +45,23 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_gpu_compute_processes": _GPU,
     "gpuwatchd_gpu_performance_state": _GPU,
     "gpuwatchd_gpu_throttle_active": _m("reason"),
+    # GPU health, read on the slow path (issue 12)
+    "gpuwatchd_gpu_memory_used_bytes": _GPU,
+    "gpuwatchd_gpu_memory_free_bytes": _GPU,
+    "gpuwatchd_gpu_memory_total_bytes": _GPU,
+    "gpuwatchd_gpu_xid_errors_total": _m("xid"),
+    "gpuwatchd_gpu_ecc_errors_total": _m("scope", "type"),
+    "gpuwatchd_gpu_remapped_rows": _m("cause"),
+    "gpuwatchd_gpu_row_remap_pending": _GPU,
+    "gpuwatchd_gpu_row_remap_failed": _GPU,
+    "gpuwatchd_gpu_pcie_tx_bytes_total": _GPU,
+    "gpuwatchd_gpu_pcie_rx_bytes_total": _GPU,
+    "gpuwatchd_gpu_pcie_replay_errors_total": _GPU,
+    "gpuwatchd_gpu_nvlink_tx_bytes_total": _GPU,
+    "gpuwatchd_gpu_nvlink_rx_bytes_total": _GPU,
+    "gpuwatchd_gpu_fan_speed_ratio": _GPU,
+    "gpuwatchd_gpu_process_memory_bytes": _m("pid"),
+    "gpuwatchd_gpu_field_errors_total": _m("field"),
     "gpuwatchd_gpu_throttle_seconds_total": _m("reason"),
     "gpuwatchd_gate_state": _m("state"),
     "gpuwatchd_gate_open": _GPU,
@@ -63,7 +80,7 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_winner_seconds": _m("gpu_model", "workload", "regime", base=_NONE),
     "gpuwatchd_regime_winners_differ": _m("gpu_model", "workload", base=_NONE),
     "gpuwatchd_tune_pending_workloads": _GPU,
-    "gpuwatchd_last_tune_timestamp_seconds": _NONE,
+    "gpuwatchd_last_tune_timestamp_seconds": _GPU,
     # drift and tuning state per GPU (issue 4)
     "gpuwatchd_clock_drift_ratio": _GPU,
     "gpuwatchd_retune_pending": _m("reason"),
@@ -100,6 +117,9 @@ THROTTLE_REASONS: tuple[str, ...] = (
     "display_clock_setting",
 )
 GATE_STATES: tuple[str, ...] = ("cool_stable", "warming", "throttled", "busy", "unavailable")
+ECC_SCOPES: tuple[str, ...] = ("volatile", "aggregate")
+ECC_TYPES: tuple[str, ...] = ("corrected", "uncorrected")
+REMAP_CAUSES: tuple[str, ...] = ("correctable", "uncorrectable")
 
 _KEYWORDS = frozenset(
     {"and", "or", "unless", "bool", "offset", "inf", "nan", "start", "end", "atan2"}

@@ -15,23 +15,27 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+import builders
 import yaml
+from builders import candidate, seed_session, session_meta
+
+from gpuwatchd.config import STORE_NAME
+from gpuwatchd.store import Store
+from gpuwatchd.tuning.types import Regime, RegimeResult, Versions, Workload
 
 REPO = Path(__file__).resolve().parent.parent
 ALERT_RULES = REPO / "prometheus" / "alerts.yml"
 DEBIAN_PROMETHEUS = Path("/usr/bin/prometheus")
 #: The scrape job name prometheus/alerts.yml assumes (see GpuwatchdDown).
 JOB = "gpuwatchd"
-
-T = TypeVar("T")
 
 
 def find_prometheus() -> str | None:
@@ -95,57 +99,43 @@ def seed_winners(state_dir: Path, gpu_model: str, winners: Mapping[str, tuple[st
     so the test knows which rows the winners table must show and which "differ".
     Workload names the daemon does not configure keep it tuning (and deferring) its own.
     """
-    from gpuwatchd.config import STORE_NAME
-    from gpuwatchd.store import SessionMeta, Store
-    from gpuwatchd.tuning.types import (
-        CandidateStats,
-        Regime,
-        RegimeResult,
-        SessionStatus,
-        Workload,
-    )
-
+    # A mid clock (1.5 GHz): the drift reference the daemon seeds from this store.
+    measured: dict[str, Any] = {
+        "family": "torch.matmul",
+        "spread": 0.01,
+        "samples": 10,
+        "sm_clock_hz": 1.5e9,
+        "power_w": 300.0,
+        "temp_c": 60.0,
+        "energy_j_per_call": 0.3,
+        "meta": {},
+    }
     regimes = (Regime.UNTHROTTLED, Regime.SUSTAINED)
     workloads = tuple(
         Workload(name, "matmul", {"m": 1024, "n": 1024, "k": 1024}, "bf16", ("torch.matmul",))
         for name in winners
     )
-    meta = SessionMeta(
+    meta = session_meta(
         gpu_uuid="GPU-e2e-seed",
-        gpu_index=0,
         gpu_model=gpu_model,
         backend="sim",
         workloads=workloads,
         regimes=regimes,
+        versions=Versions(),
     )
+    results = []
+    for workload, picks in winners.items():
+        names = sorted({*picks, "runner-up"})
+        for regime, winner in zip(regimes, picks, strict=True):
+            candidates = tuple(
+                candidate(name, regime, 1e-3 if name == winner else 2e-3, **measured)
+                for name in names
+            )
+            results.append(RegimeResult(workload, regime, candidates, winner, False, 1.0, 0.01))
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / STORE_NAME
     with Store(path) as store:
-        session = store.start_session(meta)
-        for workload, picks in winners.items():
-            for regime, winner in zip(regimes, picks, strict=True):
-                names = sorted({*picks, "runner-up"})
-                candidates = tuple(
-                    CandidateStats(
-                        name,
-                        "torch.matmul",
-                        regime,
-                        1e-3 if name == winner else 2e-3,
-                        0.01,
-                        10,
-                        0,
-                        1.5e9,
-                        300.0,
-                        60.0,
-                        0.3,
-                        0,
-                    )
-                    for name in names
-                )
-                store.record_result(
-                    session, RegimeResult(workload, regime, candidates, winner, False, 1.0, 0.01)
-                )
-        store.finish_session(session, SessionStatus.COMPLETED)
+        seed_session(store, meta, results)
     return path
 
 
@@ -170,9 +160,17 @@ def start_logged(
 
 
 def start_sim_daemon(
-    scenario: str, listen: str, state_dir: Path, log: Path, *, gpus: int, speed: float
+    scenario: str,
+    listen: str,
+    state_dir: Path,
+    log: Path,
+    *,
+    gpus: int,
+    speed: float,
+    extra: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
-    """``gpuwatchd run`` on the simulated GPU, importing the package from this tree."""
+    """``gpuwatchd run`` on the simulated GPU, importing the package from this tree;
+    ``extra`` arguments (``--config FILE``) go at the end."""
     argv = [
         sys.executable,
         "-m",
@@ -192,6 +190,7 @@ def start_sim_daemon(
         str(state_dir),
         "--poll-interval",
         "0.1",
+        *extra,
     ]
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     runtime_dir = state_dir.parent / "run"
@@ -241,18 +240,8 @@ def log_tail(path: Path, lines: int = 20) -> str:
         return f"(no log: {exc})"
 
 
-def wait_until(
-    probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.25
-) -> T:
-    """The first truthy result of ``probe``; AssertionError naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+#: Prometheus scrapes and evaluates once a second: probing it 4 times a second is enough.
+wait_until = partial(builders.wait_until, interval=0.25)
 
 
 # -- Grafana's variable formatting ---------------------------------------------------

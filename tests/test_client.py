@@ -4,99 +4,71 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
+from builders import (
+    STACK,
+    board_of,
+    candidate,
+    capped,
+    closed_url,
+    h200,
+    judged,
+    seed_session,
+    session_meta,
+)
+from json_server import JsonServer, Route
 from prometheus_client.registry import CollectorRegistry
 
-import gpuwatchd.client.api as client_mod
+import gpuwatchd.client as client_mod
+import gpuwatchd.client.discovery
 import gpuwatchd.config
-from gpuwatchd.client.api import (
-    Client,
-    GpuwatchdError,
-    GpuwatchdUnavailable,
-    parse_winners,
-    parse_winners_query,
-    winners_json,
-)
+from gpuwatchd.api.winners import parse_winners_query, winners_json
+from gpuwatchd.client import Client, GpuwatchdError, GpuwatchdUnavailable, parse_winners
 from gpuwatchd.exporter.http import HttpServer
-from gpuwatchd.gate import GateDecision, GateState
-from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
-from gpuwatchd.store import SessionMeta, Store
-from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
+from gpuwatchd.gate import GateState
+from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.store import Store
+from gpuwatchd.telemetry.types import ThrottleReason
 from gpuwatchd.tuning.types import (
     CandidateStats,
     Regime,
     RegimeResult,
-    SessionStatus,
-    Versions,
-    Workload,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 U, S = Regime.UNTHROTTLED, Regime.SUSTAINED
 BIG = "triton[128x256x64,s3,w8,g8]"
 SMALL = "triton[128x128x64,s4,w4,g8]"
-VERSIONS = Versions(driver="580.159.04", cuda="12.8", torch="2.11.0", triton="3.5.0")
 
 
 # -- fixtures --------------------------------------------------------------------------------
 
 
-class FakeDaemon:
+class FakeDaemon(JsonServer):
     """Serves scripted JSON documents per path; the last one of a list repeats."""
 
     def __init__(self) -> None:
         self.docs: dict[str, list[Any]] = {}
-        self.requests: list[str] = []
-        owner = self
+        super().__init__({})
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                owner.requests.append(self.path)
-                docs = owner.docs.get(urlsplit(self.path).path)
-                if not docs:
-                    self.send_response(404)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                doc = docs.pop(0) if len(docs) > 1 else docs[0]
-                body = json.dumps(doc).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def route(self, path: str) -> Route | None:
+        docs = self.docs.get(path)
+        if not docs:
+            return None
+        return lambda _handler: (200, docs.pop(0) if len(docs) > 1 else docs[0])
 
 
 @pytest.fixture
 def fake() -> Iterator[FakeDaemon]:
-    daemon = FakeDaemon()
-    yield daemon
-    daemon.close()
+    with FakeDaemon() as daemon:
+        yield daemon
 
 
 class FakeTime:
@@ -114,51 +86,21 @@ class FakeTime:
         self.t += s
 
 
-def closed_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
-
-
 @pytest.fixture(autouse=True)
 def no_host_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Tests never see the host's daemon config, env or state directory."""
     monkeypatch.setattr(gpuwatchd.config, "DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
-    monkeypatch.setattr(client_mod, "_SYSTEM_STATE_DIR", tmp_path / "system")
+    monkeypatch.setattr(gpuwatchd.client.discovery, "_SYSTEM_STATE_DIR", tmp_path / "system")
     for var in ("GPUWATCHD_URL", "GPUWATCHD_STORE", "http_proxy", "HTTP_PROXY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    monkeypatch.setenv("GPUWATCHD_CONTROL_SOCKET", str(tmp_path / "no-daemon.sock"))
 
 
 def board_with_gpu(state: GateState = GateState.WARMING, procs: tuple[int, ...] = ()) -> StateBoard:
-    board = StateBoard()
-    board.put(
-        GpuSnapshot(
-            index=0,
-            info=DeviceInfo(
-                0,
-                "GPU-4AE2C0DE-0000-1111-2222-333344445555",
-                "NVIDIA H200",
-                max_sm_clock_mhz=1980.0,
-                power_limit_w=700.0,
-                slowdown_temp_c=87.0,
-            ),
-            sample=Sample(
-                0,
-                t=12.5,
-                temp_c=61.0,
-                power_w=693.5,
-                sm_clock_mhz=1440.0,
-                reasons=ThrottleReason.SW_POWER_CAP,
-                util_gpu=0.97,
-                procs=procs,
-            ),
-            gate=GateDecision(state, ("power spread 337-694W > 28W",), t=12.5, since=2.5),
-            health=PollHealth(True, 0.001, last_success_t=12.5, last_success_unix=1000.0),
-        )
-    )
-    return board
+    info = h200(uuid="GPU-4AE2C0DE-0000-1111-2222-333344445555")
+    why = ("power spread 337-694W > 28W",)
+    return board_of(judged(0, info, capped(procs=procs), state, why))
 
 
 def state_doc(
@@ -208,67 +150,34 @@ def state_doc(
     return doc
 
 
-def cand(
-    name: str, regime: Regime, median: float | None, family: str | None = None
-) -> CandidateStats:
-    fam = family or ("triton.matmul" if name.startswith("triton") else "torch.matmul")
-    meta: dict[str, Any] = {"kernels": [f"kernel_of_{name}"]}
-    if fam == "triton.matmul":
-        label = name[len("triton[") : -1]
-        bm, bn, bk = (int(x) for x in label.split(",")[0].split("x"))
-        meta["config"] = {
-            "block_m": bm,
-            "block_n": bn,
-            "block_k": bk,
-            "num_stages": int(label.split(",")[1][1:]),
-            "num_warps": int(label.split(",")[2][1:]),
-            "group_m": 8,
-        }
-    return CandidateStats(
-        name, fam, regime, median, 0.004, 12, 0, 1.98e9, 690.0, 55.0, 1.2, 0, meta
-    )
+def cand(name: str, regime: Regime, median: float | None) -> CandidateStats:
+    """A candidate; a Triton one also carries its config, read from its name."""
+    stats = candidate(name, regime, median)
+    if stats.family != "triton.matmul":
+        return stats
+    label = name[len("triton[") : -1]
+    bm, bn, bk = (int(x) for x in label.split(",")[0].split("x"))
+    config = {
+        "block_m": bm,
+        "block_n": bn,
+        "block_k": bk,
+        "num_stages": int(label.split(",")[1][1:]),
+        "num_warps": int(label.split(",")[2][1:]),
+        "group_m": 8,
+    }
+    return replace(stats, meta={**stats.meta, "config": config})
 
 
 def make_store(path: Path) -> Path:
     """A store with one completed session: triton wins cool, cuBLAS wins sustained."""
-    gemm = Workload("gemm", "matmul", {"m": 8192, "n": 8192, "k": 8192}, "bf16", ("triton.matmul",))
-    meta = SessionMeta(
-        gpu_uuid="GPU-aaaa",
-        gpu_index=0,
-        gpu_model="NVIDIA H200",
-        backend="nvml",
-        workloads=(gemm,),
-        regimes=(U, S),
-        versions=VERSIONS,
-        host="box",
-    )
+    cool = (cand(SMALL, U, 1.10e-3), cand(BIG, U, 1.00e-3), cand("cublas", U, 1.02e-3))
+    hot = (cand(BIG, S, 1.40e-3), cand("cublas", S, 1.33e-3), cand(SMALL, S, None))
+    results = [
+        RegimeResult("gemm", U, cool, BIG, False, 0.02, 0.005),
+        RegimeResult("gemm", S, hot, "cublas", False, 0.05, 0.005),
+    ]
     with Store(path) as store:
-        sid = store.start_session(meta)
-        store.record_result(
-            sid,
-            RegimeResult(
-                "gemm",
-                U,
-                (cand(SMALL, U, 1.10e-3), cand(BIG, U, 1.00e-3), cand("cublas", U, 1.02e-3)),
-                BIG,
-                False,
-                0.02,
-                0.005,
-            ),
-        )
-        store.record_result(
-            sid,
-            RegimeResult(
-                "gemm",
-                S,
-                (cand(BIG, S, 1.40e-3), cand("cublas", S, 1.33e-3), cand(SMALL, S, None)),
-                "cublas",
-                False,
-                0.05,
-                0.005,
-            ),
-        )
-        store.finish_session(sid, SessionStatus.COMPLETED)
+        seed_session(store, session_meta(), results)
     return path
 
 
@@ -277,7 +186,7 @@ def make_store(path: Path) -> Path:
 
 def test_client_and_integrations_import_without_torch() -> None:
     code = (
-        "import sys, gpuwatchd.client.api, gpuwatchd.triton_configs, gpuwatchd.torch\n"
+        "import sys, gpuwatchd.client, gpuwatchd.triton_configs, gpuwatchd.torch\n"
         "heavy = sorted(m for m in ('torch', 'triton', 'prometheus_client') if m in sys.modules)\n"
         "print(','.join(heavy) or 'clean')\n"
     )
@@ -464,7 +373,7 @@ def test_winner_from_the_store_file(tmp_path: Path) -> None:
     assert [c.name for c in cool.ranked] == [BIG, "cublas", SMALL]
     assert (hot.candidate, hot.family) == ("cublas", "torch.matmul")
     assert [c.name for c in hot.ranked] == ["cublas", BIG, SMALL]  # unmeasured last
-    assert cool.versions == VERSIONS and cool.source == str(path)
+    assert cool.versions == STACK and cool.source == str(path)
     assert client.winner("conv", "unthrottled") is None
     assert client.winner("gemm", "unthrottled", gpu_model="NVIDIA L4") is None
 
@@ -483,12 +392,8 @@ def test_winner_from_the_daemon_matches_the_store(fake: FakeDaemon, tmp_path: Pa
     from_store = Client(closed_url(), store=path).winner("gemm", "sustained")
     assert from_daemon is not None and from_store is not None
     assert from_daemon.source == fake.url
-    assert from_daemon == type(from_store)(**{**_fields(from_store), "source": fake.url})
+    assert from_daemon == replace(from_store, source=fake.url)
     assert fake.requests == ["/api/v1/winners?workload=gemm&regime=sustained"]
-
-
-def _fields(obj: Any) -> dict[str, Any]:
-    return {name: getattr(obj, name) for name in obj.__slots__}
 
 
 def test_winner_falls_back_to_the_default_store_when_the_daemon_lacks_the_endpoint(
@@ -540,7 +445,10 @@ def test_winners_query_parsing() -> None:
 
 
 def test_bad_winners_document_names_the_field(fake: FakeDaemon, tmp_path: Path) -> None:
-    fake.docs["/api/v1/winners"] = [{"format": "gpuwatchd-winners/1", "winners": [{"x": 1}]}]
+    with Store(make_store(tmp_path / "w.db"), readonly=True) as store:
+        doc = winners_json(store, regime="unthrottled")
+    doc["winners"][0]["regime"] = "hot"
+    fake.docs["/api/v1/winners"] = [doc]
     with pytest.raises(GpuwatchdUnavailable, match=r"winners\[0\]\.regime: expected one of"):
         Client(fake.url).winner("gemm", "unthrottled")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuwatchd.config import Config, ConfigError, parse_config, resolve_state_dir
-from gpuwatchd.config.windows import in_windows, parse_windows
+from gpuwatchd.tuning.windows import in_windows, parse_windows
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "config.toml"
 
@@ -94,3 +94,37 @@ def test_state_dir_rule(monkeypatch, tmp_path):
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     assert resolve_state_dir("") == tmp_path / "gpuwatchd"
+
+
+def test_components_get_their_sections_not_the_whole_config():
+    cfg = parse_config(
+        {
+            "daemon": {"backend": "sim"},
+            "sim": {"gpus": 2, "scenario": "power-cap", "seed": 7},
+            "replay": {"trace": "t.jsonl", "loop": False},
+            "tuning": {"max_concurrent": 2, "workloads": ["sim-gemm"]},
+        }
+    )
+    spec = cfg.backend_spec()
+    assert (spec.kind, spec.sim, spec.replay) == ("sim", cfg.sim, cfg.replay)
+    setup = cfg.tuning_setup()
+    assert (setup.tuning, setup.workloads, setup.sim) == (cfg.tuning, cfg.workloads, cfg.sim)
+    assert setup.workload("sim-gemm") == cfg.workload("sim-gemm")
+    with pytest.raises(ValueError, match="unknown workload 'nope'"):
+        setup.workload("nope")
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"sim": {"scenario": "lava"}}, "c.toml: sim.scenario: unknown 'lava' (known: "),
+        ({"sim": {"gpus": 0}}, "c.toml: sim.gpus: must be in [1, 1024], got 0"),
+        ({"replay": {"speed": -1}}, "c.toml: replay.speed: must be > 0, got -1"),
+        ({"tuning": {"regimes": ["hot"]}}, "c.toml: tuning.regimes: must be a subset of"),
+        ({"daemon": {"backend": "cuda"}}, "c.toml: daemon.backend: must be one of"),
+    ],
+)
+def test_section_types_defined_by_components_keep_their_messages(doc, message):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(doc, source="c.toml")
+    assert str(exc.value).startswith(message)

@@ -1,4 +1,4 @@
-"""The re-tune control socket: permissions, stale/live sockets, protocol, robustness, CLI."""
+"""The control socket: permissions, stale/live sockets, framing, op table, retune ops, CLI."""
 
 from __future__ import annotations
 
@@ -20,27 +20,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import wait_until
 
-from gpuwatchd.cli.main import CliError
-from gpuwatchd.cli.retune import add_retune_args, run_retune
+from gpuwatchd.cli.common import CliError
+from gpuwatchd.cli.retune import add_retune_args
+from gpuwatchd.cli.retune import run as run_retune
 from gpuwatchd.config import Config
 from gpuwatchd.config.loader import TuningConfig
-from gpuwatchd.daemon.control import (
-    MANUAL_REASON,
+from gpuwatchd.daemon.control_server import (
     MAX_LINE,
     ControlError,
     ControlServer,
     PeerCred,
     PeerPolicy,
     RequestError,
+    decode_request,
     default_socket_path,
-    make_retune_handler,
-    parse_request,
 )
+from gpuwatchd.daemon.ops import Op, OpTable
+from gpuwatchd.daemon.retune import MANUAL_REASON, parse_retune, retune_ops
 from gpuwatchd.tuning.types import Workload
 
 CFG = Config()
 SIM = tuple(w for w in CFG.workloads if w.name == "sim-gemm")
+ME = PeerCred(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 
 
 class FakeScheduler:
@@ -73,8 +76,8 @@ def sched() -> FakeScheduler:
     return FakeScheduler()
 
 
-def handler_for(sched: FakeScheduler, cfg: Config = CFG, gpus: tuple[int, ...] = (0, 1)):
-    return make_retune_handler(sched, cfg, lambda: list(gpus), lambda: SIM)
+def handler_for(sched: FakeScheduler, cfg: Config = CFG, gpus: tuple[int, ...] = (0, 1)) -> OpTable:
+    return OpTable(retune_ops(sched, cfg, lambda: list(gpus), lambda: SIM))
 
 
 @pytest.fixture
@@ -161,23 +164,23 @@ def test_bad_requests_get_one_line_errors(
 
 def test_tuning_disabled_rejects_and_reloaded_config_is_seen(sched: FakeScheduler) -> None:
     current = [dataclasses.replace(CFG, tuning=TuningConfig(enabled=False))]
-    handle = make_retune_handler(sched, lambda: current[0], lambda: [0], lambda: SIM)
-    req = parse_request(b'{"op":"retune"}')
+    handle = OpTable(retune_ops(sched, lambda: current[0], lambda: [0], lambda: SIM))
+    req = decode_request(b'{"op":"retune"}')
     with pytest.raises(RequestError, match="tuning is disabled"):
-        handle(req)
+        handle(req, ME)
     current[0] = CFG  # SIGHUP turned it back on
-    assert handle(req)["ok"] is True
+    assert handle(req, ME)["ok"] is True
     assert sched.calls == [(0, ["sim-gemm"], MANUAL_REASON)]
 
 
 def test_no_gpus_known_yet(sched: FakeScheduler) -> None:
-    handle = make_retune_handler(sched, CFG, lambda: [], lambda: SIM)
+    handle = handler_for(sched, gpus=())
     with pytest.raises(RequestError, match="knows no GPUs yet"):
-        handle(parse_request(b'{"op":"retune"}'))
+        handle({"op": "retune"}, ME)
 
 
 def test_handler_exception_is_an_error_response_not_a_dead_server(sockdir: Path) -> None:
-    def broken(_req: dict[str, Any]) -> dict[str, Any]:
+    def broken(_req: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
         raise KeyError("boom")
 
     srv = ControlServer(sockdir / "c.sock", broken)
@@ -188,6 +191,55 @@ def test_handler_exception_is_an_error_response_not_a_dead_server(sockdir: Path)
             assert resp == {"ok": False, "error": "internal error: KeyError: 'boom'"}
     finally:
         srv.stop()
+
+
+# -- the op table: new operations without touching the server ----------------------------
+
+
+def test_a_registered_op_is_served_with_the_callers_credentials(
+    sockdir: Path, sched: FakeScheduler
+) -> None:
+    table = handler_for(sched)
+
+    def whoami(request: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
+        return {"ok": True, "uid": peer.uid, "pid": peer.pid, "job": request["job"]}
+
+    table.register(Op("whoami", whoami, frozenset({"job", "tag"})))
+    srv = ControlServer(sockdir / "c.sock", table)
+    srv.start()
+    try:
+        resp = ask_json(srv.path, {"op": "whoami", "job": "train-7"})
+        assert resp == {"ok": True, "uid": os.geteuid(), "pid": os.getpid(), "job": "train-7"}
+        bad = ask_json(srv.path, {"op": "launch"})
+        assert bad["error"] == "op: unknown operation 'launch' (known: retune, status, whoami)"
+        extra = ask_json(srv.path, {"op": "whoami", "gpu": 0})
+        assert extra["error"] == "gpu: unknown key for op 'whoami' (allowed: job, op, tag)"
+    finally:
+        srv.stop()
+    assert table.names == ("retune", "status", "whoami")
+
+
+def test_an_op_without_a_parser_gets_every_key_missing_ones_as_none() -> None:
+    got: list[dict[str, Any]] = []
+
+    def note(request: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
+        got.append(request)
+        return {"ok": True}
+
+    table = OpTable([Op("note", note, frozenset({"a", "b"}))])
+    assert table({"op": "note", "a": 1}, ME) == {"ok": True}
+    assert got == [{"op": "note", "a": 1, "b": None}]
+
+
+def test_an_op_name_registered_twice_is_refused(sched: FakeScheduler) -> None:
+    table = handler_for(sched)
+    with pytest.raises(ValueError, match="control op 'status' is registered twice"):
+        table.register(Op("status", lambda _req, _peer: {"ok": True}))
+
+
+def test_retune_parser_drops_repeated_workloads_keeping_order() -> None:
+    req = parse_retune({"op": "retune", "workloads": ["b", "a", "b"]})
+    assert req == {"op": "retune", "gpu": None, "workloads": ["b", "a"]}
 
 
 # -- the socket file ----------------------------------------------------------------------
@@ -374,13 +426,11 @@ def test_connection_cap_turns_away_extra_clients(sockdir: Path, sched: FakeSched
         assert resp == {"ok": False, "error": "busy: too many control connections, try again"}
         for s in idle:
             s.close()
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:  # slots come back once the idlers are gone
-            if ask_json(srv.path, {"op": "status"})["ok"]:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("connection slots were not released")
+        # Slots come back once the idlers are gone.
+        released = wait_until(
+            lambda: ask_json(srv.path, {"op": "status"})["ok"], 2.0, interval=0.05
+        )
+        assert released, "connection slots were not released"
     finally:
         for s in idle:
             s.close()
@@ -415,7 +465,7 @@ def test_peer_refused_gets_an_error_and_a_log_line(
     srv = ControlServer(sockdir / "c.sock", handler_for(sched), allowed=nobody)
     srv.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="gpuwatchd.daemon.control"):
+        with caplog.at_level(logging.WARNING, logger="gpuwatchd.daemon.control_server"):
             resp = ask_json(srv.path, {"op": "retune", "gpu": 0})
     finally:
         srv.stop()

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from daemon_helpers import NotifySocket, free_port, http_get, start_daemon, wait_http
+from builders import free_port, wait_until
+from daemon_helpers import NotifySocket, http_get, start_daemon, wait_http
 from fakes_backend import FakeBackend
 
 from gpuwatchd.config import Config, DaemonConfig
@@ -176,9 +177,7 @@ def _thread_daemon(
     daemon = Daemon(cfg, backend=backend)
     thread = threading.Thread(target=daemon.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 5
-    while daemon.board.get(len(backend.devices()) - 1) is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: daemon.board.get(len(backend.devices()) - 1) is not None, 5)
     return daemon, thread
 
 

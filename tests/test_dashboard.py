@@ -1,12 +1,15 @@
-"""grafana/gpuwatchd.json: import-ready, laid out, and every query valid and meaningful.
+"""grafana/gpuwatchd.json: generated, import-ready, laid out, every query valid and meaningful.
 
-Syntax is checked by promtool (the panel queries become recording rules); metric and
-label names against tests/metric_catalog.py, itself checked against the real exporter;
-the trickier queries are evaluated by promtool's rule unit tests on synthetic series.
+The JSON is what grafana/build_dashboard.py writes (a test compares them). Syntax is
+checked by promtool (the panel queries become recording rules); metric and label names
+against tests/metric_catalog.py, itself checked against the real exporter, and every
+exported metric must be on the dashboard or say why not; the trickier queries are
+evaluated by promtool's rule unit tests on synthetic series.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import re
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import DAEMON_INFO, board_of, full_h200
 from dashboard_queries import (
     DEFAULT_VARIABLES,
     builtin_variables,
@@ -37,13 +41,11 @@ from metric_catalog import (
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatchd.exporter import DaemonInfo, build_registry
-from gpuwatchd.gate import GateDecision, GateState
-from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
-from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
+from gpuwatchd.exporter import build_registry
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "grafana" / "gpuwatchd.json"
-DS_INPUT = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+GRAFANA = Path(__file__).resolve().parent.parent / "grafana"
+DASHBOARD = GRAFANA / "gpuwatchd.json"
+DS_VAR = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
@@ -76,29 +78,84 @@ def annotation_exprs(dash: Mapping[str, Any]) -> list[str]:
     return [a["expr"] for a in dash["annotations"]["list"] if a.get("expr")]
 
 
+def query_variables(dash: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The variables filled by a Prometheus query (all but the data source picker)."""
+    return [v for v in dash["templating"]["list"] if v["type"] == "query"]
+
+
 def variable_selectors(dash: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
     """(variable name, selector, label) of each ``label_values(selector, label)`` query."""
-    for var in dash["templating"]["list"]:
+    for var in query_variables(dash):
         query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
         match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query.strip())
         assert match, f"variable {var['name']}: not a label_values() query: {query!r}"
         yield var["name"], match.group(1), match.group(2)
 
 
-# -- import-ready ---------------------------------------------------------------------
+# -- generated ------------------------------------------------------------------------
+
+
+def _generator() -> Any:
+    spec = importlib.util.spec_from_file_location("build_dashboard", GRAFANA / "build_dashboard.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_json_is_what_the_generator_writes() -> None:
+    expected = _generator().render()
+    assert DASHBOARD.read_text(encoding="utf-8") == expected, (
+        "grafana/gpuwatchd.json is stale: run python3 grafana/build_dashboard.py"
+    )
+
+
+def test_generator_check_mode_reports_a_stale_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gen = _generator()
+    gen.OUTPUT = tmp_path / "gpuwatchd.json"
+    gen.OUTPUT.write_text("{}\n", encoding="utf-8")
+    assert gen.main(["--check"]) == 1
+    assert "stale" in capsys.readouterr().out
+    assert gen.main([]) == 0
+    assert gen.main(["--check"]) == 0
+    assert json.loads(gen.OUTPUT.read_text(encoding="utf-8"))["uid"] == "gpuwatchd"
+
+
+#: Exported metrics left off the dashboard, and why.
+NOT_ON_DASHBOARD: dict[str, str] = {
+    "gpuwatchd_gate_state_duration_seconds": "the gate timeline shows how long each state held",
+    "gpuwatchd_gpu_performance_state": "the SM clock panel shows what the P-state implies",
+    "gpuwatchd_gpu_shutdown_temperature_celsius": "slowdown comes first; it is the line drawn",
+    "gpuwatchd_gpu_memory_clock_hertz": "memory clocks do not move with the power cap",
+    "gpuwatchd_gpu_max_memory_clock_hertz": "as above",
+    "gpuwatchd_gpu_memory_free_bytes": "total minus used, both drawn",
+    "up": "Prometheus' own; the GpuwatchdDown alert watches it",
+}
+
+
+def test_every_exported_metric_is_on_the_dashboard_or_says_why(dash: dict[str, Any]) -> None:
+    used: set[str] = set()
+    for _, expr in panel_queries(DASHBOARD):
+        used |= scan(expr).metrics
+    for _, selector, _ in variable_selectors(dash):
+        used |= scan(filled(selector)).metrics
+    missing = set(KNOWN_METRICS) - used - set(NOT_ON_DASHBOARD)
+    assert missing == set(), f"exported but on no panel: {sorted(missing)}"
+    assert set(NOT_ON_DASHBOARD) <= set(KNOWN_METRICS)  # no stale excuse
+    assert used.isdisjoint(NOT_ON_DASHBOARD), "on the dashboard after all: drop its excuse"
+
+
+# -- import-ready and provisionable ----------------------------------------------------
 
 
 def test_dashboard_is_import_ready(dash: dict[str, Any]) -> None:
-    assert dash["__inputs"] == [
-        {
-            "name": "DS_PROMETHEUS",
-            "label": "Prometheus",
-            "description": dash["__inputs"][0]["description"],
-            "type": "datasource",
-            "pluginId": "prometheus",
-            "pluginName": "Prometheus",
-        }
-    ]
+    # No __inputs: a file provisioned as is (or from a ConfigMap) has nobody to resolve an
+    # input, so an exported dashboard shows ${DS_PROMETHEUS} unresolved. The data source
+    # is a variable instead, which Grafana fills with the default Prometheus either way.
+    assert "__inputs" not in dash
+    assert "${DS_" not in DASHBOARD.read_text(encoding="utf-8")
     required = {(r["type"], r["id"]) for r in dash["__requires"]}
     assert ("grafana", "grafana") in required
     assert ("datasource", "prometheus") in required
@@ -120,24 +177,31 @@ def _datasource_refs(node: Any, path: str = "$") -> Iterator[tuple[str, Any]]:
             yield from _datasource_refs(value, f"{path}[{index}]")
 
 
-def test_every_datasource_is_the_input(dash: dict[str, Any]) -> None:
-    """No concrete uid: only the input (or Grafana's built-in annotations) anywhere."""
+def test_datasource_is_a_template_variable(dash: dict[str, Any]) -> None:
+    (var,) = [v for v in dash["templating"]["list"] if v["type"] == "datasource"]
+    assert var["name"] == "datasource" and var["query"] == "prometheus"
+    assert var["current"] == {} and not var["multi"] and not var["includeAll"]
+    assert dash["templating"]["list"][0] is var  # defined before the variables that use it
+
+
+def test_every_datasource_is_the_variable(dash: dict[str, Any]) -> None:
+    """No concrete uid: only the variable (or Grafana's built-in annotations) anywhere."""
     builtin = {"type": "grafana", "uid": "-- Grafana --"}
     refs = list(_datasource_refs(dash))
-    bad = [(where, ref) for where, ref in refs if ref not in (DS_INPUT, builtin)]
+    bad = [(where, ref) for where, ref in refs if ref not in (DS_VAR, builtin)]
     assert bad == []
     assert sum(ref == builtin for _, ref in refs) == 1  # the built-in annotation only
 
 
 def test_every_data_panel_queries_prometheus(dash: dict[str, Any]) -> None:
     for p in data_panels(dash):
-        assert p.get("datasource") == DS_INPUT, p["title"]
+        assert p.get("datasource") == DS_VAR, p["title"]
         targets = p.get("targets", [])
         assert targets, f"panel {p['title']!r} has no queries"
         refs = [t["refId"] for t in targets]
         assert len(refs) == len(set(refs)), f"panel {p['title']!r}: duplicate refIds {refs}"
         for t in targets:
-            assert t.get("datasource") == DS_INPUT, (p["title"], t["refId"])
+            assert t.get("datasource") == DS_VAR, (p["title"], t["refId"])
             assert t.get("expr", "").strip(), (p["title"], t["refId"])
         assert p.get("description"), f"panel {p['title']!r} has no description"
 
@@ -186,10 +250,10 @@ def test_overlap_check_catches_a_clash() -> None:
 
 
 def test_instance_and_gpu_variables(dash: dict[str, Any]) -> None:
-    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    variables = {v["name"]: v for v in query_variables(dash)}
     assert set(variables) == {"instance", "gpu"}
     for name, var in variables.items():
-        assert var["type"] == "query" and var["datasource"] == DS_INPUT, name
+        assert var["datasource"] == DS_VAR, name
         assert var["multi"] and var["includeAll"], name
         # panel_queries stands in for "All" with the same regex Grafana sends.
         assert var["allValue"] == DEFAULT_VARIABLES[name], name
@@ -322,6 +386,38 @@ REQUIRED_PANELS: dict[str, tuple[str, set[str]]] = {
     ),
     "Throttle reasons": ("state-timeline", {"gpuwatchd_gpu_throttle_active"}),
     "Gate state": ("state-timeline", {"gpuwatchd_gate_state"}),
+    "Time throttled in range": ("bargauge", {"gpuwatchd_gpu_throttle_seconds_total"}),
+    "GPU memory used vs total": (
+        "timeseries",
+        {"gpuwatchd_gpu_memory_used_bytes", "gpuwatchd_gpu_memory_total_bytes"},
+    ),
+    "Memory per compute process": ("timeseries", {"gpuwatchd_gpu_process_memory_bytes"}),
+    "Energy in range": ("bargauge", {"gpuwatchd_gpu_energy_joules_total"}),
+    "XID errors in range": ("bargauge", {"gpuwatchd_gpu_xid_errors_total"}),
+    "ECC errors in range": ("bargauge", {"gpuwatchd_gpu_ecc_errors_total"}),
+    "Remapped rows": (
+        "timeseries",
+        {
+            "gpuwatchd_gpu_remapped_rows",
+            "gpuwatchd_gpu_row_remap_pending",
+            "gpuwatchd_gpu_row_remap_failed",
+        },
+    ),
+    "PCIe replays": ("timeseries", {"gpuwatchd_gpu_pcie_replay_errors_total"}),
+    "Field read errors": ("timeseries", {"gpuwatchd_gpu_field_errors_total"}),
+    "PCIe throughput": (
+        "timeseries",
+        {"gpuwatchd_gpu_pcie_tx_bytes_total", "gpuwatchd_gpu_pcie_rx_bytes_total"},
+    ),
+    "NVLink throughput": (
+        "timeseries",
+        {"gpuwatchd_gpu_nvlink_tx_bytes_total", "gpuwatchd_gpu_nvlink_rx_bytes_total"},
+    ),
+    "Fan speed": ("timeseries", {"gpuwatchd_gpu_fan_speed_ratio"}),
+    "Tuning running": (
+        "state-timeline",
+        {"gpuwatchd_tune_running", "gpuwatchd_last_tune_timestamp_seconds"},
+    ),
     "Tune sessions in range": ("bargauge", {"gpuwatchd_tune_sessions_total"}),
     "Tune deferrals in range": ("bargauge", {"gpuwatchd_tune_deferred_total"}),
     "Winners per regime": (
@@ -353,7 +449,13 @@ def test_required_panel(dash: dict[str, Any], title: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "title", ["Temperature vs slowdown threshold", "Power vs limit", "SM clock vs max"]
+    "title",
+    [
+        "Temperature vs slowdown threshold",
+        "Power vs limit",
+        "SM clock vs max",
+        "GPU memory used vs total",
+    ],
 )
 def test_limit_series_are_drawn_as_dashed_lines(dash: dict[str, Any], title: str) -> None:
     p = panel(dash, title)
@@ -385,6 +487,7 @@ def test_binary_timelines_map_zero_and_one(dash: dict[str, Any]) -> None:
     assert _value_mappings(panel(dash, "Throttle reasons")) == {"0": "off", "1": "active"}
     assert _value_mappings(panel(dash, "Scrape collectors")) == {"0": "failing", "1": "ok"}
     assert _value_mappings(panel(dash, "Re-tune pending")) == {"0": "no", "1": "pending"}
+    assert _value_mappings(panel(dash, "Tuning running")) == {"0": "idle", "1": "tuning"}
     assert set(_value_mappings(panel(dash, "Poll state")).values()) == {
         "ok",
         "failing",
@@ -419,16 +522,20 @@ def _series(metric: str, labels: str, value: float) -> dict[str, str]:
 
 
 def _expr_test(
-    tmp_path: Path, expr: str, series: list[dict[str, str]], expected: list[tuple[str, float]]
+    tmp_path: Path,
+    expr: str,
+    series: list[dict[str, str]],
+    expected: list[tuple[str, float]],
+    interval: str = "1m",
 ) -> None:
-    """Evaluate ``expr`` on ``series`` at 5m with promtool and compare the samples."""
+    """Evaluate ``expr`` on ``series`` (one sample per ``interval``) at 5m with promtool."""
     (tmp_path / "empty_rules.yml").write_text('{"groups": []}')
     test = {
         "rule_files": ["empty_rules.yml"],
         "evaluation_interval": "1m",
         "tests": [
             {
-                "interval": "1m",
+                "interval": interval,
                 "input_series": series,
                 "promql_expr_test": [
                     {
@@ -521,54 +628,51 @@ def test_winners_query_joins_candidate_time_and_differ_flag(
     _expr_test(tmp_path, _query(dash, "Winners per regime"), series, expected)
 
 
+@needs_promtool
+def test_tuning_timeline_shows_a_session_shorter_than_a_scrape(
+    dash: dict[str, Any], tmp_path: Path
+) -> None:
+    """Samples every 15 s from unix 0, evaluated at 5m over the 1m rate interval."""
+    n = 21  # 0s .. 5m
+
+    def values(f: Any) -> str:
+        return " ".join(str(f(i)) for i in range(n))
+
+    series = [
+        # GPU 0: its first session ever completed at 4m40s, between two scrapes that
+        # both saw tune_running 0; the last-tune series appears with the next scrape.
+        {"series": f"gpuwatchd_tune_running{{{_gpu(0)}}}", "values": values(lambda i: 0)},
+        {
+            "series": f"gpuwatchd_last_tune_timestamp_seconds{{{_gpu(0)}}}",
+            "values": " ".join("_" if i < 19 else "280" for i in range(n)),
+        },
+        # GPU 1: scraped once while running (a session still going, or preempted).
+        {
+            "series": f"gpuwatchd_tune_running{{{_gpu(1)}}}",
+            "values": values(lambda i: int(i == 18)),
+        },
+        # GPU 2: tuned long ago (at 100 s), idle now; GPU 3: never tuned.
+        {"series": f"gpuwatchd_tune_running{{{_gpu(2)}}}", "values": values(lambda i: 0)},
+        {
+            "series": f"gpuwatchd_last_tune_timestamp_seconds{{{_gpu(2)}}}",
+            "values": values(lambda i: 100),
+        },
+        {"series": f"gpuwatchd_tune_running{{{_gpu(3)}}}", "values": values(lambda i: 0)},
+    ]
+    expected = [
+        (f'{{instance="h1:9844",gpu="{g}"}}', v) for g, v in ((0, 1), (1, 1), (2, 0), (3, 0))
+    ]
+    _expr_test(tmp_path, _query(dash, "Tuning running"), series, expected, interval="15s")
+    # The annotation marks the same sessions, and only them.
+    (annotation,) = annotation_exprs(dash)
+    _expr_test(tmp_path, filled(annotation), series, expected[:2], interval="15s")
+
+
 # -- the catalogue against the real exporter ------------------------------------------
 
 
-def _full_board() -> StateBoard:
-    """One GPU with every field the exporter can export."""
-    info = DeviceInfo(
-        index=0,
-        uuid="GPU-0",
-        name="NVIDIA H200",
-        driver_version="580.159.04",
-        pci_bus_id="00000000:19:00.0",
-        max_sm_clock_mhz=1980.0,
-        max_mem_clock_mhz=3201.0,
-        power_limit_w=700.0,
-        slowdown_temp_c=87.0,
-        shutdown_temp_c=92.0,
-    )
-    sample = Sample(
-        gpu=0,
-        t=10.0,
-        temp_c=61.0,
-        power_w=690.0,
-        sm_clock_mhz=1440.0,
-        mem_clock_mhz=2619.0,
-        reasons=ThrottleReason.SW_POWER_CAP,
-        util_gpu=1.0,
-        util_mem=0.4,
-        procs=(42,),
-        mem_temp_c=55.0,
-        pstate=0,
-    )
-    board = StateBoard()
-    board.put(
-        GpuSnapshot(
-            index=0,
-            info=info,
-            sample=sample,
-            gate=GateDecision(GateState.THROTTLED, ("power cap",), t=10.0, since=5.0),
-            health=PollHealth(success=True, duration_s=0.001, last_success_unix=1.7e9),
-            energy_j=1000.0,
-            throttle_seconds={ThrottleReason.SW_POWER_CAP: 5.0},
-        )
-    )
-    return board
-
-
 def test_catalogue_matches_what_the_exporter_exposes() -> None:
-    registry = build_registry(_full_board(), DaemonInfo("1.0", "sim", "3.11.7"))
+    registry = build_registry(board_of(full_h200()), DAEMON_INFO)
     text = generate_latest(registry).decode()
     exposed: dict[str, set[str]] = {}
     values: dict[str, set[str]] = {"reason": set(), "state": set()}

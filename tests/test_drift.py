@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from builders import SettableClock, candidate, h200, seed_session
 from metric_catalog import KNOWN_METRICS
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,6 +41,7 @@ from gpuwatchd.exporter.collectors.drift import DriftCollector
 from gpuwatchd.gate import GateConfig
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.monitor.poller import Poller
+from gpuwatchd.sessions.events import SessionFinished
 from gpuwatchd.store import SessionMeta, Store
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.sim import H200, SCENARIOS, SimBackend
@@ -51,7 +53,6 @@ from gpuwatchd.telemetry.types import (
     ThrottleReason,
 )
 from gpuwatchd.tuning.types import (
-    CandidateStats,
     Regime,
     RegimeResult,
     SessionStatus,
@@ -371,14 +372,7 @@ def test_the_same_bursts_against_a_wrong_reference_do_trigger() -> None:
 
 # -- the other reasons, on hand-built snapshots ------------------------------------------------
 
-INFO = DeviceInfo(
-    index=0,
-    uuid="GPU-test-0",
-    name="NVIDIA H200",
-    driver_version="580.159.04",
-    max_sm_clock_mhz=1980.0,
-    power_limit_w=700.0,
-)
+INFO = h200(uuid="GPU-test-0", driver_version="580.159.04")
 STACK = Versions(
     driver="580.159.04", cuda="12.8", torch="2.11.0+cu128", triton="3.5.0", cudnn="91900"
 )
@@ -668,15 +662,13 @@ GEMM = Workload("gemm", "matmul", {"m": 8192, "n": 8192, "k": 8192}, "bf16", ("t
 
 
 def regime_result(regime: Regime, clock_hz: float) -> RegimeResult:
-    def cand(name: str, median: float, clock: float) -> CandidateStats:
-        return CandidateStats(
-            name, "torch.matmul", regime, median, 0.01, 10, 0, clock, 690.0, 60.0, 1.0, 0x4
-        )
-
+    """``a`` wins at ``clock_hz`` under the power cap; the runner-up's clock was 1% higher."""
+    a = candidate("a", regime, 1.0e-3, sm_clock_hz=clock_hz, reasons=0x4)
+    b = candidate("b", regime, 1.1e-3, sm_clock_hz=clock_hz * 1.01, reasons=0x4)
     return RegimeResult(
         "gemm",
         regime,
-        (cand("a", 1.0e-3, clock_hz), cand("b", 1.1e-3, clock_hz * 1.01)),
+        (a, b),
         winner="a",
         tie=False,
         margin=0.1,
@@ -684,21 +676,13 @@ def regime_result(regime: Regime, clock_hz: float) -> RegimeResult:
     )
 
 
-class UnixClock:
-    def __init__(self) -> None:
-        self.t = BASE_UNIX
-
-    def __call__(self) -> float:
-        return self.t
+@pytest.fixture
+def store_clock() -> SettableClock:
+    return SettableClock(BASE_UNIX)
 
 
 @pytest.fixture
-def store_clock() -> UnixClock:
-    return UnixClock()
-
-
-@pytest.fixture
-def store(tmp_path: Path, store_clock: UnixClock) -> Iterator[Store]:
+def store(tmp_path: Path, store_clock: SettableClock) -> Iterator[Store]:
     s = Store(tmp_path / "drift.db", now=store_clock)
     yield s
     s.close()
@@ -706,22 +690,20 @@ def store(tmp_path: Path, store_clock: UnixClock) -> Iterator[Store]:
 
 def tune(
     store: Store,
-    clock: UnixClock,
+    clock: SettableClock,
     info: DeviceInfo,
     results: list[RegimeResult],
     versions: Versions = STACK,
-) -> None:
+) -> SessionFinished:
+    """Record a completed session as the runner does; returns what the runner announces."""
     meta = SessionMeta.for_device(
         info, backend="nvml", workloads=(GEMM,), regimes=(Regime.SUSTAINED,), versions=versions
     )
-    sid = store.start_session(meta)
-    for r in results:
-        store.record_result(sid, r)
-    clock.t += 100.0
-    store.finish_session(sid, SessionStatus.COMPLETED)
+    sid = seed_session(store, meta, results, tick=lambda: clock.advance(100.0))
+    return SessionFinished(sid, info.index, info.uuid, info.name, SessionStatus.COMPLETED)
 
 
-def test_reference_from_the_gpus_latest_session(store: Store, store_clock: UnixClock) -> None:
+def test_reference_from_the_gpus_latest_session(store: Store, store_clock: SettableClock) -> None:
     assert reference_from_store(store, INFO) is None
     tune(store, store_clock, INFO, [regime_result(Regime.SUSTAINED, 1.45e9)])
     store_clock.t += 1000.0
@@ -745,7 +727,7 @@ def test_reference_from_the_gpus_latest_session(store: Store, store_clock: UnixC
 
 
 def test_the_daemon_job_seeds_references_and_requests_retunes(
-    store: Store, store_clock: UnixClock
+    store: Store, store_clock: SettableClock
 ) -> None:
     board = StateBoard()
     l4 = DeviceInfo(1, "GPU-l4", "NVIDIA L4", driver_version="580.159.04", power_limit_w=72.0)
@@ -757,9 +739,10 @@ def test_the_daemon_job_seeds_references_and_requests_retunes(
     for snap in board.all():
         det.observe(snap)
     requests: list[tuple[int, tuple[str, ...], str]] = []
+    sync = ReferenceSync(det, store)
     job = DriftJob(
         det,
-        ReferenceSync(det, store),
+        sync,
         board,
         request=lambda gpu, wl, why: requests.append((gpu, tuple(w.name for w in wl), why)),
         workloads=lambda: (GEMM,),
@@ -775,9 +758,15 @@ def test_the_daemon_job_seeds_references_and_requests_retunes(
     assert requests[-1] == (0, ("gemm",), "versions_changed")
     assert job() == {}  # asked once
 
-    # The re-tune completes under the new stack: its reference clears the reason.
-    tune(store, store_clock, INFO, [regime_result(Regime.SUSTAINED, 1.44e9)], Versions(
+    # The re-tune completes under the new stack; the store is read again only once the
+    # session is announced, and its reference clears the reason.
+    done = tune(store, store_clock, INFO, [regime_result(Regime.SUSTAINED, 1.44e9)], Versions(
         driver="580.159.04", torch="2.12.0"))  # fmt: skip
+    assert det.pending(0) == {R.VERSIONS_CHANGED}
+    sync.session_finished(replace(done, status=SessionStatus.FAILED))  # changes no reference
+    assert job() == {}
+    assert det.pending(0) == {R.VERSIONS_CHANGED}
+    sync.session_finished(done)
     assert job() == {}
     assert det.pending(0) == set() and det.pending(1) == {R.NO_WINNERS}
 

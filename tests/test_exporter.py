@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import shutil
 import subprocess
@@ -10,77 +11,36 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
+import pynvml  # type: ignore[import-untyped]
 import pytest
+from builders import DAEMON_INFO, NOW_UNIX, board_of, full_h200
+from fakes_nvml import FakeGpu, FakeNvml
+from metric_catalog import ECC_SCOPES, ECC_TYPES, REMAP_CAUSES
+from metric_catalog import THROTTLE_REASONS as REASON_LABELS
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
 from prometheus_client.parser import text_string_to_metric_families
+from slow_fields import GIB, full_slow_reading
 
-from gpuwatchd.exporter import DaemonInfo, HttpServer, build_registry
+from gpuwatchd.exporter import HttpServer, build_registry
 from gpuwatchd.exporter.render import MetricsRenderer
 from gpuwatchd.exporter.singleflight import SharedFailure, SingleFlight
-from gpuwatchd.gate import GateDecision, GateState
+from gpuwatchd.gate import GateConfig, GateDecision, GateState
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
-from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
+from gpuwatchd.monitor.poller import Poller
+from gpuwatchd.telemetry.backend import Backend, GpuLost
+from gpuwatchd.telemetry.clocks import ManualClock
+from gpuwatchd.telemetry.nvml import NvmlBackend
+from gpuwatchd.telemetry.sim import SimBackend
+from gpuwatchd.telemetry.types import DeviceInfo, Sample, SlowReading, ThrottleReason
 
 R = ThrottleReason
-NOW_UNIX = 1_750_000_000.0
-REASON_LABELS = [
-    "gpu_idle",
-    "applications_clocks_setting",
-    "sw_power_cap",
-    "hw_slowdown",
-    "sync_boost",
-    "sw_thermal_slowdown",
-    "hw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-    "display_clock_setting",
-]
-INFO = DaemonInfo(version="9.9.9", backend="sim", python_version="3.11.7")
 
 Labels = tuple[tuple[str, str], ...]
 Series = dict[tuple[str, Labels], float]
-
-
-def _full_gpu() -> GpuSnapshot:
-    """GPU 0: an H200 under a power-capped matmul, every field supported."""
-    info = DeviceInfo(
-        index=0,
-        uuid="GPU-00000000-aaaa",
-        name="NVIDIA H200",
-        driver_version="580.159.04",
-        pci_bus_id="00000000:19:00.0",
-        max_sm_clock_mhz=1980.0,
-        max_mem_clock_mhz=3201.0,
-        power_limit_w=700.0,
-        slowdown_temp_c=87.0,
-        shutdown_temp_c=92.0,
-    )
-    sample = Sample(
-        gpu=0,
-        t=160.0,
-        temp_c=61.0,
-        power_w=693.5,
-        sm_clock_mhz=1440.0,
-        mem_clock_mhz=2619.0,
-        reasons=R.SW_POWER_CAP,
-        util_gpu=1.0,
-        util_mem=0.45,
-        procs=(4242, 4243),
-        mem_temp_c=55.0,
-        pstate=0,
-    )
-    return GpuSnapshot(
-        index=0,
-        info=info,
-        sample=sample,
-        gate=GateDecision(GateState.THROTTLED, ("reason sw_power_cap",), t=160.0, since=100.0),
-        health=PollHealth(success=True, duration_s=0.0011, last_success_unix=NOW_UNIX),
-        energy_j=123456.5,
-        throttle_seconds={R.SW_POWER_CAP: 60.0, R.GPU_IDLE: 5.25},
-    )
 
 
 def _sparse_gpu() -> GpuSnapshot:
@@ -98,8 +58,17 @@ def _sparse_gpu() -> GpuSnapshot:
 
 def _lost_gpu() -> GpuSnapshot:
     """GPU 2: fell off the bus; its last sample is stale and must not be exported."""
-    info = DeviceInfo(index=2, uuid="GPU-22222222-cccc", name="NVIDIA H200", power_limit_w=700.0)
-    stale = Sample(gpu=2, t=90.0, temp_c=70.0, power_w=650.0, reasons=R.SW_POWER_CAP)
+    info = DeviceInfo(
+        index=2,
+        uuid="GPU-22222222-cccc",
+        name="NVIDIA H200",
+        power_limit_w=700.0,
+        memory_total_bytes=141 * GIB,
+    )
+    stale = Sample(
+        gpu=2, t=90.0, temp_c=70.0, power_w=650.0, reasons=R.SW_POWER_CAP,
+        slow=full_slow_reading(t=88.0), field_errors={"power": 1},
+    )  # fmt: skip
     return GpuSnapshot(
         index=2,
         info=info,
@@ -118,10 +87,8 @@ def _lost_gpu() -> GpuSnapshot:
 
 
 def make_board() -> StateBoard:
-    board = StateBoard()
-    for snap in (_full_gpu(), _sparse_gpu(), _lost_gpu()):
-        board.put(snap)
-    return board
+    """GPU 0 with every field, GPU 1 with few, GPU 2 lost."""
+    return board_of(full_h200(), _sparse_gpu(), _lost_gpu())
 
 
 def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[str, str]:
@@ -133,12 +100,6 @@ def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[str, str]
 @pytest.fixture
 def board() -> StateBoard:
     return make_board()
-
-
-@pytest.fixture
-def server(board: StateBoard) -> Iterator[HttpServer]:
-    with HttpServer(board, build_registry(board, INFO), ("127.0.0.1", 0)) as srv:
-        yield srv
 
 
 @pytest.fixture
@@ -187,7 +148,7 @@ def test_promtool_check_metrics_reports_nothing(scraped: str) -> None:
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
 def test_promtool_accepts_an_empty_board() -> None:
     board = StateBoard()
-    text = generate_latest(build_registry(board, INFO)).decode()
+    text = generate_latest(build_registry(board, DAEMON_INFO)).decode()
     result = subprocess.run(
         ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )
@@ -267,10 +228,10 @@ def test_every_throttle_reason_has_a_series(scraped: str) -> None:
 
 def test_several_active_reasons_each_show_one() -> None:
     board = StateBoard()
-    snap = _full_gpu()
+    snap = full_h200()
     reasons = R.HW_SLOWDOWN | R.SW_THERMAL_SLOWDOWN | R.DISPLAY_CLOCK_SETTING
     board.put(GpuSnapshot(0, snap.info, Sample(0, 1.0, reasons=reasons), None, snap.health))
-    s = series(generate_latest(build_registry(board, INFO)).decode())
+    s = series(generate_latest(build_registry(board, DAEMON_INFO)).decode())
     on = {r for r in REASON_LABELS if gpu_series(s, "gpuwatchd_gpu_throttle_active", 0, reason=r)}
     assert on == {"hw_slowdown", "sw_thermal_slowdown", "display_clock_setting"}
 
@@ -325,7 +286,7 @@ def test_lost_gpu_exports_health_but_no_stale_readings(scraped: str) -> None:
 
 
 def test_stalled_gpu_exports_no_readings() -> None:
-    snap = _full_gpu()
+    snap = full_h200()
     board = StateBoard()
     board.put(
         GpuSnapshot(
@@ -336,7 +297,7 @@ def test_stalled_gpu_exports_no_readings() -> None:
             PollHealth(success=True, duration_s=0.001, stalled=True, last_success_unix=NOW_UNIX),
         )
     )
-    s = series(generate_latest(build_registry(board, INFO)).decode())
+    s = series(generate_latest(build_registry(board, DAEMON_INFO)).decode())
     assert gpu_series(s, "gpuwatchd_poll_stalled", 0) == 1.0
     assert gpu_series(s, "gpuwatchd_gpu_temperature_celsius", 0) is None
 
@@ -344,7 +305,7 @@ def test_stalled_gpu_exports_no_readings() -> None:
 def test_gpu_without_device_info_has_empty_uuid_and_no_info_series() -> None:
     board = StateBoard()
     board.put(GpuSnapshot(3, None, Sample(3, 1.0, temp_c=33.0), None, PollHealth(True, 0.001)))
-    s = series(generate_latest(build_registry(board, INFO)).decode())
+    s = series(generate_latest(build_registry(board, DAEMON_INFO)).decode())
     assert gpu_series(s, "gpuwatchd_gpu_temperature_celsius", 3, uuid="") == 33.0
     assert gpu_series(s, "gpuwatchd_gpu_info", 3) is None
     assert "gpuwatchd_gate_state" not in names_for_gpu(s, 3)
@@ -387,7 +348,7 @@ def test_failing_subcollector_never_breaks_the_scrape(
     board: StateBoard, caplog: pytest.LogCaptureFixture
 ) -> None:
     broken = _Broken()
-    registry = build_registry(board, INFO, extra=[broken, _Tuning()])
+    registry = build_registry(board, DAEMON_INFO, extra=[broken, _Tuning()])
     with caplog.at_level("ERROR"):
         first = series(generate_latest(registry).decode())
         second = series(generate_latest(registry).decode())
@@ -405,14 +366,14 @@ def test_failing_subcollector_never_breaks_the_scrape(
 
 def test_duplicate_collector_names_are_refused(board: StateBoard) -> None:
     with pytest.raises(ValueError, match=r"subcollectors: duplicate collector name\(s\) \['gpu'\]"):
-        build_registry(board, INFO, extra=[type("G", (_Tuning,), {"name": "gpu"})()])
+        build_registry(board, DAEMON_INFO, extra=[type("G", (_Tuning,), {"name": "gpu"})()])
 
 
 def test_registry_is_private(board: StateBoard) -> None:
     from prometheus_client import REGISTRY
 
     before = generate_latest(REGISTRY)
-    build_registry(board, INFO)
+    build_registry(board, DAEMON_INFO)
     assert b"gpuwatchd_" not in before + generate_latest(REGISTRY)
 
 
@@ -485,7 +446,7 @@ class _FakeClock:
 
 def _renderer(board: StateBoard, max_age_s: float) -> tuple[MetricsRenderer, _Counting, _FakeClock]:
     counting, clock = _Counting(), _FakeClock()
-    registry = build_registry(board, INFO, extra=[counting])
+    registry = build_registry(board, DAEMON_INFO, extra=[counting])
     return MetricsRenderer(registry, board.all, max_age_s, clock=clock), counting, clock
 
 
@@ -501,7 +462,7 @@ def test_render_is_reused_while_board_unchanged_and_young(board: StateBoard) -> 
 def test_render_is_redone_when_any_snapshot_changes(board: StateBoard) -> None:
     renderer, counting, _ = _renderer(board, max_age_s=60.0)
     renderer.render("", "")
-    board.put(_full_gpu())  # equal content, new object: the poller wrote again
+    board.put(full_h200())  # equal content, new object: the poller wrote again
     second = renderer.render("", "")
     assert counting.calls == 2 and b"gpuwatchd_test_renders 2.0" in second.body
 
@@ -529,7 +490,7 @@ def test_each_encoding_is_rendered_and_reused_separately(board: StateBoard) -> N
 
 def test_negative_max_age_is_refused(board: StateBoard) -> None:
     with pytest.raises(ValueError, match="max_age_s must be >= 0, got -1"):
-        MetricsRenderer(build_registry(board, INFO), board.all, -1)
+        MetricsRenderer(build_registry(board, DAEMON_INFO), board.all, -1)
 
 
 def test_singleflight_shares_one_call_between_concurrent_callers() -> None:
@@ -591,3 +552,197 @@ def test_singleflight_failure_reaches_every_waiter() -> None:
     assert kinds == ["OSError", "SharedFailure"]
     shared = next(e for e in errors if isinstance(e, SharedFailure))
     assert isinstance(shared.__cause__, OSError)
+
+
+# -- GPU health (the slow fields) -------------------------------------------------------------
+
+
+def test_health_values_are_in_base_units(scraped: str) -> None:
+    s = series(scraped)
+    expect = {
+        "gpuwatchd_gpu_memory_used_bytes": 40.0 * GIB,
+        "gpuwatchd_gpu_memory_free_bytes": 100.0 * GIB,
+        "gpuwatchd_gpu_memory_total_bytes": 140.0 * GIB,
+        "gpuwatchd_gpu_row_remap_pending": 1.0,
+        "gpuwatchd_gpu_row_remap_failed": 0.0,
+        "gpuwatchd_gpu_pcie_tx_bytes_total": 5.0e9,
+        "gpuwatchd_gpu_pcie_rx_bytes_total": 7.5e9,
+        "gpuwatchd_gpu_pcie_replay_errors_total": 4.0,
+        "gpuwatchd_gpu_nvlink_tx_bytes_total": 3.0e12,
+        "gpuwatchd_gpu_nvlink_rx_bytes_total": 2.5e12,
+        "gpuwatchd_gpu_fan_speed_ratio": 0.55,
+    }
+    assert {name: gpu_series(s, name, 0) for name in expect} == expect
+
+
+def test_labelled_health_series(scraped: str) -> None:
+    s = series(scraped)
+    ecc = {
+        (scope, kind): gpu_series(s, "gpuwatchd_gpu_ecc_errors_total", 0, scope=scope, type=kind)
+        for scope in ECC_SCOPES
+        for kind in ECC_TYPES
+    }
+    assert ecc == {
+        ("volatile", "corrected"): 3.0,
+        ("volatile", "uncorrected"): 1.0,
+        ("aggregate", "corrected"): 17.0,
+        ("aggregate", "uncorrected"): 1.0,
+    }
+    rows = {c: gpu_series(s, "gpuwatchd_gpu_remapped_rows", 0, cause=c) for c in REMAP_CAUSES}
+    assert rows == {"correctable": 2.0, "uncorrectable": 1.0}
+    xids = {
+        dict(labels)["xid"]: value
+        for (name, labels), value in s.items()
+        if name == "gpuwatchd_gpu_xid_errors_total" and dict(labels)["gpu"] == "0"
+    }
+    assert xids == {"48": 1.0, "63": 1.0}
+    procs = {
+        dict(labels)["pid"]: value
+        for (name, labels), value in s.items()
+        if name == "gpuwatchd_gpu_process_memory_bytes"
+    }
+    assert procs == {"4242": 30.0 * GIB, "4243": 9.0 * GIB}
+    assert gpu_series(s, "gpuwatchd_gpu_field_errors_total", 0, field="util") == 2.0
+
+
+def test_health_of_a_gpu_without_slow_fields_is_absent(scraped: str) -> None:
+    s = series(scraped)
+    present = names_for_gpu(s, 1)
+    health = {
+        "gpuwatchd_gpu_memory_used_bytes",
+        "gpuwatchd_gpu_memory_total_bytes",  # GPU 1 knows no memory size either
+        "gpuwatchd_gpu_xid_errors_total",
+        "gpuwatchd_gpu_ecc_errors_total",
+        "gpuwatchd_gpu_pcie_tx_bytes_total",
+        "gpuwatchd_gpu_fan_speed_ratio",
+        "gpuwatchd_gpu_process_memory_bytes",
+        "gpuwatchd_gpu_field_errors_total",
+    }
+    assert present & health == set()
+
+
+def test_a_lost_gpu_exports_no_stale_health_but_its_memory_size(scraped: str) -> None:
+    s = series(scraped)
+    present = names_for_gpu(s, 2)
+    for stale in (
+        "gpuwatchd_gpu_memory_used_bytes",
+        "gpuwatchd_gpu_xid_errors_total",
+        "gpuwatchd_gpu_ecc_errors_total",
+        "gpuwatchd_gpu_remapped_rows",
+        "gpuwatchd_gpu_process_memory_bytes",
+        "gpuwatchd_gpu_field_errors_total",
+    ):
+        assert stale not in present, stale
+    assert gpu_series(s, "gpuwatchd_gpu_memory_total_bytes", 2) == 141.0 * GIB  # static fact
+
+
+def test_unsupported_health_fields_are_absent_one_by_one() -> None:
+    snap = full_h200()
+    assert snap.sample is not None
+    partial = SlowReading(t=1.0, memory_used_bytes=GIB, xid_errors={})  # nothing else known
+    sample = Sample(0, 1.0, temp_c=40.0, slow=partial)
+    board = board_of(GpuSnapshot(0, snap.info, sample, snap.gate, snap.health))
+    s = series(generate_latest(build_registry(board, DAEMON_INFO)).decode())
+    assert gpu_series(s, "gpuwatchd_gpu_memory_used_bytes", 0) == GIB
+    for absent in (
+        "gpuwatchd_gpu_memory_free_bytes",
+        "gpuwatchd_gpu_ecc_errors_total",
+        "gpuwatchd_gpu_remapped_rows",
+        "gpuwatchd_gpu_row_remap_pending",
+        "gpuwatchd_gpu_pcie_tx_bytes_total",
+        "gpuwatchd_gpu_nvlink_rx_bytes_total",
+        "gpuwatchd_gpu_fan_speed_ratio",
+        "gpuwatchd_gpu_xid_errors_total",  # watched, none seen: no series invented
+        "gpuwatchd_gpu_process_memory_bytes",
+    ):
+        assert absent not in names_for_gpu(s, 0), absent
+
+
+def test_health_collector_has_its_own_self_metrics(scraped: str) -> None:
+    s = series(scraped)
+    assert s[("gpuwatchd_scrape_collector_success", (("collector", "gpu_health"),))] == 1.0
+
+
+def _scrape_polled(backend: Backend, gpus: int) -> Series:
+    """Poll each GPU, take the slow path once (as the poller's slow pool does), poll again."""
+    board = StateBoard()
+    poller = Poller(backend, board, GateConfig())
+    for gpu in range(gpus):
+        poller.poll(gpu)
+    for gpu in range(gpus):
+        with contextlib.suppress(GpuLost):
+            backend.read_energy(gpu)
+    for gpu in range(gpus):
+        poller.poll(gpu)
+    return series(generate_latest(build_registry(board, DAEMON_INFO)).decode())
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_TIMEOUT])
+def test_one_failing_nvml_field_drops_only_its_own_series(code: int) -> None:
+    fake = FakeNvml([FakeGpu(), FakeGpu()])
+    backend = NvmlBackend(nvml=fake, xid_wait_s=0.02)
+    try:
+        fake.fail("nvmlDeviceGetUtilizationRates", code)  # on every GPU, every poll
+        fake.fail_field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, code, gpu=1)
+        s = _scrape_polled(backend, 2)
+    finally:
+        backend.close()
+    for gpu in (0, 1):
+        assert gpu_series(s, "gpuwatchd_poll_success", gpu) == 1.0
+        assert gpu_series(s, "gpuwatchd_gpu_utilization_ratio", gpu) is None
+        assert gpu_series(s, "gpuwatchd_gpu_temperature_celsius", gpu) == 40.0
+        assert gpu_series(s, "gpuwatchd_gpu_power_watts", gpu) == 125.0
+        assert gpu_series(s, "gpuwatchd_gpu_field_errors_total", gpu, field="util") == 2.0
+        assert gpu_series(s, "gpuwatchd_gpu_nvlink_rx_bytes_total", gpu) == 2048000
+    assert gpu_series(s, "gpuwatchd_gpu_pcie_replay_errors_total", 0) == 2.0
+    assert gpu_series(s, "gpuwatchd_gpu_pcie_replay_errors_total", 1) is None
+    assert gpu_series(s, "gpuwatchd_gpu_field_errors_total", 1, field="pcie_replay") == 1.0
+
+
+def test_a_lost_gpu_drops_all_its_readings_and_only_its_own() -> None:
+    fake = FakeNvml(2)
+    backend = NvmlBackend(nvml=fake, xid_wait_s=0.02)
+    try:
+        fake.fail("nvmlDeviceGetUtilizationRates", pynvml.NVML_ERROR_GPU_IS_LOST, gpu=1)
+        s = _scrape_polled(backend, 2)
+    finally:
+        backend.close()
+    assert gpu_series(s, "gpuwatchd_gpu_lost", 1) == 1.0
+    assert gpu_series(s, "gpuwatchd_gpu_temperature_celsius", 1) is None
+    assert gpu_series(s, "gpuwatchd_gpu_memory_used_bytes", 1) is None
+    assert gpu_series(s, "gpuwatchd_gpu_temperature_celsius", 0) == 40.0
+    assert gpu_series(s, "gpuwatchd_gpu_memory_used_bytes", 0) == 1_048_576_000
+
+
+def test_the_simulated_gpu_exports_health_and_an_injected_xid() -> None:
+    clock = ManualClock()
+    backend = SimBackend(gpus=2, scenario="ecc-error", clock=clock)
+    clock.advance(25.0)
+    backend.inject_xid(1, 79)
+    s = _scrape_polled(backend, 2)
+    assert gpu_series(s, "gpuwatchd_gpu_xid_errors_total", 0, xid="48") == 1.0
+    assert gpu_series(s, "gpuwatchd_gpu_xid_errors_total", 1, xid="79") == 1.0
+    assert gpu_series(s, "gpuwatchd_gpu_row_remap_pending", 0) == 1.0
+    assert gpu_series(s, "gpuwatchd_gpu_row_remap_pending", 1) == 0.0
+    unc = gpu_series(s, "gpuwatchd_gpu_ecc_errors_total", 0, scope="volatile", type="uncorrected")
+    assert unc == 1.0
+    assert gpu_series(s, "gpuwatchd_gpu_memory_used_bytes", 0) == 589 * 2**20
+    assert gpu_series(s, "gpuwatchd_gpu_nvlink_tx_bytes_total", 0) == 0.0  # idle: nothing moved
+    assert gpu_series(s, "gpuwatchd_gpu_fan_speed_ratio", 0) is None  # passively cooled
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def test_promtool_accepts_the_simulated_health_metrics() -> None:
+    clock = ManualClock()
+    backend = SimBackend(gpus=1, scenario="ecc-error", clock=clock)
+    clock.advance(30.0)
+    board = StateBoard()
+    poller = Poller(backend, board, GateConfig())
+    backend.read_energy(0)
+    poller.poll(0)
+    text = generate_latest(build_registry(board, DAEMON_INFO)).decode()
+    assert "gpuwatchd_gpu_xid_errors_total" in text
+    out = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "", out.stdout + out.stderr

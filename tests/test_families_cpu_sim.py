@@ -17,6 +17,7 @@ from gpuwatchd.tuning.types import Regime, Workload
 from gpuwatchd.tuning.worker import families
 from gpuwatchd.tuning.worker.candidate import CandidateError
 from gpuwatchd.tuning.worker.devices import CpuSession, SimSession
+from gpuwatchd.tuning.worker.families.base import CandidateBase
 from gpuwatchd.tuning.worker.families.cpu import TorchCpuCandidate
 from gpuwatchd.tuning.worker.families.sim import (
     CUBLAS_LIKE,
@@ -95,6 +96,48 @@ def test_daemon_side_imports_stay_torch_free() -> None:
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False).returncode == 0
+
+
+class _Taker(CandidateBase):
+    """Takes a resource, then fails (or not) part-way through setup."""
+
+    family = "test"
+
+    def __init__(self, error: BaseException | None) -> None:
+        super().__init__("taker")
+        self.error = error
+        self.held = 0
+        self.teardowns = 0
+
+    def _setup(self) -> None:
+        self.held += 1
+        if self.error is not None:
+            raise self.error
+        self._meta = {"held": self.held}
+
+    def run(self, calls: int) -> None:
+        return None
+
+    def teardown(self) -> None:
+        self.teardowns += 1
+        self.held = 0
+
+
+@pytest.mark.parametrize("error", [CandidateError("wrong result"), KeyboardInterrupt()])
+def test_candidate_base_releases_what_a_failed_setup_took(error: BaseException) -> None:
+    cand = _Taker(error)
+    with pytest.raises(type(error)):
+        cand.setup()
+    assert (cand.held, cand.teardowns) == (0, 1)
+
+
+def test_candidate_base_keeps_a_good_setup_and_copies_its_meta() -> None:
+    cand = _Taker(None)
+    cand.setup()
+    assert (cand.held, cand.teardowns) == (1, 0)
+    meta = cand.meta()
+    meta["held"] = 99
+    assert cand.meta() == {"held": 1} and cand.name == "taker"
 
 
 # -- cpu ----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+from builders import h200, idle
 
 from gpuwatchd.gate import GateConfig, GateDecision, GateState, evaluate
 from gpuwatchd.telemetry.clocks import ManualClock
@@ -17,26 +18,10 @@ from gpuwatchd.telemetry.replay import ReplayBackend
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 
 H200_TRACE = Path(__file__).parent / "data" / "h200-matmul-burn.jsonl"
-H200 = DeviceInfo(
-    index=0,
-    uuid="GPU-test",
-    name="NVIDIA H200",
-    max_sm_clock_mhz=1980.0,
-    power_limit_w=700.0,
-    slowdown_temp_c=89.0,  # default margin 15 C -> limit 74 C, 71 C to reopen
-)
+H200 = h200(uuid="GPU-test", slowdown_temp_c=89.0)  # default margin 15 C: limit 74 C, reopen 71
 CFG = GateConfig()
 S = GateState
 R = ThrottleReason
-
-
-def idle(t: float, **kw: object) -> Sample:
-    """An idle H200 reading (40 C, 125 W, full clock, no reasons), with overrides."""
-    base: dict[str, object] = dict(
-        gpu=0, t=t, temp_c=40.0, power_w=125.0, sm_clock_mhz=1980.0, reasons=R(0)
-    )
-    base.update(kw)
-    return Sample(**base)  # type: ignore[arg-type]
 
 
 def run(
@@ -124,9 +109,9 @@ def test_unavailable_beats_everything() -> None:
     assert evaluate(steady(0.0, 15.0), H200, CFG, prev, now=15.5).open  # fresh enough
     d = evaluate([*steady(0.0, 15.0), idle(15.0, temp_c=None)], H200, CFG, prev)
     assert (d.state, d.reasons) == (S.UNAVAILABLE, ("no temperature reading",))
-    # Coming back needs the full settle time again.
+    # Coming back needs the full settle time again, from the first reading after the spell.
     back = run(steady(15.2, 30.0), prev=d)
-    assert opened(back).t == pytest.approx(d.t + CFG.settle_s)
+    assert opened(back).t == pytest.approx(15.2 + CFG.settle_s)
 
 
 def test_busy_outranks_throttled() -> None:
@@ -254,7 +239,9 @@ def test_utilization_hysteresis_is_busy_without_disturbance() -> None:
     band = between(ds, 30.0, 45.0)
     assert band[0].state is S.BUSY and band[0].disturbed_at == 30.0
     assert all(d.state is S.BUSY for d in band)
-    assert band[-1].disturbed_at == 30.0 and band[-1].reasons == ("util 4.5% > 4.0%",)
+    assert band[-1].disturbed_at == 30.0 and band[-1].reasons == (
+        "util 4.5% > 4.0% (util_max 5.0% - 20% to reopen)",
+    )
     assert ds[-1].open
     # The same 4.5% never shuts a gate that is already open.
     assert run([*steady(0.0, 15.0), *steady(15.0, 20.0, util_gpu=0.045)])[-1].open

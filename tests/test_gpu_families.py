@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpuwatchd.telemetry.types import DeviceInfo
+from gpuwatchd.telemetry.types import DeviceInfo, normalize_uuid
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import CandidateError
 from gpuwatchd.tuning.worker.cuda_session import (
@@ -28,11 +28,11 @@ from gpuwatchd.tuning.worker.cuda_session import (
     canonical_dtype,
     fp32_precision,
     match_cuda_device,
-    normalize_uuid,
     parse_pci_bus_id,
     relative_error,
 )
 from gpuwatchd.tuning.worker.families import torch_conv, torch_matmul, triton_matmul
+from gpuwatchd.tuning.worker.families.base import CandidateBase
 from gpuwatchd.tuning.worker.families.triton_matmul import (
     DEFAULT_CONFIGS,
     HOPPER_SMEM_BYTES,
@@ -282,6 +282,13 @@ def test_conv_refuses_the_v7_api_whose_cache_is_process_wide(
     cudaish = SimpleNamespace(device=SimpleNamespace(type="cuda", index=0))
     with pytest.raises(CandidateError, match="TORCH_CUDNN_V8_API_DISABLED"):
         torch_conv.build(conv(), cudaish)  # type: ignore[arg-type]
+
+
+def test_gpu_families_share_the_base_setup_that_cleans_up() -> None:
+    classes = (torch_matmul.TorchMatmul, triton_matmul.TritonMatmul, torch_conv.CudnnConv)
+    for cls in classes:
+        assert issubclass(cls, CandidateBase), cls
+        assert cls.setup is CandidateBase.setup and cls.meta is CandidateBase.meta, cls
 
 
 # -- device matching and helpers ----------------------------------------------------------

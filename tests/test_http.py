@@ -8,69 +8,49 @@ import json
 import math
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from builders import DAEMON_INFO, board_of, capped, h200, judged
 
 from gpuwatchd.api.state import STATE_FORMAT, build_state_json
-from gpuwatchd.exporter import DEFAULT_PORT, DaemonInfo, HttpServer, build_registry, parse_listen
+from gpuwatchd.exporter import DEFAULT_PORT, HttpServer, build_registry, parse_listen
 from gpuwatchd.exporter.http import Request, Routes, request_path
 from gpuwatchd.exporter.render import MetricsRenderer
-from gpuwatchd.gate import GateDecision, GateState
-from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.gate import GateState
+from gpuwatchd.monitor.board import PollHealth, StateBoard
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 
 R = ThrottleReason
-INFO = DaemonInfo("9.9.9", "sim", "3.11.7")
 
 
 def make_board() -> StateBoard:
-    board = StateBoard()
-    board.put(
-        GpuSnapshot(
-            index=0,
-            info=DeviceInfo(0, "GPU-aaaa", "NVIDIA H200", "580.159.04", max_sm_clock_mhz=1980.0),
-            sample=Sample(
-                0,
-                t=12.5,
-                temp_c=61.0,
-                power_w=693.5,
-                sm_clock_mhz=1440.0,
-                reasons=R.SW_POWER_CAP | R.HW_SLOWDOWN,
-                util_gpu=0.97,
-                procs=(4242,),
-                extra={"fan_ratio": math.nan},
-            ),
-            gate=GateDecision(GateState.THROTTLED, ("power capped",), t=12.5, since=2.5),
-            health=PollHealth(True, 0.0011, last_success_t=12.5, last_success_unix=1000.0),
-            energy_j=5000.0,
-            throttle_seconds={R.SW_POWER_CAP: 10.0},
-        )
+    """GPU 0 power-capped and slowed down by the hardware; GPU 1 lost with its last reading."""
+    capped_gpu = judged(
+        0,
+        h200(driver_version="580.159.04"),
+        capped(reasons=R.SW_POWER_CAP | R.HW_SLOWDOWN, extra={"fan_ratio": math.nan}),
+        GateState.THROTTLED,
+        ("power capped",),
+        health=PollHealth(True, 0.0011, last_success_t=12.5, last_success_unix=1000.0),
+        energy_j=5000.0,
+        throttle_seconds={R.SW_POWER_CAP: 10.0},
     )
-    board.put(
-        GpuSnapshot(
-            index=1,
-            info=DeviceInfo(1, "GPU-bbbb", "NVIDIA H200"),
-            sample=Sample(1, t=3.0, temp_c=80.0),
-            gate=GateDecision(GateState.UNAVAILABLE, ("gpu lost",), t=12.5, since=4.0),
-            health=PollHealth(
-                False, 0.002, lost=True, error="GPU 1 is lost", last_success_unix=990.0
-            ),
-        )
+    lost_gpu = judged(
+        1,
+        DeviceInfo(1, "GPU-bbbb", "NVIDIA H200"),
+        Sample(1, t=3.0, temp_c=80.0),
+        GateState.UNAVAILABLE,
+        ("gpu lost",),
+        since=4.0,
+        health=PollHealth(False, 0.002, lost=True, error="GPU 1 is lost", last_success_unix=990.0),
     )
-    return board
+    return board_of(capped_gpu, lost_gpu)
 
 
 @pytest.fixture
 def board() -> StateBoard:
     return make_board()
-
-
-@pytest.fixture
-def server(board: StateBoard) -> Iterator[HttpServer]:
-    with HttpServer(board, build_registry(board, INFO), ("127.0.0.1", 0)) as srv:
-        yield srv
 
 
 def request(
@@ -142,14 +122,14 @@ def test_state_json_shape(server: HttpServer) -> None:
 
 
 def test_state_json_ages_from_injected_clock(board: StateBoard) -> None:
-    doc = build_state_json(board, INFO, now=lambda: 1010.0)
+    doc = build_state_json(board, DAEMON_INFO, now=lambda: 1010.0)
     assert doc["generated_unix"] == 1010.0
     assert doc["daemon"] == {"version": "9.9.9", "backend": "sim", "python_version": "3.11.7"}
     assert [g["poll"]["last_success_age_s"] for g in doc["gpus"]] == [10.0, 20.0]
 
 
 def test_custom_state_json_is_served(board: StateBoard) -> None:
-    registry = build_registry(board, INFO)
+    registry = build_registry(board, DAEMON_INFO)
     with HttpServer(board, registry, ("127.0.0.1", 0), lambda: {"tuning": {"ok": 1}}) as srv:
         status, _, body = request(srv, "GET", "/api/v1/state")
     assert status == 200 and json.loads(body) == {"tuning": {"ok": 1}}
@@ -159,7 +139,7 @@ def test_failing_state_json_gives_500_and_server_survives(board: StateBoard) -> 
     def broken() -> dict[str, Any]:
         raise RuntimeError("db locked")
 
-    with HttpServer(board, build_registry(board, INFO), ("127.0.0.1", 0), broken) as srv:
+    with HttpServer(board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0), broken) as srv:
         status, _, body = request(srv, "GET", "/api/v1/state")
         assert status == 500 and json.loads(body)["error"] == "internal error"
         assert request(srv, "GET", "/healthz")[0] == 200
@@ -229,23 +209,21 @@ def raw_exchange(srv: HttpServer, data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize(
-    ("data", "status", "status_line"),
+    ("data", "status"),
     [
-        # An unparseable version leaves the stdlib in HTTP/0.9 mode: body, no status line.
-        (b"GET /metrics HTTP/1.x\r\n\r\n", 400, False),
-        (b"GET /metrics HTTP/3.0\r\n\r\n", 505, False),
-        (b"BREW /metrics HTTP/1.1\r\n\r\n", 501, True),
-        (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", 414, True),
+        (b"GET /metrics HTTP/1.x\r\n\r\n", 400),
+        (b"GET /metrics HTTP/3.0\r\n\r\n", 505),
+        (b"BREW /metrics HTTP/1.1\r\n\r\n", 501),
+        (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", 414),
     ],
 )
 def test_protocol_errors_answer_json_and_server_lives_on(
-    server: HttpServer, data: bytes, status: int, status_line: bool
+    server: HttpServer, data: bytes, status: int
 ) -> None:
     reply = raw_exchange(server, data)
-    if status_line:
-        head, _, reply = reply.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 %d " % status)
-        assert b"Content-Type: application/json" in head
+    head, _, reply = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status)
+    assert b"Content-Type: application/json" in head and b"Connection: close" in head
     assert json.loads(reply)["status"] == status
     assert request(server, "GET", "/healthz")[0] == 200
 
@@ -256,7 +234,7 @@ def test_http09_garbage_does_not_hurt_the_server(server: HttpServer) -> None:
 
 
 def test_stop_is_fast_even_with_an_idle_keep_alive_client(board: StateBoard) -> None:
-    srv = HttpServer(board, build_registry(board, INFO), ("127.0.0.1", 0))
+    srv = HttpServer(board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0))
     srv.start()
     address = srv.address
     idle = http.client.HTTPConnection(*address, timeout=5)
@@ -278,18 +256,18 @@ def test_start_twice_and_busy_port_fail_clearly(server: HttpServer, board: State
     with pytest.raises(RuntimeError, match="already started"):
         server.start()
     host, port = server.address
-    other = HttpServer(board, build_registry(board, INFO), (host, port))
+    other = HttpServer(board, build_registry(board, DAEMON_INFO), (host, port))
     with pytest.raises(OSError, match=rf"cannot listen on 127\.0\.0\.1:{port}: "):
         other.start()
 
 
 def test_out_of_range_port_is_refused(board: StateBoard) -> None:
     with pytest.raises(ValueError, match="listen port 70000 is out of range 0-65535"):
-        HttpServer(board, build_registry(board, INFO), ("127.0.0.1", 70000))
+        HttpServer(board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 70000))
 
 
 def test_routes_work_without_sockets(board: StateBoard) -> None:
-    renderer = MetricsRenderer(build_registry(board, INFO), board.all)
+    renderer = MetricsRenderer(build_registry(board, DAEMON_INFO), board.all)
     routes = Routes(renderer, lambda: build_state_json(board))
     assert routes.handle(Request("GET", "/healthz")).status == 200
     metrics = routes.handle(Request("GET", "http://example.org/metrics?x=1"))
@@ -362,6 +340,6 @@ def test_ipv6_loopback_when_available(board: StateBoard) -> None:
             probe.bind(("::1", 0))
     except OSError:
         pytest.skip("IPv6 loopback is not available on this host")
-    with HttpServer(board, build_registry(board, INFO), parse_listen("[::1]:0")) as srv:
+    with HttpServer(board, build_registry(board, DAEMON_INFO), parse_listen("[::1]:0")) as srv:
         assert srv.url.startswith("http://[::1]:")
         assert request(srv, "GET", "/healthz")[0] == 200

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import session_meta
 
 pytest.importorskip("matplotlib")
 
@@ -16,19 +17,19 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
 from gpuwatchd.gate import GateConfig, GateState
-from gpuwatchd.report.plots import (
+from gpuwatchd.report.figure import PlotError
+from gpuwatchd.report.results_plot import axis_cap, build_report_figure, plot_report
+from gpuwatchd.report.text import report_from
+from gpuwatchd.report.timeline_plot import (
     GateSpan,
-    PlotError,
-    build_report_figure,
     build_timeline_figure,
-    plot_report,
     plot_timeline,
+    regime_spans,
     replay_gate,
     session_spans,
 )
-from gpuwatchd.report.text import report_from
 from gpuwatchd.store import Store
-from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, Versions
+from gpuwatchd.store.rows import SessionRow, StoredResult, Versions
 from gpuwatchd.telemetry.trace import load_trace
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.types import (
@@ -143,6 +144,30 @@ def test_report_panel_shows_each_regime_with_winner_and_flip(flip_doc: dict[str,
     assert "1.3 ms" in texts and "1 ms" in texts  # absolute times next to the bars
 
 
+def test_a_slow_outlier_is_cut_so_small_differences_stay_readable() -> None:
+    cands = [cand("fast", 1.00), cand("a", 1.01), cand("b", 1.03), cand("c", 1.05),
+             cand("eager-fallback", 4.0)]  # fmt: skip
+    fig = build_report_figure(report_from([stored("gemm", Regime.UNTHROTTLED, cands)]))
+    (ax,) = fig.axes
+    right = ax.get_xlim()[1]
+    assert right < 25  # not stretched to the outlier's +300%
+    (slow,) = with_gid(fig, "bar:unthrottled:eager-fallback")
+    assert slow.get_width() < right and slow.get_hatch() == "//"  # cut, and marked as cut
+    (label,) = with_gid(fig, "cut:unthrottled:eager-fallback")
+    assert "4 ms (+300%, cut)" in label.get_text()
+    (b,) = with_gid(fig, "bar:unthrottled:b")
+    assert b.get_width() == pytest.approx(3.0) and b.get_width() / right > 0.1  # visible
+    assert "cut at the axis end" in ax.get_xlabel()
+
+
+def test_axis_cap_only_cuts_real_outliers() -> None:
+    assert axis_cap([0.0, 1.0, 2.0, 3.0, 5.0, 300.0]) == pytest.approx(9.0)
+    assert axis_cap([0.0, 1.0, 2.0, 3.0]) is None  # nothing far out
+    assert axis_cap([0.0, 20.0, 40.0, 60.0]) is None  # wide, but even
+    assert axis_cap([0.0, 0.5, 4.9]) is None  # within the 5 % the axis always shows
+    assert axis_cap([0.0]) is None and axis_cap([]) is None
+
+
 def test_report_png_is_written(flip_doc: dict[str, Any], tmp_path: Path) -> None:
     out = plot_report(flip_doc, tmp_path / "report.png")
     data = out.read_bytes()
@@ -230,8 +255,7 @@ def test_missing_matplotlib_is_one_clear_line(
 
 
 def session(sid: int, start: float, end: float | None, status: SessionStatus) -> SessionRow:
-    meta = SessionMeta(gpu_uuid="GPU-1", gpu_index=0, gpu_model="NVIDIA H200", backend="nvml",
-                       workloads=(), regimes=(), started_at=T0 + start)  # fmt: skip
+    meta = session_meta(gpu_uuid="GPU-1", workloads=(), regimes=(), started_at=T0 + start)
     return SessionRow(sid, meta, status, None, None if end is None else T0 + end)
 
 
@@ -317,8 +341,7 @@ def test_start_time_from_the_trace_header(tmp_path: Path) -> None:
 def test_sessions_from_a_real_store(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.db", now=lambda: T0 + 20.0)
     try:
-        meta = SessionMeta(gpu_uuid="GPU-1", gpu_index=0, gpu_model="NVIDIA H200",
-                           backend="nvml", workloads=(), regimes=(Regime.SUSTAINED,))  # fmt: skip
+        meta = session_meta(gpu_uuid="GPU-1", workloads=(), regimes=(Regime.SUSTAINED,))
         sid = store.start_session(meta)
         store.finish_session(sid, SessionStatus.PREEMPTED, "busy", ended_at=T0 + 30.0)
         running = store.start_session(meta)
@@ -344,6 +367,26 @@ def test_own_worker_is_not_busy_during_its_session() -> None:
     own = replay_gate(samples, info, GateConfig(), own=whole)
     assert GateState.BUSY not in {s.state for s in own}
     assert GateState.THROTTLED in {s.state for s in own}
+
+
+def test_timeline_marks_the_regime_each_session_measured() -> None:
+    def result(regime: Regime, at: float) -> StoredResult:
+        res = RegimeResult("gemm", regime, (cand("a", 1.0),), "a", False, 0.03, 0.01)
+        return StoredResult(1, "NVIDIA H200", "GPU-1", Versions(), T0 + at, res)
+
+    results = {1: [result(Regime.SUSTAINED, 66.0), result(Regime.UNTHROTTLED, 30.0)]}
+    spans = regime_spans(SESSIONS[:1], results, T0)
+    assert [(s.regime, s.start, s.end) for s in spans] == [
+        ("unthrottled", 4.0, 30.0),  # from the session's start (worker start-up included)
+        ("sustained", 30.0, 66.0),
+    ]
+    fig = build_timeline_figure(BURN, SESSIONS, unix_at_t0=T0, results=results)
+    clock = fig.axes[0]
+    assert gids(fig, "regime:") == ["regime:1:unthrottled", "regime:1:sustained"]
+    texts = {t.get_text() for t in clock.texts}
+    assert {"unthrottled", "sustained"} <= texts
+    plain = build_timeline_figure(BURN, SESSIONS, unix_at_t0=T0)  # no results: no band
+    assert gids(plain, "regime:") == []
 
 
 def test_plain_samples_with_device_info() -> None:

@@ -7,25 +7,17 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import wait_until
 from fakes_backend import FakeBackend
 
 from gpuwatchd.gate import GateConfig, GateState
 from gpuwatchd.monitor.board import StateBoard
-from gpuwatchd.monitor.poller import Poller, _GpuTrack
+from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.replay import ReplayBackend
 from gpuwatchd.telemetry.types import ThrottleReason
 
 TRACE = Path(__file__).parent / "data" / "h200-matmul-burn.jsonl"
-
-
-def wait_for(pred, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_hanging_read_is_noticed_within_two_periods_and_others_keep_polling(caplog):
@@ -36,7 +28,7 @@ def test_hanging_read_is_noticed_within_two_periods_and_others_keep_polling(capl
     caplog.set_level(logging.ERROR, logger="gpuwatchd.monitor.poller")
     poller.start()
     try:
-        assert wait_for(lambda: board.get(1) is not None and board.get(1).health.success)
+        assert wait_until(lambda: board.get(1) is not None and board.get(1).health.success)
         backend.hang(1)
         hung_at = time.monotonic()
         noticed_at = None
@@ -64,7 +56,7 @@ def test_hanging_read_is_noticed_within_two_periods_and_others_keep_polling(capl
     finally:
         backend.unhang(1)
         poller.stop()
-    assert wait_for(lambda: backend.reads[1] > 0)
+    assert wait_until(lambda: backend.reads[1] > 0)
 
 
 def test_recovers_after_a_stall():
@@ -74,9 +66,9 @@ def test_recovers_after_a_stall():
     poller.start()
     try:
         backend.hang(0)
-        assert wait_for(lambda: poller.check_stalls() == [0])
+        assert wait_until(lambda: poller.check_stalls() == [0])
         backend.unhang(0)
-        assert wait_for(lambda: board.get(0).health.success and not board.get(0).health.stalled)
+        assert wait_until(lambda: board.get(0).health.success and not board.get(0).health.stalled)
         assert poller.longest_stall_s() == 0.0
     finally:
         poller.stop()
@@ -86,16 +78,14 @@ def test_lost_gpu_is_unavailable_and_comes_back():
     backend = FakeBackend(gpus=2)
     board = StateBoard()
     poller = Poller(backend, board, GateConfig(), period_s=0.02)
-    t0 = _GpuTrack(index=0)
-    t1 = _GpuTrack(index=1)
     backend.lost.add(1)
-    snap1 = poller.poll_once(t1)
-    snap0 = poller.poll_once(t0)
+    snap1 = poller.poll(1)
+    snap0 = poller.poll(0)
     assert snap1.health.lost and not snap1.health.success and snap1.sample is None
     assert snap1.gate.state is GateState.UNAVAILABLE
     assert snap0.health.success and snap0.sample is not None
     backend.lost.clear()
-    snap1 = poller.poll_once(t1)
+    snap1 = poller.poll(1)
     assert snap1.health.success and not snap1.health.lost
     assert snap1.info is not None and snap1.info.uuid == "GPU-fake-1"
 
@@ -105,10 +95,9 @@ def test_throttle_seconds_follow_the_replayed_h200_trace():
     backend = ReplayBackend(TRACE, loop=False, clock=clock)
     board = StateBoard()
     poller = Poller(backend, board, GateConfig(), period_s=0.05)
-    track = _GpuTrack(index=0)
     states = []
     while clock.now() < 109.0:
-        snap = poller.poll_once(track)
+        snap = poller.poll(0)
         states.append((snap.sample.t, snap.gate.state))
         clock.advance(0.05)
     capped = snap.throttle_seconds.get(ThrottleReason.SW_POWER_CAP, 0.0)
@@ -126,13 +115,13 @@ def test_slow_reads_are_skipped_while_one_is_running():
     poller = Poller(backend, board, GateConfig(), period_s=0.05)
     poller.start()
     try:
-        assert wait_for(lambda: all(board.get(g) is not None for g in (0, 1)))
+        assert wait_until(lambda: all(board.get(g) is not None for g in (0, 1)))
         poller._tracks[1].slow_busy = True  # a slow read of GPU 1 still in flight
         poller.dispatch_slow_reads()
-        assert wait_for(lambda: backend.energy_calls[0] == 1)
+        assert wait_until(lambda: backend.energy_calls[0] == 1)
         time.sleep(0.05)
         assert backend.energy_calls[1] == 0
-        assert wait_for(lambda: board.get(0).energy_j == 1000.0)
+        assert wait_until(lambda: board.get(0).energy_j == 1000.0)
     finally:
         poller.stop()
 
@@ -140,9 +129,8 @@ def test_slow_reads_are_skipped_while_one_is_running():
 def test_fast_poll_never_reads_the_energy_counter():
     backend = FakeBackend(gpus=1)
     poller = Poller(backend, StateBoard(), GateConfig(), period_s=0.01)
-    track = _GpuTrack(index=0)
     for _ in range(20):
-        poller.poll_once(track)
+        poller.poll(0)
     assert backend.energy_calls[0] == 0
 
 
@@ -155,7 +143,7 @@ def test_own_pids_reach_the_gate():
         return frozenset({123})
 
     poller = Poller(backend, StateBoard(), GateConfig(), period_s=0.01, own_pids=own)
-    poller.poll_once(_GpuTrack(index=0))
+    poller.poll(0)
     assert seen
 
 
@@ -171,9 +159,8 @@ def test_listeners_get_every_snapshot_and_a_failing_one_is_contained(listener_fa
             raise RuntimeError("boom")
 
     poller.add_listener(listener)
-    track = _GpuTrack(index=0)
-    poller.poll_once(track)
-    poller.poll_once(track)
+    poller.poll(0)
+    poller.poll(0)
     assert got == [0, 0]
 
 

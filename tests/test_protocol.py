@@ -194,8 +194,8 @@ def test_config_from_mapping_validates_and_names_the_key() -> None:
         ({"clock_ratio_min": 1.5}, "protocol.clock_ratio_min"),
         ({"min_rounds": 10, "max_rounds": 5}, "protocol.max_rounds: must be >= min_rounds"),
         ({"flush_l2": "sometimes"}, "protocol.flush_l2"),
-        ({"spread_target": True}, "protocol.spread_target: expected a number"),
-        ({"time_budget_s": float("nan")}, "protocol.time_budget_s: must be finite"),
+        ({"spread_target": True}, "protocol.spread_target: expected a finite number"),
+        ({"time_budget_s": float("nan")}, "protocol.time_budget_s: expected a finite number"),
     ]
     for mapping, message in bad:
         with pytest.raises(ValueError) as exc:

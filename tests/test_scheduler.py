@@ -10,41 +10,46 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from builders import judged, wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwatchd.config import Config
 from gpuwatchd.config.loader import TuningConfig
 from gpuwatchd.exporter.collectors.tuning import TuningCollector
-from gpuwatchd.gate import GateDecision, GateState
-from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.gate import GateState
+from gpuwatchd.monitor.board import PollHealth, StateBoard
+from gpuwatchd.sessions.events import SessionEvents, SessionFinished, SessionListener
 from gpuwatchd.sessions.runner import SessionOutcome
 from gpuwatchd.sessions.scheduler import TuneScheduler
-from gpuwatchd.store import Store
+from gpuwatchd.store import SessionMeta, Store
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.types import SessionStatus
+from gpuwatchd.tuning.types import Regime, SessionStatus
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
 
 SIM_GEMM = next(w for w in DEFAULT_WORKLOADS if w.name == "sim-gemm")
 
 
 def put(board: StateBoard, gpu: int, state: GateState, reasons: tuple[str, ...] = ()) -> None:
-    board.put(
-        GpuSnapshot(
-            index=gpu,
-            info=DeviceInfo(index=gpu, uuid=f"GPU-{gpu}", name="Test GPU"),
-            sample=None,
-            gate=GateDecision(state, reasons, t=0.0, since=0.0),
-            health=PollHealth(True, 0.001),
-        )
-    )
+    info = DeviceInfo(index=gpu, uuid=f"GPU-{gpu}", name="Test GPU")
+    health = PollHealth(True, 0.001)
+    board.put(judged(gpu, info, None, state, reasons, t=0.0, since=0.0, health=health))
+
+
+def request_on_open_gate(board: StateBoard, sched: TuneScheduler) -> None:
+    """Open GPU 0's gate, ask for ``sim-gemm`` there and let the scheduler decide once."""
+    put(board, 0, GateState.COOL_STABLE)
+    sched.request(0, [SIM_GEMM], "manual")
+    sched.tick()
 
 
 class FakeRunner:
-    """Blocks each session until released, then ends it with ``status``."""
+    """Blocks each session until released, then ends it with ``status`` and says so."""
 
     instances: ClassVar[list[FakeRunner]] = []
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, on_finished: SessionListener) -> None:
+        self.on_finished = on_finished
+        self.session_id = 1
         self.status = SessionStatus.COMPLETED
         self.release = threading.Event()
         self.started = threading.Event()
@@ -67,12 +72,16 @@ class FakeRunner:
     def run_session(self, job, info, backend_name, should_preempt, **kw) -> SessionOutcome:
         self.job = job
         self.started.set()
+        why = None
         while not self.release.wait(0.01):
             why = should_preempt()
             if why:
                 self.preempt_seen.append(why)
-                return SessionOutcome(SessionStatus.PREEMPTED, why, 1, ())
-        return SessionOutcome(self.status, None, 1, ())
+                break
+        status = SessionStatus.PREEMPTED if why else self.status
+        event = SessionFinished(self.session_id, info.index, info.uuid, info.name, status, why)
+        self.on_finished(event)
+        return SessionOutcome(status, why, self.session_id, ())
 
 
 @pytest.fixture
@@ -86,21 +95,12 @@ def setup(tmp_path: Path):
 
     def make(cfg: Config = cfg) -> TuneScheduler:
         return TuneScheduler(
-            cfg, board, store, "sim", runner_factory=FakeRunner,
+            cfg.tuning_setup(), board, store, "sim", runner_factory=FakeRunner,
             now=lambda: clock[0], local_now=lambda: local[0],
         )  # fmt: skip
 
     yield board, make, clock, local
     store.close()
-
-
-def wait_until(pred, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_shut_gate_defers_with_the_state_as_reason_then_open_gate_starts(setup):
@@ -141,9 +141,7 @@ def test_one_gpu_at_a_time(setup):
 def test_a_foreign_process_preempts_and_the_work_stays_pending(setup):
     board, make, _, _ = setup
     sched = make()
-    put(board, 0, GateState.COOL_STABLE)
-    sched.request(0, [SIM_GEMM], "manual")
-    sched.tick()
+    request_on_open_gate(board, sched)
     runner = FakeRunner.instances[0]
     assert runner.started.wait(2)
     # Our own sustained load throttles the GPU: that must not stop the session.
@@ -160,9 +158,7 @@ def test_a_foreign_process_preempts_and_the_work_stays_pending(setup):
 def test_failure_backs_off_before_retrying(setup):
     board, make, clock, _ = setup
     sched = make()
-    put(board, 0, GateState.COOL_STABLE)
-    sched.request(0, [SIM_GEMM], "manual")
-    sched.tick()
+    request_on_open_gate(board, sched)
     runner = FakeRunner.instances[0]
     runner.status = SessionStatus.FAILED
     runner.release.set()
@@ -179,9 +175,7 @@ def test_quiet_hours_window(setup):
     board, make, _, local = setup
     cfg = Config(tuning=TuningConfig(windows=("01:00-05:00",)))
     sched = make(cfg)
-    put(board, 0, GateState.COOL_STABLE)
-    sched.request(0, [SIM_GEMM], "manual")
-    sched.tick()
+    request_on_open_gate(board, sched)
     assert sched.snapshot.deferred_total == {"outside_window": 1}
     local[0] = dt.datetime(2026, 11, 22, 2, 30)
     sched.tick()
@@ -191,18 +185,14 @@ def test_quiet_hours_window(setup):
 def test_disabled_tuning_never_starts(setup):
     board, make, _, _ = setup
     sched = make(Config(tuning=TuningConfig(enabled=False)))
-    put(board, 0, GateState.COOL_STABLE)
-    sched.request(0, [SIM_GEMM], "manual")
-    sched.tick()
+    request_on_open_gate(board, sched)
     assert not FakeRunner.instances
 
 
 def test_shutdown_cancels_a_running_session(setup):
     board, make, _, _ = setup
     sched = make()
-    put(board, 0, GateState.COOL_STABLE)
-    sched.request(0, [SIM_GEMM], "manual")
-    sched.tick()
+    request_on_open_gate(board, sched)
     runner = FakeRunner.instances[0]
     assert runner.started.wait(2)
     sched.shutdown(timeout=2)
@@ -227,3 +217,53 @@ def test_tuning_metrics_pass_promtool(setup, tmp_path: Path):
         ["promtool", "check", "metrics"], input=text, capture_output=True, text=True
     )
     assert promtool.returncode == 0, promtool.stdout + promtool.stderr
+
+
+def test_finished_sessions_are_announced_and_refresh_the_tuning_snapshot(setup, tmp_path: Path):
+    board, _, clock, local = setup
+    store = Store(tmp_path / "events.db")
+    events = SessionEvents()
+    heard: list[SessionFinished] = []
+    events.add_listener(heard.append)
+    sched = TuneScheduler(
+        Config(tuning=TuningConfig(check_interval_s=1.0)).tuning_setup(), board, store, "sim",
+        runner_factory=FakeRunner, now=lambda: clock[0], local_now=lambda: local[0],
+        events=events,
+    )  # fmt: skip
+    assert sched.events is events
+    assert sched.snapshot.sessions_total.get("completed") == 0
+    request_on_open_gate(board, sched)
+    runner = FakeRunner.instances[0]
+    assert runner.started.wait(2)
+    # What a real runner does before it announces the end: the store holds the final row.
+    info = board.get(0).info
+    meta = SessionMeta.for_device(info, backend="sim", workloads=(SIM_GEMM,), regimes=(
+        Regime.UNTHROTTLED,))  # fmt: skip
+    runner.session_id = store.start_session(meta)
+    store.finish_session(runner.session_id, SessionStatus.COMPLETED)
+    runner.release.set()
+    assert wait_until(lambda: heard)
+    assert heard == [
+        SessionFinished(runner.session_id, 0, "GPU-0", "Test GPU", SessionStatus.COMPLETED)
+    ]
+    assert heard[0].completed
+    assert wait_until(lambda: sched.snapshot.sessions_total.get("completed") == 1)
+    assert sched.snapshot.last_tune_unix is not None
+    store.close()
+
+
+def test_a_failing_listener_does_not_stop_the_others(caplog):
+    events = SessionEvents()
+    heard: list[int] = []
+
+    def broken(event: SessionFinished) -> None:
+        raise RuntimeError("boom")
+
+    events.add_listener(broken)
+    events.add_listener(lambda e: heard.append(e.session_id))
+    events.notify(SessionFinished(7, 0, "GPU-0", "Test GPU", SessionStatus.FAILED, "crash"))
+    assert heard == [7]
+    assert any("session 7" in r.message for r in caplog.records)
+    events.remove_listener(broken)
+    events.notify(SessionFinished(8, 0, "GPU-0", "Test GPU", SessionStatus.PREEMPTED))
+    assert heard == [7, 8]

@@ -14,8 +14,11 @@ import pytest
 
 from gpuwatchd.telemetry.backend import Backend, BackendUnavailable, GpuLost
 from gpuwatchd.telemetry.clocks import ManualClock, ScaledClock
+from gpuwatchd.telemetry.factory import open_backend
+from gpuwatchd.telemetry.settings import BackendSpec, ReplayConfig
 from gpuwatchd.telemetry.sim import H200, SCENARIOS, GpuModel, Load, SimBackend
 from gpuwatchd.telemetry.sim.scenarios import LoadPattern
+from gpuwatchd.telemetry.sim.settings import SimConfig
 from gpuwatchd.telemetry.types import Sample, ThrottleReason
 
 R = ThrottleReason
@@ -42,9 +45,10 @@ def between(samples: list[Sample], start: float, end: float) -> list[Sample]:
 def test_unknown_scenario_names_every_valid_one() -> None:
     with pytest.raises(ValueError, match="scenario") as err:
         SimBackend(scenario="meltdown")
-    for name in ("idle", "power-cap", "heat-soak", "fan-failure", "busy", "gpu-lost"):
+    names = ("idle", "power-cap", "heat-soak", "fan-failure", "busy", "gpu-lost", "ecc-error")
+    for name in names:
         assert name in str(err.value)
-    assert set(SCENARIOS) == {"idle", "power-cap", "heat-soak", "fan-failure", "busy", "gpu-lost"}
+    assert set(SCENARIOS) == set(names)
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [({"gpus": 0}, "gpus"), ({"seed": "x"}, "seed")])
@@ -87,6 +91,21 @@ def test_bad_gpu_index_and_closed_backend() -> None:
     backend.close()
     with pytest.raises(BackendUnavailable):
         backend.read(0)
+
+
+def test_open_backend_takes_only_the_backend_spec() -> None:
+    clock = ManualClock(5.0)
+    spec = BackendSpec(kind="sim", sim=SimConfig(gpus=3, scenario="busy", seed=4))
+    backend = open_backend(spec, sim_clock=clock)
+    assert isinstance(backend, SimBackend) and backend.devices() == [0, 1, 2]
+    assert backend.clock is clock
+    same = SimBackend(gpus=3, scenario="busy", seed=4, clock=ManualClock())
+    assert backend.device_info(2).uuid == same.device_info(2).uuid
+    assert isinstance(open_backend(BackendSpec(kind="sim")).clock, ScaledClock)
+    with pytest.raises(BackendUnavailable, match=r"^replay: no trace file given"):
+        open_backend(BackendSpec(kind="replay", replay=ReplayConfig(trace="")))
+    with pytest.raises(BackendUnavailable, match=r"unknown backend 'tpu' \(known: nvml, sim"):
+        open_backend(BackendSpec(kind="tpu"))
 
 
 # --------------------------------------------------------------------- determinism
@@ -413,3 +432,160 @@ def test_reference_matches_the_trace() -> None:
     stats = _burn_stats([json.loads(line) for line in lines[1:]], start, end)
     for key, value in TRACE_REF.items():
         assert stats[key] == pytest.approx(value, abs=0.01, rel=0.001), key
+
+
+# --------------------------------------------------------------------- slow health fields
+
+
+def test_health_fields_arrive_with_the_slow_path() -> None:
+    clock = ManualClock()
+    backend = SimBackend(gpus=1, scenario="busy", clock=clock)
+    assert backend.read(0).slow is None  # nothing until the first slow read, as with NVML
+    clock.advance(10.0)
+    backend.read_energy(0)
+    idle = backend.read(0).slow
+    assert idle is not None and idle.processes == ()
+    assert idle.memory_used_bytes == H200.reserved_memory_bytes
+    assert idle.memory_total_bytes == H200.memory_total_bytes
+    assert idle.memory_used_bytes + (idle.memory_free_bytes or 0) == idle.memory_total_bytes
+    assert idle.fan_speed_ratio is None  # passively cooled: absent, not 0
+    assert idle.xid_errors == {} and idle.remapped_rows is not None
+    clock.advance(60.0)  # the foreign job (pid 4242, 80 GiB) has run for 40 s
+    backend.read_energy(0)
+    busy = backend.read(0).slow
+    assert busy is not None and busy.processes is not None
+    assert [(p.pid, p.used_bytes) for p in busy.processes] == [(4242, 80 * 2**30)]
+    assert busy.memory_used_bytes == H200.reserved_memory_bytes + 80 * 2**30
+    for counter in ("pcie_tx_bytes", "pcie_rx_bytes", "nvlink_tx_bytes"):
+        before, after = getattr(idle, counter), getattr(busy, counter)
+        assert after > before * 10, counter  # traffic follows the load
+
+
+def test_a_gpu_without_nvlink_has_no_nvlink_bytes() -> None:
+    clock = ManualClock()
+    backend = SimBackend(scenario="heat-soak", clock=clock)  # an L4
+    backend.read_energy(0)
+    slow = backend.read(0).slow
+    assert slow is not None and slow.nvlink_tx_bytes is None and slow.pcie_tx_bytes is not None
+
+
+def test_ecc_error_scenario_reports_xids_ecc_and_a_pending_remap() -> None:
+    clock = ManualClock()
+    backend = SimBackend(gpus=2, scenario="ecc-error", clock=clock)
+    clock.advance(19.0)
+    backend.read_energy(0)
+    before = backend.read(0).slow
+    assert before is not None and before.xid_errors == {}
+    clock.advance(2.0)
+    backend.read_energy(0)
+    backend.read_energy(1)
+    after, other = backend.read(0).slow, backend.read(1).slow
+    assert after is not None and other is not None
+    assert after.xid_errors == {48: 1, 63: 1}
+    assert after.ecc_errors is not None
+    assert after.ecc_errors[("volatile", "uncorrected")] == 1
+    assert after.ecc_errors[("aggregate", "uncorrected")] == 1
+    assert after.ecc_errors[("volatile", "corrected")] == 0
+    assert after.remapped_rows is not None
+    assert after.remapped_rows.pending and after.remapped_rows.uncorrectable == 1
+    assert not after.remapped_rows.failed
+    assert other.xid_errors == {}  # only GPU 0 was hit
+
+
+def test_an_injected_xid_is_counted_from_now_on() -> None:
+    clock = ManualClock()
+    backend = SimBackend(gpus=2, clock=clock)
+    clock.advance(5.0)
+    backend.inject_xid(1, 79)
+    backend.inject_xid(1, 79)
+    backend.read_energy(1)
+    slow = backend.read(1).slow
+    assert slow is not None and slow.xid_errors == {79: 2}
+    with pytest.raises(ValueError, match="code"):
+        backend.inject_xid(0, 0)
+    with pytest.raises(ValueError, match="gpu"):
+        backend.inject_xid(2, 48)
+
+
+def test_a_lost_gpu_forgets_its_slow_fields() -> None:
+    clock = ManualClock()
+    backend = SimBackend(scenario="gpu-lost", clock=clock)
+    backend.read_energy(0)
+    clock.advance(25.0)
+    with pytest.raises(GpuLost):
+        backend.read(0)
+    clock.advance(30.0)
+    assert backend.read(0).slow is None  # back, but nothing stale
+
+
+# --------------------------------------------------------------------- a tuning worker's load
+
+
+def test_mirrored_load_reproduces_the_reported_power_and_clock() -> None:
+    """The daemon's GPU, told what the worker's copy draws, heats and caps like it."""
+    worker_clock, daemon_clock = ManualClock(), ManualClock()
+    worker = SimBackend(clock=worker_clock)
+    daemon = SimBackend(clock=daemon_clock)
+    worker.set_load(0, 1.0, H200.heavy_load_dynamic_w, pid=77)
+    for _ in range(40):  # 4 s of a power-capped matmul, reported every 0.1 s
+        worker_clock.advance(0.1)
+        daemon_clock.advance(0.1)
+        view = worker.model(0)
+        daemon.session_progress(0, view.power_w, view.sm_clock_mhz, frozenset({77, 78}))
+    mine, theirs = daemon.model(0), worker.model(0)
+    assert mine.power_w == pytest.approx(theirs.power_w, rel=0.02)
+    assert mine.sm_clock_mhz == pytest.approx(theirs.sm_clock_mhz, rel=0.02)
+    assert mine.temp_c == pytest.approx(theirs.temp_c, abs=1.0) and mine.temp_c > 55.0
+    assert R.SW_POWER_CAP in mine.reasons
+    assert daemon.read(0).procs == (77,)  # the worker's pid: the gate counts it as ours
+    daemon.session_ended(0)
+    daemon_clock.advance(5.0)
+    cool = daemon.read(0)
+    assert cool.procs == () and cool.power_w is not None and cool.power_w < 150.0
+
+
+def test_session_progress_without_power_or_worker_changes_nothing() -> None:
+    clock = ManualClock()
+    backend = SimBackend(clock=clock)
+    backend.session_progress(0, None, 1980.0, frozenset({5}))
+    backend.session_progress(0, 600.0, 1980.0, frozenset())
+    clock.advance(2.0)
+    assert backend.read(0).procs == ()
+    with pytest.raises(ValueError, match="power_w"):
+        backend.mirror_load(0, math.nan)
+    with pytest.raises(ValueError, match="sm_clock_mhz"):
+        backend.mirror_load(0, 500.0, math.inf)
+
+
+def test_sim_backend_feels_session_load_and_nvml_does_not() -> None:
+    from gpuwatchd.telemetry.backend import FeelsSessionLoad
+    from gpuwatchd.telemetry.replay import ReplayBackend
+
+    assert isinstance(SimBackend(), FeelsSessionLoad)
+    assert not issubclass(ReplayBackend, FeelsSessionLoad)
+
+
+def test_paced_clock_never_runs_ahead_of_real_time() -> None:
+    from gpuwatchd.telemetry.clocks import PacedClock
+
+    real = [100.0]
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        real[0] += seconds
+
+    clock = PacedClock(10.0, paced_from=50.0, monotonic=lambda: real[0], wait=wait)
+    clock.advance(50.0)  # catching up to the daemon's time is free
+    assert waits == [] and clock.now() == 50.0
+    clock.advance(5.0)  # 5 simulated seconds at speed 10: half a real second
+    assert waits == [pytest.approx(0.5)]
+    real[0] += 2.0  # real time ran ahead (a slow step): no wait until sim catches up
+    clock.sleep(10.0)
+    assert len(waits) == 1
+    clock.advance(10.0)
+    assert waits[-1] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="speed"):
+        PacedClock(0.0)
+    with pytest.raises(ValueError, match="speed"):
+        PacedClock(math.inf)

@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from builders import SettableClock as Clock
+from builders import candidate, seed_session, session_meta
 
 from gpuwatchd.store import (
     MIGRATIONS,
@@ -34,47 +36,21 @@ OLD = Versions(driver="580.159.04", cuda="12.8", torch="2.11.0", triton="3.5.0",
 NEW_DRIVER = replace(OLD, driver="590.10")
 
 
-class Clock:
-    """A settable unix clock for the store."""
-
-    def __init__(self, t: float = 1_700_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def meta(**kw: object) -> SessionMeta:
-    base = SessionMeta(
-        gpu_uuid="GPU-1",
-        gpu_index=0,
-        gpu_model="NVIDIA H200",
-        backend="sim",
-        workloads=(GEMM,),
-        regimes=(U, S),
-        versions=OLD,
-        host="box",
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    return session_meta(**{"gpu_uuid": "GPU-1", "backend": "sim", "versions": OLD, **kw})
 
 
 def cand(name: str, median: float | None, regime: Regime, **kw: object) -> CandidateStats:
-    base = CandidateStats(
-        name=name,
-        family="triton.matmul" if name.startswith("triton") else "torch.matmul",
-        regime=regime,
-        median_s=median,
-        spread=0.004,
-        samples=12,
-        rejected=1,
-        sm_clock_hz=1.98e9 if regime is U else 1.44e9,
-        power_w=690.0,
-        temp_c=55.5,
-        energy_j_per_call=1.2,
-        reasons=0 if regime is U else 0x4,
-        meta={"config": [128, 256, 64], "kernels": ["sm90_xmma"]},
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    """A candidate as an H200 measures it: full clock when cool, at the power cap when hot."""
+    hot = regime is not U
+    measured: dict[str, object] = {
+        "rejected": 1,
+        "sm_clock_hz": 1.44e9 if hot else 1.98e9,
+        "temp_c": 55.5,
+        "reasons": 0x4 if hot else 0,
+        "meta": {"config": [128, 256, 64], "kernels": ["sm90_xmma"]},
+    }
+    return candidate(name, regime, median, **{**measured, **kw})
 
 
 def result(
@@ -103,19 +79,13 @@ FLIP = {
 
 
 def tuned(store: Store, clock: Clock, results: list[RegimeResult], **kw: object) -> int:
-    """A session that records ``results`` and completes; returns its id."""
-    sid = store.start_session(meta(**kw))
-    for r in results:
-        clock.t += 1
-        store.record_result(sid, r)
-    clock.t += 1
-    store.finish_session(sid, SessionStatus.COMPLETED)
-    return sid
+    """A session that records ``results`` a second apart and completes; returns its id."""
+    return seed_session(store, meta(**kw), results, tick=lambda: clock.advance(1))
 
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(1_700_000_000.0)
 
 
 @pytest.fixture
@@ -276,6 +246,16 @@ def test_bad_results_are_refused_naming_the_field(
     assert store.results(sid) == []
 
 
+def test_bad_input_reads_where_what_got_value(store: Store) -> None:
+    sid = store.start_session(meta())
+    with pytest.raises(StoreError) as e:
+        store.record_result(sid, replace(FLIP[U], winner="nope"))
+    assert str(e.value) == "result.winner: expected null or one of its candidates, got 'nope'"
+    with pytest.raises(StoreError) as e:
+        store.start_session(meta(gpu_uuid=" "))
+    assert str(e.value) == "meta.gpu_uuid: expected a non-empty string, got ' '"
+
+
 def test_writes_to_a_finished_or_missing_session_are_refused(store: Store, clock: Clock) -> None:
     sid = tuned(store, clock, [FLIP[U]])
     with pytest.raises(StoreError, match=f"session {sid} is completed, not running"):
@@ -311,19 +291,22 @@ def test_a_failure_mid_write_rolls_back_and_loses_nothing(store: Store, clock: C
 # -- schema and migrations ------------------------------------------------------------------
 
 
-def test_a_version_1_store_is_migrated_by_an_added_migration(tmp_path: Path) -> None:
+LATEST = len(MIGRATIONS)
+
+
+def test_a_current_store_is_migrated_by_an_added_migration(tmp_path: Path) -> None:
     path = tmp_path / "tune.db"
     with Store(path) as s:
-        assert s.schema_version() == 1
+        assert s.schema_version() == LATEST
         sid = s.start_session(meta())
-    step2 = sql_migration(
-        2,
+    step = sql_migration(
+        LATEST + 1,
         "session notes",
         "ALTER TABLE sessions ADD COLUMN note TEXT",
         "UPDATE sessions SET note = 'migrated'",
     )
-    with Store(path, migrations=(*MIGRATIONS, step2)) as s:
-        assert s.schema_version() == 2
+    with Store(path, migrations=(*MIGRATIONS, step)) as s:
+        assert s.schema_version() == LATEST + 1
         assert [r.id for r in s.sessions()] == [sid]
     con = raw(path)
     assert con.execute("SELECT note FROM sessions").fetchall() == [("migrated",)]
@@ -333,19 +316,19 @@ def test_a_version_1_store_is_migrated_by_an_added_migration(tmp_path: Path) -> 
 def test_a_failing_migration_leaves_the_file_at_its_old_version(tmp_path: Path) -> None:
     path = tmp_path / "tune.db"
     Store(path).close()
-    broken = sql_migration(2, "broken", "CREATE TABLE extra (x)", "SELEC oops")
-    with pytest.raises(StoreError, match=r"migration 2 \(broken\) failed"):
+    broken = sql_migration(LATEST + 1, "broken", "CREATE TABLE extra (x)", "SELEC oops")
+    with pytest.raises(StoreError, match=rf"migration {LATEST + 1} \(broken\) failed"):
         Store(path, migrations=(*MIGRATIONS, broken))
     con = raw(path)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert con.execute("PRAGMA user_version").fetchone()[0] == LATEST
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "extra" not in tables
     con.close()
 
 
 def test_misnumbered_migrations_are_refused(tmp_path: Path) -> None:
-    gap = sql_migration(3, "gap", "SELECT 1")
-    with pytest.raises(StoreError, match="has version 3, expected 2"):
+    gap = sql_migration(LATEST + 2, "gap", "SELECT 1")
+    with pytest.raises(StoreError, match=f"has version {LATEST + 2}, expected {LATEST + 1}"):
         Store(tmp_path / "tune.db", migrations=(*MIGRATIONS, gap))
 
 
@@ -404,7 +387,7 @@ def test_a_garbage_file_is_moved_aside_and_a_fresh_store_created(
     path.write_bytes(garbage)
     Path(f"{path}-wal").write_bytes(b"stale wal")
     with caplog.at_level(logging.WARNING, logger="gpuwatchd.store"), Store(path, now=clock) as s:
-        assert s.sessions() == [] and s.schema_version() == 1
+        assert s.sessions() == [] and s.schema_version() == LATEST
         s.start_session(meta())
     aside = _assert_moved_aside(path, garbage, clock, caplog)
     assert Path(f"{aside}-wal").read_bytes() == b"stale wal"
@@ -555,11 +538,50 @@ def test_prune_keeps_winners_and_totals(store: Store, clock: Clock) -> None:
         store.prune(-1)
 
 
-def test_abandon_running_marks_leftovers_failed(store: Store, clock: Clock) -> None:
-    stale = store.start_session(meta())
-    clock.t += 100
-    fresh = store.start_session(meta())
-    assert store.abandon_running("daemon restarted", started_before=clock.t - 50) == 1
-    assert store.session(stale).status is SessionStatus.FAILED  # type: ignore[union-attr]
-    assert store.session(fresh).status is SessionStatus.RUNNING  # type: ignore[union-attr]
-    assert store.session_totals()[SessionStatus.FAILED] == 1
+def _set_owner(store: Store, sid: int, pid: int | None) -> None:
+    con = raw(store.path)
+    con.execute("UPDATE sessions SET owner_pid = ? WHERE id = ?", (pid, sid))
+    con.commit()
+    con.close()
+
+
+def test_abandon_running_fails_only_sessions_whose_process_is_gone(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead, live, legacy, mine = (store.start_session(meta()) for _ in range(4))
+    _set_owner(store, dead, 4_000_001)
+    _set_owner(store, live, 4_000_002)
+    _set_owner(store, legacy, None)  # written before owners were recorded
+    done = store.start_session(meta())
+    store.finish_session(done, SessionStatus.COMPLETED)
+    with caplog.at_level(logging.WARNING, logger="gpuwatchd.store"):
+        n = store.abandon_running(alive=lambda pid: pid == 4_000_002)
+    assert n == 3
+    status = {sid: store.session(sid).status for sid in (dead, live, legacy, mine, done)}  # type: ignore[union-attr]
+    assert status == {
+        dead: SessionStatus.FAILED,
+        live: SessionStatus.RUNNING,  # another live process is still running it
+        legacy: SessionStatus.FAILED,
+        mine: SessionStatus.FAILED,  # our own PID: left by an earlier process with that PID
+        done: SessionStatus.COMPLETED,
+    }
+    assert store.session(dead).why.startswith("abandoned")  # type: ignore[union-attr]
+    assert store.session_totals()[SessionStatus.FAILED] == 3
+    (warning,) = caplog.records
+    assert "3 session(s) left running" in warning.getMessage()
+    assert store.abandon_running(alive=lambda pid: pid == 4_000_002) == 0  # counted once
+    assert store.session_totals()[SessionStatus.FAILED] == 3
+
+
+def test_a_version_1_store_gains_owners_and_its_leftovers_are_abandoned(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    with Store(path) as current:
+        sid = current.start_session(meta())
+    con = raw(path)  # back to what version 1 wrote: no owner column
+    con.execute("ALTER TABLE sessions DROP COLUMN owner_pid")
+    con.execute("PRAGMA user_version = 1")
+    con.close()
+    with Store(path) as s:
+        assert s.schema_version() == LATEST
+        assert s.abandon_running() == 1
+        assert s.session(sid).status is SessionStatus.FAILED  # type: ignore[union-attr]

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
+import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
+
+from gpuwatchd.cli.main import build_parser
+from gpuwatchd.cli.tune import SHIPPED_WORKLOADS
+from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
 
 
 def gpuwatchd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -25,9 +34,16 @@ def test_sim_power_cap_tune_finds_the_regime_flip_in_under_a_minute(tmp_path: Pa
     took = time.monotonic() - started
     assert res.returncode == 0, res.stdout + res.stderr
     assert took < 60
-    # It had to wait: the scenario's foreign matmul job holds the GPU first.
-    assert "waiting for the gate (busy" in res.stdout
+    # It had to wait, and said why: the scenario's foreign matmul job holds the GPU first.
+    assert "GPU 0 waiting for the gate: busy: 1 foreign compute process(es)" in res.stdout
+    assert re.search(r"GPU 0: gate open after \d+:\d\d", res.stdout)
+    # Piped: a line per step, counted from 1, with round, budget and telemetry.
+    assert "step 1/2 unthrottled sim-gemm (5 candidates, budget " in res.stdout
+    assert "step 2/2 sustained sim-gemm" in res.stdout
+    assert re.search(r"  round \d+ · budget \d+/\d+ s · .*SM \d+ MHz", res.stdout)
+    assert "0/2" not in res.stdout
     assert "WINNERS DIFFER" in res.stdout
+    _check_table(res.stdout)
 
     rep = gpuwatchd("report", "--store", str(store), "--format", "json")
     assert rep.returncode == 0, rep.stderr
@@ -49,6 +65,16 @@ def test_sim_power_cap_tune_finds_the_regime_flip_in_under_a_minute(tmp_path: Pa
     table = gpuwatchd("report", "--store", str(store))
     assert table.returncode == 0
     assert "sim-gemm" in table.stdout and "WINNERS DIFFER" in table.stdout
+    _check_table(table.stdout)
+    assert table.stdout.strip() in res.stdout  # tune prints what report prints
+
+
+def _check_table(text: str) -> None:
+    """Unthrottled before sustained, everywhere; 100 columns at most."""
+    rows = [line.split()[0] for line in text.splitlines() if line.startswith(("unth", "sust"))]
+    assert rows == ["unthrottled", "sustained"], text
+    table = text[text.index("REGIME") :]
+    assert max(len(line) for line in table.splitlines()) <= 100, table
 
 
 def test_cpu_family_end_to_end(tmp_path: Path):
@@ -75,6 +101,22 @@ def test_no_wait_fails_fast_when_the_gate_is_shut(tmp_path: Path):
     assert len(err) == 1 and "gate is shut (busy" in err[0]
 
 
+def test_a_gate_that_never_opens_is_shown_live_without_spinning(tmp_path: Path):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    res = gpuwatchd(
+        "tune", "--backend", "sim", "--scenario", "heat-soak", "--workload", "sim-gemm",
+        "--wait-timeout", "4", "--store", str(tmp_path / "g.db"),
+    )  # fmt: skip
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert res.returncode == 1 and "gate still shut after 4 s (busy" in res.stderr
+    assert "GPU 0 waiting for the gate: busy" in res.stdout  # said what it waits for
+    # Python's start-up is most of it; fast-forwarding a simulated gate must not spin.
+    assert cpu < 0.5 * wall, f"{cpu:.2f} s of CPU in {wall:.2f} s"
+
+
 def test_bad_workloads_are_one_line_exit_2(tmp_path: Path):
     store = str(tmp_path / "g.db")
     res = gpuwatchd("tune", "--backend", "sim", "--workload", "nope", "--store", store)
@@ -98,3 +140,43 @@ def test_report_on_an_empty_store_says_so(tmp_path: Path):
     Store(tmp_path / "g.db").close()
     res = gpuwatchd("report", "--store", str(tmp_path / "g.db"))
     assert res.returncode == 0 and "no tuning results yet" in res.stdout
+
+
+# -- --help ---------------------------------------------------------------------------
+
+
+def _print_help(*argv: str) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+
+
+def test_every_command_has_a_summary_a_description_and_examples(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    summaries = {a.dest: a.help for a in sub._choices_actions}
+    assert set(summaries) == set(sub.choices) and all(summaries.values())
+    for name, command in sub.choices.items():
+        assert command.description, name
+        assert command.epilog and command.epilog.startswith("examples:\n  gpuwatchd "), name
+        _print_help(name)
+        out = capsys.readouterr().out
+        assert command.description.splitlines()[0] in out  # line breaks kept
+        assert out.rstrip().endswith(command.epilog.splitlines()[-1].strip())
+
+
+def test_tune_help_lists_workloads_defaults_and_groups(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _print_help("tune")
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    shipped = [n for names in SHIPPED_WORKLOADS.values() for n in names]
+    assert sorted(shipped) == sorted(w.name for w in DEFAULT_WORKLOADS)
+    for name in shipped:
+        assert name in text.replace("- ", "-")  # argparse may break a name at its dash
+    assert "thermal regime(s) to measure (default both)" in text
+    assert "GPU index (default 0)" in text
+    assert "examples: gpuwatchd tune --backend sim" in text
+    options, backend = text.split("telemetry backend:")
+    assert "--config FILE" in options and "--config" not in backend

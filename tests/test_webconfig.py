@@ -14,6 +14,7 @@ import json
 import socket
 import ssl
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,29 +23,27 @@ from typing import Any
 
 import bcrypt
 import pytest
+from builders import DAEMON_INFO, board_of, full_h200
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpuwatchd.exporter import DaemonInfo, HttpServer, build_registry
-from gpuwatchd.exporter import http as http_module
-from gpuwatchd.exporter.web import config as webconfig
+from gpuwatchd.exporter import HttpServer, build_registry
+from gpuwatchd.exporter.http import Limits
+from gpuwatchd.exporter.web import auth as webauth
+from gpuwatchd.exporter.web.auth import WWW_AUTHENTICATE, BasicAuth, parse_basic_credentials
 from gpuwatchd.exporter.web.config import (
-    WWW_AUTHENTICATE,
-    BasicAuth,
-    ClientAuth,
-    RateLimiter,
     WebConfig,
     load_web_config,
-    parse_basic_credentials,
     parse_go_duration,
     parse_web_config,
 )
+from gpuwatchd.exporter.web.ratelimit import RateLimiter
+from gpuwatchd.exporter.web.security import Admission, WebSecurity
+from gpuwatchd.exporter.web.tls import ClientAuth
 from gpuwatchd.monitor.board import StateBoard
-from tests.test_http import make_board
 
-INFO = DaemonInfo("9.9.9", "sim", "3.11.7")
 PASSWORD = "s3cret pass"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
 
@@ -220,7 +219,7 @@ def get(
 
 @pytest.fixture
 def board() -> StateBoard:
-    return make_board()
+    return board_of(full_h200())
 
 
 @pytest.fixture
@@ -228,7 +227,9 @@ def serve(board: StateBoard) -> Iterator[Any]:
     servers: list[HttpServer] = []
 
     def start(config: WebConfig | None) -> HttpServer:
-        srv = HttpServer(board, build_registry(board, INFO), ("127.0.0.1", 0), web_config=config)
+        srv = HttpServer(
+            board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0), web_config=config
+        )
         srv.start()
         servers.append(srv)
         return srv
@@ -316,8 +317,9 @@ def test_no_tls_keys_means_plain_http(tmp_path: Path, text: str) -> None:
         ("- a\n- b\n", "web config: expected a mapping, got list"),
         ("basic_auth_users: [alice]\n", "basic_auth_users: expected a mapping, got list"),
         ("basic_auth_users:\n  alice: hunter2\n", "basic_auth_users.alice: not a bcrypt hash"),
-        ("basic_auth_users:\n  bob: 12\n", "basic_auth_users.bob: expected a bcrypt hash"),
-        (f"basic_auth_users:\n  123: {HASH}\n", "user name 123 must be a string"),
+        ("basic_auth_users:\n  bob: 12\n", "basic_auth_users.bob: not a bcrypt hash"),
+        ("basic_auth_users:\n  bob: [x]\n", "basic_auth_users.bob: expected a bcrypt hash"),
+        (f"basic_auth_users:\n  [a]: {HASH}\n", "invalid YAML"),
         (f"basic_auth_users:\n  'a:b': {HASH}\n", "basic_auth_users.a:b: a user name cannot"),
         (
             "basic_auth_users:\n  eve: $2y$03$" + "a" * 53 + "\n",
@@ -344,13 +346,13 @@ def test_no_tls_keys_means_plain_http(tmp_path: Path, text: str) -> None:
         ),
         (
             "tls_server_config:\n  cert_file: a\n  key_file: k\n  client_auth_type: "
-            "RequireAndVerifyClientCert\n",
-            "client_auth_type: RequireAndVerifyClientCert needs client_ca_file",
+            "RequestClientCert\n  client_allowed_sans: [x]\n",
+            "client_allowed_sans: Python's ssl module cannot read the SANs",
         ),
         (
-            "tls_server_config:\n  cert_file: a\n  key_file: k\n  client_auth_type: "
-            "VerifyClientCertIfGiven\n  client_ca_file: ca\n  client_allowed_sans: [x]\n",
-            "client_allowed_sans: needs client_auth_type RequireAndVerifyClientCert",
+            "tls_server_config:\n  cert_file: a\n  key_file: k\n  max_version: TLS12\n"
+            "  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384]\n",
+            "cipher_suites: missing an HTTP/2-required cipher",
         ),
         (
             "tls_server_config:\n  cert_file: a\n  key_file: k\n  min_version: TLS14\n",
@@ -373,7 +375,12 @@ def test_no_tls_keys_means_plain_http(tmp_path: Path, text: str) -> None:
             "tls_server_config:\n  cert_file: a\n  key_file: k\n  prefer_server_cipher_suites: 1\n",
             "prefer_server_cipher_suites: expected true or false",
         ),
-        ("tls_server_config:\n  cert_file: 7\n", "tls_server_config.cert_file: expected a string"),
+        (
+            "tls_server_config:\n  cert_file: [7]\n",
+            "tls_server_config.cert_file: expected a string",
+        ),
+        ("rate_limit:\n  interval: 1s\n  burst: lots\n", "rate_limit.burst: expected an integer"),
+        ("http_server_config:\n  http2: 1\n", "http_server_config.http2: expected true or false"),
         (
             "http_server_config:\n  headers:\n    Server: x\n",
             "http_server_config.headers.Server: this header cannot be configured",
@@ -383,7 +390,6 @@ def test_no_tls_keys_means_plain_http(tmp_path: Path, text: str) -> None:
             "X-Frame-Options: 'allow' is not one of deny, sameorigin",
         ),
         ("rate_limit:\n  interval: 1 sec\n  burst: 1\n", "rate_limit.interval: '1 sec' is not"),
-        ("rate_limit:\n  interval: 1s\n", "rate_limit.burst: must be at least 1"),
         ("rate_limit:\n  interval: 1s\n  burst: -2\n", "rate_limit.burst: expected a non-neg"),
         ("basic_auth_users:\n  a: x\n  a: y\n", "invalid YAML at line 3, column 3: duplicate key"),
         ("tls_server_config: [\n", "invalid YAML"),
@@ -485,7 +491,7 @@ def test_bcrypt_runs_once_per_good_password_and_every_time_for_bad(
         calls.append(password)
         return real(password, hashed)
 
-    monkeypatch.setattr(webconfig.bcrypt, "checkpw", counting)
+    monkeypatch.setattr(webauth.bcrypt, "checkpw", counting)
     auth = BasicAuth({"alice": HASH})
     good = basic("alice", PASSWORD)["Authorization"]
     assert [auth.check(good) for _ in range(3)] == ["alice"] * 3
@@ -503,8 +509,8 @@ def test_auth_cache_is_bounded_and_holds_no_password() -> None:
     auth = BasicAuth(users, cache_size=3)
     for user in users:
         assert auth.check(basic(user, PASSWORD)["Authorization"]) == user
-    assert len(auth._cache) == 3
-    assert all(PASSWORD.encode() not in key for key in auth._cache)
+    assert len(auth.cache) == 3
+    assert all(PASSWORD.encode() not in key for key in auth.cache)
 
 
 def test_rate_limiter_is_a_token_bucket() -> None:
@@ -546,7 +552,8 @@ def test_min_version_is_enforced(pki: Pki, tmp_path: Path, serve: Any) -> None:
 
 def test_cipher_suites_restrict_tls12(pki: Pki, tmp_path: Path, serve: Any) -> None:
     extra = "max_version: TLS12\ncipher_suites: [TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256]\n"
-    srv = serve(load_web_config(write_config(tmp_path, tls_yaml(pki, extra))))
+    text = tls_yaml(pki, extra) + "http_server_config:\n  http2: false\n"  # as the toolkit
+    srv = serve(load_web_config(write_config(tmp_path, text)))
     host, port = srv.address
     with (
         socket.create_connection((host, port), timeout=5) as raw,
@@ -585,11 +592,15 @@ def test_client_allowed_sans(pki: Pki, tmp_path: Path, serve: Any) -> None:
 
 
 def test_slow_handshake_blocks_no_one_and_is_dropped(
-    pki: Pki, tmp_path: Path, serve: Any, monkeypatch: pytest.MonkeyPatch
+    pki: Pki, tmp_path: Path, board: StateBoard
 ) -> None:
-    monkeypatch.setattr(http_module, "TLS_HANDSHAKE_TIMEOUT_S", 0.5)
-    srv = serve(load_web_config(write_config(tmp_path, tls_yaml(pki))))
-    with socket.create_connection(srv.address, timeout=5) as silent:  # never sends ClientHello
+    config = load_web_config(write_config(tmp_path, tls_yaml(pki)))
+    registry = build_registry(board, DAEMON_INFO)
+    limits = Limits(handshake_timeout_s=0.5)
+    with (
+        HttpServer(board, registry, ("127.0.0.1", 0), web_config=config, limits=limits) as srv,
+        socket.create_connection(srv.address, timeout=5) as silent,  # never sends ClientHello
+    ):
         started = time.monotonic()
         assert get(srv, ctx=client_ctx(pki))[0] == 200
         assert time.monotonic() - started < 0.4  # served while the silent one waits
@@ -675,9 +686,104 @@ def test_board_is_never_touched_by_refused_requests(tmp_path: Path, board: State
 
     cfg = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: {HASH}\n"))
     with HttpServer(
-        board, build_registry(board, INFO), ("127.0.0.1", 0), state_json, web_config=cfg
+        board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0), state_json, web_config=cfg
     ) as srv:
         assert get(srv, "/api/v1/state")[0] == 401
         assert calls == []
         assert get(srv, "/api/v1/state", headers=basic("alice", PASSWORD))[0] == 200
         assert calls == [1]
+
+
+# -- bcrypt under load and across reloads ---------------------------------------------
+
+
+def test_credentials_stay_verified_across_a_reload_while_the_hash_is_unchanged(
+    tmp_path: Path, board: StateBoard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[bytes] = []
+    real = bcrypt.checkpw
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        calls.append(password)
+        return real(password, hashed)
+
+    monkeypatch.setattr(webauth.bcrypt, "checkpw", counting)
+    other = bcrypt.hashpw(b"new password", bcrypt.gensalt(4)).decode()
+    users = f"basic_auth_users:\n  alice: {HASH}\n  bob: {HASH}\n"
+    changed = f"basic_auth_users:\n  alice: {other}\n  bob: {HASH}\n"
+    registry = build_registry(board, DAEMON_INFO)
+    with HttpServer(
+        board, registry, ("127.0.0.1", 0), web_config=load_web_config(write_config(tmp_path, users))
+    ) as srv:
+        assert get(srv, headers=basic("alice", PASSWORD))[0] == 200
+        assert get(srv, headers=basic("bob", PASSWORD))[0] == 200
+        assert len(calls) == 2
+        srv.reload_web_config(load_web_config(write_config(tmp_path, users)))  # SIGHUP, same file
+        assert get(srv, headers=basic("alice", PASSWORD))[0] == 200
+        assert len(calls) == 2  # still verified: no bcrypt
+        srv.reload_web_config(load_web_config(write_config(tmp_path, changed)))
+        assert get(srv, headers=basic("bob", PASSWORD))[0] == 200
+        assert len(calls) == 2  # bob's hash is unchanged
+        assert get(srv, headers=basic("alice", PASSWORD))[0] == 401  # alice's is not
+        assert get(srv, headers=basic("alice", "new password"))[0] == 200
+        assert len(calls) == 4
+
+
+def test_a_reload_keeps_the_rate_limiter_while_its_settings_stay(tmp_path: Path) -> None:
+    text = "rate_limit:\n  interval: 1m\n  burst: 1\n"
+    first = WebSecurity(load_web_config(write_config(tmp_path, text)))
+    assert first.admit(None) is Admission.ALLOW
+    same = WebSecurity(load_web_config(write_config(tmp_path, text)), first)
+    assert same.admit(None) is Admission.RATE_LIMITED  # the spent token stays spent
+    looser = text.replace("burst: 1", "burst: 5")
+    assert WebSecurity(load_web_config(write_config(tmp_path, looser)), same).admit(None) is (
+        Admission.ALLOW
+    )
+
+
+def _flood(address: tuple[str, int], stop: threading.Event, statuses: list[int]) -> None:
+    """Wrong passwords back to back from 127.0.0.1 on one kept-alive connection."""
+    conn = http.client.HTTPConnection(*address, timeout=10)
+    try:
+        while not stop.is_set():
+            conn.request("GET", "/metrics", headers=basic("alice", "guess"))
+            response = conn.getresponse()
+            response.read()
+            statuses.append(response.status)
+    finally:
+        conn.close()
+
+
+def test_a_flood_of_wrong_passwords_leaves_room_for_a_scrapers_first_login(
+    tmp_path: Path, board: StateBoard
+) -> None:
+    slow_hash = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10)).decode()  # ~70 ms a check
+    config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: {slow_hash}\n"))
+    registry = build_registry(board, DAEMON_INFO)
+    with HttpServer(board, registry, ("127.0.0.1", 0), web_config=config) as srv:
+        stop = threading.Event()
+        statuses: list[int] = []
+        flood = [
+            threading.Thread(target=_flood, args=(srv.address, stop, statuses)) for _ in range(8)
+        ]
+        for thread in flood:
+            thread.start()
+        try:
+            time.sleep(0.5)
+            # The scraper comes from another address (all of 127/8 is loopback on Linux).
+            conn = http.client.HTTPConnection(
+                *srv.address, timeout=10, source_address=("127.0.0.2", 0)
+            )
+            started = time.monotonic()
+            conn.request("GET", "/metrics", headers=basic("alice", PASSWORD))
+            response = conn.getresponse()
+            response.read()
+            login_s = time.monotonic() - started
+            conn.close()
+        finally:
+            stop.set()
+            for thread in flood:
+                thread.join()
+    assert response.status == 200
+    assert login_s < 0.5, login_s  # was 1.85 s with one bcrypt at a time
+    assert 401 in statuses and 429 in statuses  # one check at a time per address

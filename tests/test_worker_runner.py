@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -44,12 +43,6 @@ BOTH = (Regime.UNTHROTTLED, Regime.SUSTAINED)
 CPU_INFO = DeviceInfo(index=0, uuid="cpu-0", name="test cpu")
 WL = Workload("mm", "matmul", {"m": 64, "n": 64, "k": 64}, "fp32", ("cpu.matmul",))
 FAKE_JOB = JobSpec(0, "cpu-0", "cpu", (WL,), BOTH)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "tune.db") as s:
-        yield s
 
 
 def never() -> str | None:
@@ -253,19 +246,23 @@ def test_real_cpu_worker_completes_and_records(store: Store) -> None:
     assert progress[0]["workload"] == "mm" and progress[0]["total"] == 2
 
 
+SIM_GEMM = Workload("sim-gemm", "gemm", {"m": 8192, "n": 8192, "k": 8192}, "bf16", ("sim",))
+
+
+def power_capped_sim_job(
+    gpus: int, gpu: int, seed: int, budget_s: float
+) -> tuple[DeviceInfo, JobSpec]:
+    """GPU ``gpu`` of a simulated machine at its power cap, and a ``sim-gemm`` job for it
+    measuring each regime for ``budget_s`` (the session gets twice that)."""
+    info = SimBackend(gpus=gpus, scenario="power-cap", seed=seed).device_info(gpu)
+    protocol = ProtocolConfig(time_budget_s=budget_s)
+    sim = SimSpec("power-cap", seed, gpus)
+    job = JobSpec(gpu, info.uuid, "sim", (SIM_GEMM,), BOTH, protocol, 2 * budget_s, sim)
+    return info, job
+
+
 def test_real_sim_worker_tunes_sim_gemm(store: Store) -> None:
-    info = SimBackend(gpus=2, scenario="power-cap", seed=5).device_info(1)
-    sim_gemm = Workload("sim-gemm", "gemm", {"m": 8192, "n": 8192, "k": 8192}, "bf16", ("sim",))
-    job = JobSpec(
-        1,
-        info.uuid,
-        "sim",
-        (sim_gemm,),
-        BOTH,
-        ProtocolConfig(time_budget_s=20.0),
-        time_budget_s=40.0,
-        sim=SimSpec("power-cap", 5, 2),
-    )
+    info, job = power_capped_sim_job(gpus=2, gpu=1, seed=5, budget_s=20.0)
     out = TuneRunner(store).run_session(job, info, "sim", never, None, 60)
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
     sustained = next(r for r in out.results if r.regime is Regime.SUSTAINED)
@@ -278,9 +275,8 @@ def test_real_sim_worker_tunes_sim_gemm(store: Store) -> None:
 
 def test_sim_worker_starts_at_the_daemons_point_of_the_scenario(store: Store) -> None:
     info = SimBackend(gpus=1, scenario="gpu-lost", seed=0).device_info(0)
-    sim_gemm = Workload("sim-gemm", "gemm", {"m": 8192, "n": 8192, "k": 8192}, "bf16", ("sim",))
     # The scenario's GPU is off the bus from t = 20 s to 50 s: a job starting at 25 s hits it.
-    job = JobSpec(0, info.uuid, "sim", (sim_gemm,), BOTH, sim=SimSpec("gpu-lost", 0, 1, 25.0))
+    job = JobSpec(0, info.uuid, "sim", (SIM_GEMM,), BOTH, sim=SimSpec("gpu-lost", 0, 1, 25.0))
     out = TuneRunner(store).run_session(job, info, "sim", never, None, 30)
     assert out.status is SessionStatus.FAILED
     assert out.why == "worker error: GpuLost: GPU 0 is lost: simulated: off the bus since t=20s"
@@ -471,19 +467,8 @@ def test_cancel_stops_a_running_session(store: Store, tmp_path: Path) -> None:
 
 
 def test_sigterm_stops_a_real_worker_at_a_batch_boundary(tmp_path: Path) -> None:
-    info = SimBackend(gpus=1, scenario="power-cap", seed=0).device_info(0)
-    sim_gemm = Workload("sim-gemm", "gemm", {"m": 8192, "n": 8192, "k": 8192}, "bf16", ("sim",))
     # A long budget so the worker is still measuring when it is told to stop.
-    job = JobSpec(
-        0,
-        info.uuid,
-        "sim",
-        (sim_gemm,),
-        BOTH,
-        ProtocolConfig(time_budget_s=1e5),
-        2e5,
-        SimSpec("power-cap", 0, 1),
-    )
+    _, job = power_capped_sim_job(gpus=1, gpu=0, seed=0, budget_s=1e5)
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuwatchd.tuning.worker"],
         stdin=subprocess.PIPE,

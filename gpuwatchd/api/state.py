@@ -1,27 +1,50 @@
-"""The read-only JSON view of the state board served at ``/api/v1/state``.
+"""``/api/v1/state``: the read-only JSON view of the state board, produced and parsed here.
 
 Field names carry their units (``_c``, ``_w``, ``_mhz``, ``_s``, ``_ratio``); a field the
 GPU does not support is ``null``. Unlike the metrics, the JSON keeps the last sample of
 a lost or stalled GPU, with ``poll`` saying how stale it is, because a human debugging a
 lost GPU wants to see the last thing it said.
+
+The daemon adds two sections of its own: ``gate_config`` (its gate thresholds, so a job
+can re-run the gate) and ``tuning`` (what the tuner is doing). :func:`parse_state` reads
+the whole document for ``gpuwatchd status`` and the job-side client alike.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from gpuwatchd.exporter.collectors.gpu import ALL_REASONS, DaemonInfo
-from gpuwatchd.gate import GateDecision
+from gpuwatchd.api.document import DocReader
+from gpuwatchd.api.errors import GpuwatchdError
+from gpuwatchd.api.gpu_state import GpuState
+from gpuwatchd.gate import GateConfig, GateDecision
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
-from gpuwatchd.telemetry.types import DeviceInfo, Sample
+from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
+
+#: Where the daemon serves the document.
+STATE_PATH = "/api/v1/state"
 
 #: Identifies the document shape; bump on an incompatible change.
 STATE_FORMAT = "gpuwatchd-state/1"
 
 JsonDict = dict[str, Any]
+
+
+class DaemonFacts(Protocol):
+    """What the producer needs to know about the daemon (``DaemonInfo`` has it)."""
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def python_version(self) -> str: ...
 
 
 def _num(value: float | None) -> float | None:
@@ -98,7 +121,7 @@ def snapshot_json(snap: GpuSnapshot, now_unix: float) -> JsonDict:
         "info": None if snap.info is None else _info_json(snap.info),
         "sample": None if snap.sample is None else _sample_json(snap.sample),
         "energy_j": _num(snap.energy_j),
-        "throttle_seconds": {r.label: snap.throttle_seconds.get(r, 0.0) for r in ALL_REASONS},
+        "throttle_seconds": {r.label: snap.throttle_seconds.get(r, 0.0) for r in ThrottleReason},
         "gate": None if snap.gate is None else _gate_json(snap.gate),
         "poll": _poll_json(snap.health, now_unix),
     }
@@ -106,7 +129,7 @@ def snapshot_json(snap: GpuSnapshot, now_unix: float) -> JsonDict:
 
 def build_state_json(
     board: StateBoard,
-    daemon: DaemonInfo | None = None,
+    daemon: DaemonFacts | None = None,
     now: Callable[[], float] = time.time,
 ) -> JsonDict:
     """The whole document: format tag, generation time, optional daemon facts, GPUs."""
@@ -120,3 +143,144 @@ def build_state_json(
         }
     doc["gpus"] = [snapshot_json(snap, now_unix) for snap in board.all()]
     return doc
+
+
+# -- reading the document ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSection:
+    """The ``daemon`` section: which gpuwatchd on which backend produced the document."""
+
+    version: str | None
+    backend: str | None
+    python_version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TuningSection:
+    """The ``tuning`` section: whether tuning is on, where it runs, what is waiting.
+
+    ``pending`` maps a GPU index, spelled as the JSON key, to the workloads queued on it.
+    """
+
+    enabled: bool
+    running_gpus: tuple[int, ...]
+    pending: dict[str, tuple[str, ...]]
+    last_completed_unix: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StateDocument:
+    """A parsed ``/api/v1/state`` document from ``source``.
+
+    ``gate_config`` is kept as sent and checked by :meth:`gate` only when a job re-runs
+    the gate, so a newer daemon's extra threshold never breaks ``status``.
+    """
+
+    source: str
+    gpus: tuple[GpuState, ...]
+    daemon: DaemonSection | None
+    tuning: TuningSection | None
+    gate_config: Mapping[str, Any] | None
+
+    def gate(self) -> GateConfig:
+        """The daemon's gate thresholds when it publishes them, else the defaults."""
+        if self.gate_config is None:
+            return GateConfig()
+        try:
+            return GateConfig.from_mapping(self.gate_config)
+        except ValueError as e:
+            raise GpuwatchdError(f"{self.source}: bad state document: {e}") from None
+
+
+def parse_state(doc: Any, source: str = "state") -> StateDocument:
+    """A whole ``/api/v1/state`` document; GpuwatchdError naming the bad field."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
+        raise GpuwatchdError(f"{source}: not a gpuwatchd state document")
+    d = DocReader(source, "state")
+    fmt = doc.get("format", STATE_FORMAT)
+    if fmt != STATE_FORMAT:
+        raise d.bad("format", repr(STATE_FORMAT), fmt)
+    tuning = _tuning_section(d, doc)
+    running = tuning.running_gpus if tuning is not None else ()
+    gate_config = doc.get("gate_config")
+    if gate_config is not None and not isinstance(gate_config, dict):
+        raise d.bad("gate_config", "an object", gate_config)
+    return StateDocument(
+        source=source,
+        gpus=tuple(parse_gpu_state(entry, running, source) for entry in doc["gpus"]),
+        daemon=_daemon_section(d, doc),
+        tuning=tuning,
+        gate_config=gate_config,
+    )
+
+
+def parse_gpu_state(entry: Any, running: Iterable[int] = (), source: str = "state") -> GpuState:
+    """One ``gpus[i]`` entry; ``running`` lists the GPUs the daemon is tuning on."""
+    d = DocReader(source, "state")
+    if not isinstance(entry, dict):
+        raise d.bad("gpus[]", "an object", entry)
+    gpu = d.integer(entry, "gpu", "gpus[]")
+    where = f"gpus[gpu={gpu}]"
+    info = d.obj(entry, "info", where, optional=True)
+    sample = d.obj(entry, "sample", where, optional=True)
+    gate = d.obj(entry, "gate", where, optional=True)
+    poll = d.obj(entry, "poll", where, optional=True)
+    if gate:
+        state = d.text(gate, "state", f"{where}.gate")
+        is_open = d.flag(gate, "open", f"{where}.gate")
+        reasons = d.texts(gate, "reasons", f"{where}.gate") or ()
+        in_state = d.num(gate, "in_state_s", f"{where}.gate")
+    else:
+        state, is_open, reasons, in_state = "unavailable", False, ("no gate decision yet",), None
+    uuid = entry.get("uuid")
+    return GpuState(
+        gpu=gpu,
+        uuid=uuid if isinstance(uuid, str) else None,
+        name=d.text(info, "name", f"{where}.info", optional=True) or None,
+        state=state,
+        open=is_open,
+        reasons=reasons,
+        in_state_s=in_state,
+        t_s=d.num(sample, "t_s", f"{where}.sample"),
+        temp_c=d.num(sample, "temp_c", f"{where}.sample"),
+        power_w=d.num(sample, "power_w", f"{where}.sample"),
+        sm_clock_mhz=d.num(sample, "sm_clock_mhz", f"{where}.sample"),
+        util_gpu_ratio=d.num(sample, "util_gpu_ratio", f"{where}.sample"),
+        throttle_reasons=d.texts(sample, "throttle_reasons", f"{where}.sample"),
+        compute_pids=d.ints(sample, "compute_pids", f"{where}.sample"),
+        max_sm_clock_mhz=d.num(info, "max_sm_clock_mhz", f"{where}.info"),
+        power_limit_w=d.num(info, "power_limit_w", f"{where}.info"),
+        slowdown_temp_c=d.num(info, "slowdown_temp_c", f"{where}.info"),
+        stalled=d.flag(poll, "stalled", f"{where}.poll"),
+        lost=d.flag(poll, "lost", f"{where}.poll"),
+        sample_age_s=d.num(poll, "last_success_age_s", f"{where}.poll"),
+        tuning=gpu in set(running),
+        poll_ok=d.flag(poll, "success", f"{where}.poll"),
+    )
+
+
+def _daemon_section(d: DocReader, doc: Mapping[str, Any]) -> DaemonSection | None:
+    section = d.obj(doc, "daemon", "", optional=True)
+    if not section:
+        return None
+    return DaemonSection(
+        version=d.text(section, "version", "daemon", optional=True) or None,
+        backend=d.text(section, "backend", "daemon", optional=True) or None,
+        python_version=d.text(section, "python_version", "daemon", optional=True) or None,
+    )
+
+
+def _tuning_section(d: DocReader, doc: Mapping[str, Any]) -> TuningSection | None:
+    if doc.get("tuning") is None:
+        return None
+    section = d.obj(doc, "tuning", "")
+    raw_pending = d.obj(section, "pending", "tuning", optional=True)
+    pending = {gpu: d.texts(raw_pending, gpu, "tuning.pending") or () for gpu in raw_pending}
+    return TuningSection(
+        enabled=d.flag(section, "enabled", "tuning", default=True),
+        running_gpus=d.ints(section, "running_gpus", "tuning") or (),
+        pending=pending,
+        last_completed_unix=d.num(section, "last_completed_unix", "tuning"),
+    )

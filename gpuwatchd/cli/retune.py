@@ -1,7 +1,8 @@
 """``gpuwatchd retune``: ask the running daemon, over its control socket, to re-tune.
 
 Exit codes: 0 queued, 1 the daemon cannot be reached, 2 the daemon rejected the request.
-The request only queues work: the daemon starts it at the GPU's next open gate.
+The request only queues work: the daemon starts it at the GPU's next open gate. The
+daemon's socket module is imported when the command runs (see :mod:`gpuwatchd.cli.common`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.cli.main import EXIT_CONFIG, EXIT_RUNTIME, CliError
-from gpuwatchd.daemon.control import MAX_LINE, SOCKET_NAME, SYSTEM_SOCKET_DIR, default_socket_path
+from gpuwatchd.cli.common import EXIT_CONFIG, EXIT_RUNTIME, CliError, Subparsers, add_command
 
 EXIT_REJECTED = EXIT_CONFIG  # 2
 
@@ -27,6 +27,8 @@ class Unreachable(Exception):
 def client_socket_path() -> Path:
     """The daemon's default socket for this user if it exists; else the system daemon's
     (/run/gpuwatchd, systemd's RuntimeDirectory) when that directory exists."""
+    from gpuwatchd.daemon.control_server import SOCKET_NAME, SYSTEM_SOCKET_DIR, default_socket_path
+
     own = default_socket_path()
     if own.exists() or not SYSTEM_SOCKET_DIR.is_dir():
         return own
@@ -59,6 +61,8 @@ def send_request(
 
 
 def _read_line(sock: socket.socket) -> bytes:
+    from gpuwatchd.daemon.control_server import MAX_LINE
+
     buf = bytearray()
     while b"\n" not in buf:
         if len(buf) > MAX_LINE:
@@ -104,6 +108,24 @@ def format_pending(pending: dict[str, list[str]]) -> str:
     return "\n".join(lines) or "no tuning work pending"
 
 
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers,
+        "retune",
+        "ask the running daemon to re-tune at the next open gate",
+        "Queue tuning work on the running daemon through its Unix control socket (no network\n"
+        "endpoint ever starts GPU work); it runs when the GPU's gate next opens.\n"
+        "--pending shows what is queued instead.",
+        (
+            "gpuwatchd retune --gpu 0 --workload sim-gemm",
+            "gpuwatchd retune --pending",
+        ),
+    )
+    add_retune_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
 def add_retune_args(p: argparse.ArgumentParser) -> None:
     """The ``retune`` subcommand's options."""
     p.add_argument("--gpu", type=int, metavar="N", help="GPU index (default: every GPU)")
@@ -119,7 +141,7 @@ def add_retune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds to wait")
 
 
-def run_retune(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Entry point of ``gpuwatchd retune``; CliError(1) unreachable, CliError(2) rejected."""
     path = Path(args.socket) if args.socket else client_socket_path()
     if args.pending:

@@ -1,30 +1,91 @@
-"""``gpuwatchd status``: fetch the daemon's JSON state and print a per-GPU table."""
+"""``gpuwatchd status``: fetch the daemon's JSON state and print a per-GPU table.
+
+Without ``--url`` the daemon is found where the config says it listens: on this host,
+over https when the config's web config turns TLS on. The document is fetched by
+:mod:`gpuwatchd.api.fetch` and read by :func:`gpuwatchd.api.state.parse_state`, as the
+job-side client reads it; those modules are imported when the command runs, so building
+the ``gpuwatchd`` parser does not pay for them.
+"""
 
 from __future__ import annotations
 
-import base64
+import argparse
 import json
 import os
-import ssl
-import urllib.error
-import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.cli.main import CliError
+from gpuwatchd.cli.common import (
+    EXIT_CONFIG,
+    CliError,
+    Subparsers,
+    add_command,
+    load_with_overrides,
+)
 
-STATE_PATH = "/api/v1/state"
+if TYPE_CHECKING:
+    from gpuwatchd.api.gpu_state import GpuState
+    from gpuwatchd.api.state import TuningSection
+
 PASSWORD_ENV = "GPUWATCHD_PASSWORD"
 
 
-def _request(url: str, user: str | None) -> urllib.request.Request:
-    req = urllib.request.Request(url)
-    if user:
-        password = os.environ.get(PASSWORD_ENV)
-        if password is None:
-            raise CliError(f"--user {user}: set the password in ${PASSWORD_ENV}")
-        token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        req.add_header("Authorization", f"Basic {token}")
-    return req
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers,
+        "status",
+        "per-GPU table from a running daemon",
+        "Fetch the running daemon's /api/v1/state and print one row per GPU: temperature,\n"
+        "power and SM clock against their limits, throttle reasons, and the gate with WHY\n"
+        "it is shut (each threshold is the configured value; while the gate is shut, less\n"
+        "its hysteresis, said in the reason).",
+        (
+            "gpuwatchd status",
+            "gpuwatchd status --url https://gpu-host:9844 --cacert ca.pem --user admin",
+            "gpuwatchd status --json | jq '.gpus[0].gate'",
+        ),
+    )
+    p.add_argument("--config", metavar="FILE", help="read the daemon's listen address from here")
+    p.add_argument("--url", help="daemon base URL (default from the config's listen address)")
+    p.add_argument("--json", action="store_true", help="print the raw JSON state")
+    p.add_argument(
+        "--timeout", type=float, default=3.0, metavar="S", help="seconds to wait for the daemon"
+    )
+    p.add_argument("--cacert", metavar="FILE", help="CA certificate of an https daemon")
+    p.add_argument("--user", help="basic-auth user (password in $GPUWATCHD_PASSWORD)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    url = args.url
+    if url is None:
+        from gpuwatchd.config import ConfigError
+        from gpuwatchd.daemon.process import read_web_config
+
+        cfg, _ = load_with_overrides(args)
+        try:
+            web = read_web_config(cfg)
+        except ConfigError as exc:
+            raise CliError(str(exc), EXIT_CONFIG) from None
+        url = local_url(cfg.daemon.listen, https=web is not None and web.tls is not None)
+    state = fetch_state(url, timeout=args.timeout, cacert=args.cacert, user=args.user)
+    if args.json:
+        print(json.dumps(state, indent=2, sort_keys=True))
+    else:
+        print(format_status(state))
+    return 0
+
+
+def local_url(listen: str, https: bool = False) -> str:
+    """The base URL of a daemon on this host listening on ``listen`` (any address: loopback)."""
+    from gpuwatchd.exporter import parse_listen
+
+    host, port = parse_listen(listen)
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{'https' if https else 'http'}://{host}:{port}"
 
 
 def fetch_state(
@@ -39,79 +100,79 @@ def fetch_state(
     For a daemon behind a web config: an https URL, ``cacert`` (the CA that signed its
     certificate) and ``user`` for basic auth (password from $GPUWATCHD_PASSWORD).
     """
-    url = base_url.rstrip("/") + STATE_PATH
-    if not url.startswith(("http://", "https://")):
-        raise CliError(f"--url {base_url}: expected http://HOST:PORT or https://HOST:PORT", 2)
-    context = None
-    if cacert:
-        try:
-            context = ssl.create_default_context(cafile=cacert)
-        except (OSError, ssl.SSLError) as exc:
-            raise CliError(f"--cacert {cacert}: {exc}") from None
-    try:
-        with urllib.request.urlopen(_request(url, user), timeout=timeout, context=context) as resp:
-            body = resp.read()
-    except urllib.error.HTTPError as exc:
-        raise CliError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
+    from gpuwatchd.api.errors import GpuwatchdError
+    from gpuwatchd.api.fetch import CaFileError, FetchError, UnreachableError, get_json, is_base_url
+    from gpuwatchd.api.state import STATE_PATH, parse_state
+
+    if not is_base_url(base_url):
         raise CliError(
-            f"cannot reach gpuwatchd at {url}: {reason} (is the daemon running?)"
-        ) from None
+            f"--url {base_url}: expected http://HOST:PORT or https://HOST:PORT", EXIT_CONFIG
+        )
+    url = base_url.rstrip("/") + STATE_PATH
+    auth = None
+    if user:
+        password = os.environ.get(PASSWORD_ENV)
+        if password is None:
+            raise CliError(f"--user {user}: set the password in ${PASSWORD_ENV}")
+        auth = (user, password)
     try:
-        doc = json.loads(body)
-    except ValueError:
-        raise CliError(f"{url}: response is not JSON") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
-        raise CliError(f"{url}: not a gpuwatchd state document")
+        doc: dict[str, Any] = get_json(url, timeout=timeout, cafile=cacert, auth=auth)
+    except CaFileError as exc:
+        raise CliError(f"--cacert {exc}") from None
+    except UnreachableError as exc:
+        raise CliError(
+            f"cannot reach gpuwatchd at {url}: {exc.detail} (is the daemon running?)"
+        ) from None
+    except FetchError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        parse_state(doc, url)
+    except GpuwatchdError as exc:
+        raise CliError(str(exc)) from None
     return doc
 
 
-def _fmt(value: Any, spec: str, unit: str = "") -> str:
+def _fmt(value: float | None, spec: str, unit: str = "") -> str:
     if value is None:
         return "-"
     return f"{value:{spec}}{unit}"
 
 
-def _pair(cur: Any, limit: Any, spec: str, unit: str) -> str:
+def _pair(cur: float | None, limit: float | None, spec: str, unit: str) -> str:
     if cur is None and limit is None:
         return "-"
     return f"{_fmt(cur, spec)}/{_fmt(limit, spec)}{unit}"
 
 
-def _row(gpu: dict[str, Any]) -> list[str]:
-    info = gpu.get("info") or {}
-    sample = gpu.get("sample") or {}
-    gate = gpu.get("gate") or {}
-    poll = gpu.get("poll") or {}
-    if poll.get("lost"):
+def _row(gpu: GpuState) -> list[str]:
+    if gpu.lost:
         health = "LOST"
-    elif poll.get("stalled"):
+    elif gpu.stalled:
         health = "STALLED"
-    elif not poll.get("success"):
+    elif not gpu.poll_ok:
         health = "FAILING"
     else:
         health = ""
-    reasons = sample.get("throttle_reasons")
+    reasons = gpu.throttle_reasons
     reason_text = ",".join(reasons) if reasons else ("-" if reasons is None else "none")
-    why = "; ".join(gate.get("reasons") or [])
-    state = gate.get("state", "-")
-    if health:
-        state = f"{state} ({health})"
+    state = f"{gpu.state} ({health})" if health else gpu.state
     return [
-        str(gpu.get("gpu", "?")),
-        str(info.get("name") or "-"),
-        _pair(sample.get("temp_c"), info.get("slowdown_temp_c"), ".0f", "C"),
-        _pair(sample.get("power_w"), info.get("power_limit_w"), ".0f", "W"),
-        _pair(sample.get("sm_clock_mhz"), info.get("max_sm_clock_mhz"), ".0f", "MHz"),
+        str(gpu.gpu),
+        gpu.name or "-",
+        _pair(gpu.temp_c, gpu.slowdown_temp_c, ".0f", "C"),
+        _pair(gpu.power_w, gpu.power_limit_w, ".0f", "W"),
+        _pair(gpu.sm_clock_mhz, gpu.max_sm_clock_mhz, ".0f", "MHz"),
         reason_text,
         state,
-        why or "-",
+        "; ".join(gpu.reasons) or "-",
     ]
 
 
 def format_status(doc: dict[str, Any]) -> str:
     """A fixed-width table, one GPU per row; the last column says why the gate is shut."""
+    from gpuwatchd.api.state import parse_state
+
+    state = parse_state(doc)
     header = [
         "GPU",
         "NAME",
@@ -122,33 +183,28 @@ def format_status(doc: dict[str, Any]) -> str:
         "GATE",
         "WHY",
     ]
-    rows = [header] + [_row(g) for g in doc["gpus"]]
+    rows = [header] + [_row(g) for g in state.gpus]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     lines = []
     for r in rows:
         cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
         lines.append("  ".join([*cells, r[-1]]).rstrip())
-    daemon = doc.get("daemon") or {}
-    if daemon:
-        lines.insert(
-            0, f"gpuwatchd {daemon.get('version', '?')} · backend {daemon.get('backend', '?')}"
-        )
-    if not doc["gpus"]:
+    if state.daemon is not None:
+        version, backend = state.daemon.version or "?", state.daemon.backend or "?"
+        lines.insert(0, f"gpuwatchd {version} · backend {backend}")
+    if not state.gpus:
         lines.append("(no GPUs)")
-    tuning = doc.get("tuning")
-    if isinstance(tuning, dict):
-        lines.append(_tuning_line(tuning))
+    if state.tuning is not None:
+        lines.append(_tuning_line(state.tuning))
     return "\n".join(lines)
 
 
-def _tuning_line(tuning: dict[str, Any]) -> str:
-    if not tuning.get("enabled", True):
+def _tuning_line(tuning: TuningSection) -> str:
+    if not tuning.enabled:
         return "tuning: disabled"
-    running = tuning.get("running_gpus") or []
-    pending = tuning.get("pending") or {}
     parts = []
-    if running:
-        parts.append("running on GPU " + ", ".join(str(g) for g in running))
-    for gpu, names in sorted(pending.items()):
+    if tuning.running_gpus:
+        parts.append("running on GPU " + ", ".join(str(g) for g in tuning.running_gpus))
+    for gpu, names in sorted(tuning.pending.items()):
         parts.append(f"GPU {gpu} waiting: {', '.join(names)}")
     return "tuning: " + ("; ".join(parts) if parts else "idle, nothing pending")

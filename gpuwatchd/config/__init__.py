@@ -1,29 +1,41 @@
 """Configuration: a TOML file, validated strictly, with CLI overrides on top."""
 
 from gpuwatchd.config.loader import (
+    CONTROL_SOCKET_NAME,
     DEFAULT_CONFIG_PATH,
+    SPOOL_NAME,
     STORE_NAME,
+    SYSTEM_RUNTIME_DIR,
     Config,
     ConfigError,
     DaemonConfig,
     ReplayConfig,
     SimConfig,
+    TuningConfig,
     load_config,
     parse_config,
+    resolve_control_socket,
     resolve_state_dir,
+    spool_path,
     store_path,
 )
 
 __all__ = [
+    "CONTROL_SOCKET_NAME",
     "DEFAULT_CONFIG_PATH",
+    "SPOOL_NAME",
     "STORE_NAME",
+    "SYSTEM_RUNTIME_DIR",
     "Config",
     "ConfigError",
     "DaemonConfig",
     "ReplayConfig",
     "SimConfig",
+    "TuningConfig",
     "load_config",
     "parse_config",
+    "resolve_control_socket",
     "resolve_state_dir",
+    "spool_path",
     "store_path",
 ]

@@ -1,12 +1,18 @@
-"""Load and validate ``config.toml``.
+"""Load and validate ``config.toml`` into one :class:`Config` of section dataclasses.
 
-Sections: ``[daemon]``, ``[sim]``, ``[replay]``, ``[gate]``. Anything unknown is an error:
+Tables: ``[daemon]``, ``[sim]``, ``[replay]``, ``[gate]``, ``[tuning]`` (with
+``[tuning.protocol]``), ``[drift]`` and ``[[workload]]``. Anything unknown is an error:
 a typo in a threshold must not silently fall back to a default on a production host.
+Each component defines its own section type (telemetry the sim and replay ones, the gate
+its thresholds, tuning its own, drift its own) and never imports this package; the
+loader only assembles them, and hands each component its part (:meth:`Config.backend_spec`,
+:meth:`Config.tuning_setup`, ``cfg.gate``, ``cfg.drift``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import grp
 import os
 import tomllib
 from collections.abc import Mapping
@@ -14,16 +20,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.config.fields import check, from_table
-from gpuwatchd.config.windows import parse_windows
 from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.gate import GateConfig
-from gpuwatchd.tuning.settings import ProtocolConfig
-from gpuwatchd.tuning.types import Regime, Workload
-from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS, merge_workloads, parse_workloads
+from gpuwatchd.telemetry.settings import BACKENDS, BackendSpec, ReplayConfig
+from gpuwatchd.telemetry.sim.settings import SimConfig
+from gpuwatchd.tuning.settings import ProtocolConfig, TuningConfig, TuningSetup
+from gpuwatchd.tuning.types import Workload
+from gpuwatchd.tuning.workloads import (
+    DEFAULT_WORKLOADS,
+    find_workload,
+    merge_workloads,
+    parse_workloads,
+)
+from gpuwatchd.validate import check, check_durations, from_table
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuwatchd/config.toml")
-BACKENDS = ("nvml", "sim", "replay")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -31,20 +42,14 @@ class ConfigError(Exception):
     """A one-line, user-facing description of what is wrong with the configuration."""
 
 
-def _positive(v: float) -> bool:
-    return v > 0
-
-
-def _valid_scenario(name: str) -> bool:
-    from gpuwatchd.telemetry.sim.scenarios import SCENARIOS
-
-    if name not in SCENARIOS:
-        raise ValueError(f"sim.scenario: unknown {name!r} (known: {', '.join(SCENARIOS)})")
-    return True
-
-
-def _valid_windows(windows: tuple[str, ...]) -> bool:
-    parse_windows(windows)  # raises ValueError naming the bad window
+def _known_group(name: str) -> bool:
+    """An empty name, or a group this host knows: the daemon resolves it at start."""
+    if not name:
+        return True
+    try:
+        grp.getgrnam(name)
+    except (KeyError, ValueError):  # ValueError: a NUL in the name
+        raise ValueError(f"daemon.control_group: no group named {name!r} on this host") from None
     return True
 
 
@@ -73,13 +78,21 @@ class DaemonConfig:
         default=0.5, metadata=check(lambda v: 0.01 <= v <= 1.0, "must be in [0.01, 1.0]")
     )
     #: The energy counter costs ~4 ms a call on an H200: read it at a lower rate.
-    energy_interval_s: float = field(default=5.0, metadata=check(_positive, "must be > 0"))
+    energy_interval_s: float = field(
+        default=5.0, metadata=check(lambda v: 0.1 <= v <= 3600, "must be in [0.1, 3600]")
+    )
     #: Static facts (power limit, max clocks, thresholds) are re-read this often.
-    info_refresh_s: float = field(default=300.0, metadata=check(_positive, "must be > 0"))
+    info_refresh_s: float = field(
+        default=300.0, metadata=check(lambda v: 1 <= v <= 86400, "must be in [1, 86400]")
+    )
     #: A GPU read in flight this many poll periods is reported as stalled.
-    stall_periods: float = field(default=2.0, metadata=check(lambda v: v >= 1, "must be >= 1"))
+    stall_periods: float = field(
+        default=2.0, metadata=check(lambda v: 1 <= v <= 100, "must be in [1, 100]")
+    )
     #: systemd watchdog pings stop once a GPU read has been stuck this long.
-    watchdog_stall_s: float = field(default=60.0, metadata=check(_positive, "must be > 0"))
+    watchdog_stall_s: float = field(
+        default=60.0, metadata=check(lambda v: 0 < v <= 3600, "must be in (0, 3600]")
+    )
     #: Where the tuning store lives. Empty: $STATE_DIRECTORY (systemd's StateDirectory=),
     #: else /var/lib/gpuwatchd for root, else ~/.local/state/gpuwatchd.
     state_dir: str = ""
@@ -90,7 +103,7 @@ class DaemonConfig:
     #: systemd, /run/gpuwatchd/control.sock for root, else under $XDG_RUNTIME_DIR.
     control_socket: str = ""
     #: A group whose members may use the control socket (root and the daemon's user always may).
-    control_group: str = ""
+    control_group: str = field(default="", metadata=check(_known_group, ""))
     #: TLS and basic auth for the HTTP endpoints, in the Prometheus exporter-toolkit
     #: web-config.yml format. Empty: plain HTTP without authentication.
     web_config: str = ""
@@ -118,56 +131,44 @@ def store_path(configured_state_dir: str) -> Path:
     return resolve_state_dir(configured_state_dir) / STORE_NAME
 
 
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """The simulated GPU (``--backend sim``)."""
-
-    gpus: int = field(default=1, metadata=check(lambda v: 1 <= v <= 1024, "must be in [1, 1024]"))
-    scenario: str = field(default="idle", metadata=check(lambda v: _valid_scenario(v), ""))
-    seed: int = 0
-    #: Simulated seconds per real second.
-    speed: float = field(default=1.0, metadata=check(_positive, "must be > 0"))
+#: Where jobs leave tuning requests for the daemon, inside the state directory.
+SPOOL_NAME = "spool"
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayConfig:
-    """A recorded ``gpuwatchd-trace/1`` file (``--backend replay``)."""
-
-    trace: str = ""
-    speed: float = field(default=1.0, metadata=check(_positive, "must be > 0"))
-    loop: bool = True
-
-
-_REGIMES = tuple(r.value for r in Regime)
+def spool_path(configured_spool_dir: str, configured_state_dir: str) -> Path:
+    """Where the daemon reads (and jobs leave) tuning requests: ``[tuning] spool_dir``,
+    else ``spool`` in the state directory."""
+    if configured_spool_dir:
+        return Path(configured_spool_dir)
+    return resolve_state_dir(configured_state_dir) / SPOOL_NAME
 
 
-@dataclass(frozen=True, slots=True)
-class TuningConfig:
-    """When and how the daemon tunes (``[tuning]``; ``[tuning.protocol]`` holds the protocol)."""
+#: The control socket's file name, and the system daemon's runtime directory.
+CONTROL_SOCKET_NAME = "control.sock"
+SYSTEM_RUNTIME_DIR = Path("/run/gpuwatchd")
 
-    #: Tune automatically whenever a GPU's gate opens and work is pending.
-    enabled: bool = True
-    #: How often the scheduler looks for pending work and open gates.
-    check_interval_s: float = field(default=5.0, metadata=check(_positive, "must be > 0"))
-    #: A worker running longer than this is killed and the session marked failed.
-    session_timeout_s: float = field(default=1800.0, metadata=check(_positive, "must be > 0"))
-    regimes: tuple[str, ...] = field(
-        default=_REGIMES,
-        metadata=check(lambda v: v and set(v) <= set(_REGIMES), f"must be a subset of {_REGIMES}"),
-    )
-    #: Workloads the daemon tunes on its own (empty: every one whose device fits the backend).
-    workloads: tuple[str, ...] = ()
-    #: Local-time windows in which tuning may start, e.g. ["22:00-06:00"]; empty: any time.
-    windows: tuple[str, ...] = field(default=(), metadata=check(_valid_windows, "bad window"))
-    #: How many GPUs may be tuned at the same time.
-    max_concurrent: int = field(default=1, metadata=check(lambda v: v >= 1, "must be >= 1"))
-    #: After a failed session, wait this long before trying that GPU again.
-    retry_failed_after_s: float = field(default=3600.0, metadata=check(_positive, "must be > 0"))
-    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+
+def resolve_control_socket(configured: str) -> Path:
+    """The control socket the daemon listens on, following :attr:`DaemonConfig.control_socket`'s
+    rule: the configured path, else ``$RUNTIME_DIRECTORY`` under systemd, else
+    /run/gpuwatchd for root, else ``$XDG_RUNTIME_DIR/gpuwatchd`` (``/tmp/gpuwatchd-UID``
+    without one). Shared by the daemon and the jobs that talk to it."""
+    if configured:
+        return Path(configured)
+    systemd = os.environ.get("RUNTIME_DIRECTORY")
+    if systemd:
+        return Path(systemd.split(":")[0]) / CONTROL_SOCKET_NAME
+    if os.geteuid() == 0:
+        return SYSTEM_RUNTIME_DIR / CONTROL_SOCKET_NAME
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(xdg) / "gpuwatchd" if xdg else Path(f"/tmp/gpuwatchd-{os.geteuid()}")
+    return base / CONTROL_SOCKET_NAME
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
+    """The whole validated configuration: one field per table."""
+
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
@@ -179,11 +180,15 @@ class Config:
 
     def workload(self, name: str) -> Workload:
         """The workload called ``name``; ValueError listing the known ones otherwise."""
-        for w in self.workloads:
-            if w.name == name:
-                return w
-        known = ", ".join(w.name for w in self.workloads)
-        raise ValueError(f"unknown workload {name!r} (known: {known})")
+        return find_workload(self.workloads, name)
+
+    def backend_spec(self) -> BackendSpec:
+        """What :func:`~gpuwatchd.telemetry.factory.open_backend` needs to open the backend."""
+        return BackendSpec(kind=self.daemon.backend, sim=self.sim, replay=self.replay)
+
+    def tuning_setup(self) -> TuningSetup:
+        """What the tuning scheduler and planner (``gpuwatchd.sessions``) read."""
+        return TuningSetup(tuning=self.tuning, workloads=self.workloads, sim=self.sim)
 
     def with_overrides(self, **sections: Mapping[str, Any]) -> Config:
         """Apply CLI overrides (already typed) section by section, re-validating them."""
@@ -211,6 +216,7 @@ def _tuning(table: Mapping[str, Any]) -> TuningConfig:
         proto = ProtocolConfig.from_mapping(protocol)
     else:
         raise ValueError("tuning.protocol: expected a [tuning.protocol] table")
+    check_durations(proto, "protocol")
     return dataclasses.replace(from_table(TuningConfig, table, "tuning"), protocol=proto)
 
 
@@ -248,7 +254,13 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> Config:
             if not msg.startswith(f"{name}.") and not msg.startswith("["):
                 msg = f"{name}.{msg}"
             raise ConfigError(f"{where}{msg}") from None
-    return Config(**sections, source=source)
+    cfg = Config(**sections, source=source)
+    for i, name in enumerate(cfg.tuning.workloads):  # the planner looks each one up
+        try:
+            cfg.workload(name)
+        except ValueError as exc:
+            raise ConfigError(f"{where}tuning.workloads[{i}]: {exc}") from None
+    return cfg
 
 
 def load_config(path: str | os.PathLike[str] | None) -> Config:
@@ -268,4 +280,6 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
         raise ConfigError(f"{p}: config file is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once per level of nested arrays and tables
+        raise ConfigError(f"{p}: invalid TOML: arrays or tables nested too deeply") from None
     return parse_config(data, source=str(p))

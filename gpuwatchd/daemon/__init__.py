@@ -1,1 +1,1 @@
-"""The daemon process: wiring of poller, scheduler, exporter and control socket."""
+"""The daemon process (process.py), its control socket (control_server, ops, retune), sd_notify."""

@@ -1,4 +1,4 @@
-"""The long-running process: wires backend → poller → gate → exporter, handles signals.
+"""The long-running process: wires backend → poller → gate → tuning, drift, exporter, control.
 
 Control flow is one loop that waits on an event with a timeout (as APScheduler's
 blocking scheduler does): each tick checks for stalled reads, pings the systemd
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import logging
 import os
-import platform
 import signal
 import threading
 import time
@@ -21,9 +21,25 @@ from types import FrameType
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuwatchd import __version__
-from gpuwatchd.config import Config, ConfigError, load_config, store_path
-from gpuwatchd.daemon.control import ControlServer, default_socket_path, make_retune_handler
+from gpuwatchd.config import (
+    Config,
+    ConfigError,
+    load_config,
+    resolve_state_dir,
+    spool_path,
+    store_path,
+)
+from gpuwatchd.daemon.added_workloads import FILE_NAME as ADDED_FILE
+from gpuwatchd.daemon.added_workloads import AddedWorkloads
+from gpuwatchd.daemon.control_server import ControlServer, default_socket_path
+from gpuwatchd.daemon.history import SampleHistory
+from gpuwatchd.daemon.job_gate import JobGates, job_ops
+from gpuwatchd.daemon.jobs import JobRegistry
+from gpuwatchd.daemon.ops import OpTable
+from gpuwatchd.daemon.retune import retune_ops
 from gpuwatchd.daemon.sdnotify import Notifier
+from gpuwatchd.daemon.user_ops import user_ops
+from gpuwatchd.daemon.user_work import UserWork
 from gpuwatchd.drift import DriftDetector, DriftJob, ReferenceSync, current_versions
 from gpuwatchd.exporter import (
     DaemonInfo,
@@ -37,13 +53,19 @@ from gpuwatchd.exporter.collectors.tuning import TuningCollector
 from gpuwatchd.exporter.web.config import WebConfig, load_web_config
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
-from gpuwatchd.sessions.plan import runnable_workloads
+from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
+from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.sessions.scheduler import TuneScheduler
 from gpuwatchd.store import Store
-from gpuwatchd.telemetry.backend import Backend
+from gpuwatchd.telemetry.backend import Backend, FeelsSessionLoad, GpuLost
 from gpuwatchd.telemetry.factory import open_backend
+from gpuwatchd.tuning.types import Workload
+from gpuwatchd.validate import describe
 
 log = logging.getLogger("gpuwatchd")
+
+#: How often the spool is read again for requests jobs left while the daemon runs.
+SPOOL_RESCAN_S = 60.0
 
 
 def setup_logging(level: str) -> None:
@@ -68,10 +90,11 @@ def read_web_config(cfg: Config) -> WebConfig | None:
 
 
 def open_state_store(cfg: Config) -> Store:
-    """The tuning store under the state directory, created if needed (OSError/StoreError)."""
-    path = store_path(cfg.daemon.state_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return Store(path)
+    """The tuning store under the state directory, created (with a log line) if needed.
+
+    Raises StoreError. The tuning scheduler marks sessions a killed process left running.
+    """
+    return Store(store_path(cfg.daemon.state_dir))
 
 
 class Daemon:
@@ -87,12 +110,31 @@ class Daemon:
         self.cfg = cfg
         self.config_path = config_path
         self.overrides = overrides or {}
-        self.backend = backend if backend is not None else open_backend(cfg)
+        self.backend = backend if backend is not None else open_backend(cfg.backend_spec())
         self.board = StateBoard()
         self.store = open_state_store(cfg)
         self.tuner = TuneScheduler(
-            cfg, self.board, self.store, self.backend.name, sim_time=self.backend.clock.now
+            cfg.tuning_setup(),
+            self.board,
+            self.store,
+            self.backend.name,
+            sim_time=self.backend.clock.now,
+            # the worker imports users' kernels: it runs in their Python environment
+            runner_factory=functools.partial(TuneRunner, python=cfg.tuning.worker_executable),
+            session_load=self.backend if isinstance(self.backend, FeelsSessionLoad) else None,
         )
+        # Users' own work (kernel tuning requests, captured workloads), kept across restarts.
+        self.user_work = UserWork(
+            self.tuner,
+            models=self.gpu_models,
+            devices=lambda: DEVICES_FOR_BACKEND.get(self.backend.name, ()),
+            tuning=lambda: self.cfg.tuning,
+            configured=lambda: self.cfg.workloads,
+            spool_dir=spool_path(cfg.tuning.spool_dir, cfg.daemon.state_dir),
+            added=AddedWorkloads(resolve_state_dir(cfg.daemon.state_dir) / ADDED_FILE),
+            tuned=self.tuned_workloads,
+        )
+        self.tuner.events.add_listener(self.user_work.session_finished)
         self.poller = Poller(
             self.backend,
             self.board,
@@ -103,25 +145,34 @@ class Daemon:
             stall_periods=cfg.daemon.stall_periods,
             own_pids=self.tuner.own_pids,
         )
+        # Jobs registered over the control socket get the gate judged without themselves,
+        # from this history; the daemon's own gate (above) still counts them as foreign.
+        self.history = SampleHistory(lambda: self.poller.gate_cfg)
+        self.poller.add_listener(self.history.observe)
+        self.job_gates = JobGates(
+            JobRegistry(), self.history, self.board, lambda: self.poller.gate_cfg
+        )
         # Re-tune triggers: the sustained clock learned from production load against the
         # clock the winners were measured at, power/max-clock/version changes, stale winners.
         self.drift = DriftDetector(cfg.drift, current_versions)
         self.poller.add_listener(self.drift.observe)
+        references = ReferenceSync(self.drift, self.store)
+        self.tuner.events.add_listener(references.session_finished)  # re-read after a tune
         self.drift_job = DriftJob(
             self.drift,
-            ReferenceSync(self.drift, self.store),
+            references,
             self.board,
             request=self.tuner.request,
-            workloads=lambda: runnable_workloads(self.cfg, self.backend.name),
+            workloads=self.runnable,
         )
-        self.info = DaemonInfo(
-            version=__version__, backend=self.backend.name, python_version=platform.python_version()
-        )
+        self.info = DaemonInfo.current(self.backend.name)
         self.registry = build_registry(
             self.board,
             self.info,
             extra=[
-                TuningCollector(self.board, lambda: self.tuner.snapshot),
+                TuningCollector(
+                    self.board, lambda: self.tuner.snapshot, added=self.user_work.added_names
+                ),
                 DriftCollector(self.drift.view),
             ],
         )
@@ -137,14 +188,17 @@ class Daemon:
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
         )
         # The only way to start GPU work from outside: a Unix socket with file permissions.
+        # More operations are registered on control_ops; the server stays as it is.
+        self.control_ops = OpTable(
+            (
+                *retune_ops(self.tuner, lambda: self.cfg, self.backend.devices, self.runnable),
+                *user_ops(self.user_work, self.runnable),
+                *job_ops(self.job_gates),
+            )
+        )
         self.control = ControlServer(
             cfg.daemon.control_socket or default_socket_path(),
-            make_retune_handler(
-                self.tuner,
-                lambda: self.cfg,
-                self.backend.devices,
-                lambda: runnable_workloads(self.cfg, self.backend.name),
-            ),
+            self.control_ops,
             allowed_group=cfg.daemon.control_group or None,
         )
         self.notifier = Notifier.from_env()
@@ -189,8 +243,33 @@ class Daemon:
                 cfg.gate.window_s,
             )
 
+    def runnable(self) -> tuple[Workload, ...]:
+        """What the daemon tunes on its own: the configured set plus users' added workloads."""
+        configured = runnable_workloads(self.cfg.tuning_setup(), self.backend.name)
+        names = {w.name for w in configured}
+        return configured + tuple(w for w in self.user_work.added_runnable() if w.name not in names)
+
+    def gpu_models(self) -> dict[int, str]:
+        """Each GPU's model name (a user's request names the model it was made on)."""
+        models: dict[int, str] = {}
+        for gpu in self.backend.devices():
+            try:
+                models[gpu] = self.backend.device_info(gpu).name
+            except GpuLost:
+                continue
+        return models
+
+    def tuned_workloads(self, gpu_model: str) -> frozenset[str]:
+        """Workloads with a recorded winner on ``gpu_model`` in every regime tuned."""
+        regimes: dict[str, set[str]] = {}
+        for w in self.store.winners(gpu_model=gpu_model, latest=True):
+            regimes.setdefault(w.workload, set()).add(w.regime.value)
+        wanted = set(self.cfg.tuning.regimes)
+        return frozenset(name for name, seen in regimes.items() if wanted <= seen)
+
     def run(self) -> None:
         self._check_sampling()
+        self.user_work.load()  # spooled requests and added workloads, before anyone asks
         self.http.start()
         self.control.start()
         self.poller.start()
@@ -202,6 +281,9 @@ class Daemon:
         )
         self.scheduler.add_job(
             self.tuning_tick, "interval", seconds=self.cfg.tuning.check_interval_s, id="tune"
+        )
+        self.scheduler.add_job(
+            self.user_work.rescan, "interval", seconds=SPOOL_RESCAN_S, id="spool"
         )
         self.scheduler.add_job(
             self.drift_tick,
@@ -256,7 +338,7 @@ class Daemon:
 
     def winners_json(self, target: str) -> dict[str, object]:
         """/api/v1/winners[?workload=&regime=&gpu_model=]: what jobs should run."""
-        from gpuwatchd.client.api import parse_winners_query, winners_json
+        from gpuwatchd.api.winners import parse_winners_query, winners_json
 
         return winners_json(self.store, **parse_winners_query(target))
 
@@ -288,8 +370,11 @@ class Daemon:
             new = load_config(self.config_path).with_overrides(**self.overrides)
             # re-read even when unchanged: renewed certificates must be picked up
             web = read_web_config(new)
-        except (ConfigError, ValueError) as exc:
-            log.error("config reload rejected, keeping the running config: %s", exc)
+        except Exception as exc:  # whatever the file holds, a reload never stops the daemon
+            log.error(
+                "config reload rejected, keeping the running config: %s",
+                describe(exc, with_type=False),
+            )
             self.notifier.ready("config reload rejected")
             return False
         restart_needed = [
@@ -299,11 +384,16 @@ class Daemon:
         ]
         if new.sim != self.cfg.sim or new.replay != self.cfg.replay:
             restart_needed.append("[sim]/[replay]")
+        restart_needed += [
+            f"tuning.{key}"
+            for key in ("worker_python", "spool_dir")
+            if getattr(new.tuning, key) != getattr(self.cfg.tuning, key)
+        ]
         if restart_needed:
             log.warning("config reload: %s change only on restart", ", ".join(restart_needed))
         self.http.reload_web_config(web)
         self.poller.reconfigure(new.gate, period_s=new.daemon.poll_interval_s)
-        self.tuner.reconfigure(new)
+        self.tuner.reconfigure(new.tuning_setup())
         self.drift.reconfigure(new.drift)
         logging.getLogger().setLevel(new.daemon.log_level.upper())
         self.cfg = new

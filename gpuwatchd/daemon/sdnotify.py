@@ -1,3 +1,4 @@
+# No library: the systemd bindings need libsystemd and a compiler; sd_notify is one datagram.
 """A dependency-free sd_notify(3) client: readiness, watchdog, reload and status.
 
 systemd's ``Type=notify`` hands the daemon a datagram socket in ``NOTIFY_SOCKET``; the
@@ -35,8 +36,11 @@ def _parse_address(value: str) -> str | bytes:
     raise ValueError(f"NOTIFY_SOCKET: expected an absolute path or '@abstract' name, got {value!r}")
 
 
-def _one_line(text: str) -> str:
-    """STATUS= ends at the first newline; fold any so the whole text arrives."""
+def _fold_lines(text: str) -> str:
+    """STATUS= ends at the first newline; fold line breaks (only) so the whole text arrives.
+
+    Not :func:`gpuwatchd.validate.one_line`: spacing within a line is the caller's to keep.
+    """
     return " ".join(text.splitlines())
 
 
@@ -109,7 +113,7 @@ class Notifier:
         """Startup (or a reload) finished: systemd now considers the unit active."""
         lines = ["READY=1"]
         if status is not None:
-            lines.append(f"STATUS={_one_line(status)}")
+            lines.append(f"STATUS={_fold_lines(status)}")
         return self.send("\n".join(lines))
 
     def reloading(self) -> bool:
@@ -131,7 +135,7 @@ class Notifier:
 
     def status(self, text: str) -> bool:
         """Free-form one-line status shown by ``systemctl status``."""
-        return self.send(f"STATUS={_one_line(text)}")
+        return self.send(f"STATUS={_fold_lines(text)}")
 
     def close(self) -> None:
         """Release the socket; later calls reopen it."""

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwatchd.validate import from_table
+
 SECTION = "drift"
 
 
@@ -80,7 +82,4 @@ class DriftConfig:
     @classmethod
     def from_mapping(cls, table: Mapping[str, Any]) -> DriftConfig:
         """Build from the parsed ``[drift]`` table; errors read ``drift.<key>: ...``."""
-        # Imported here: gpuwatchd.config's loader imports this module for its [drift] table.
-        from gpuwatchd.config.fields import from_table
-
         return from_table(cls, table, SECTION)

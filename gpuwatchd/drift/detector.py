@@ -213,6 +213,10 @@ class DriftDetector:
                     track.raised.update(new)
                     raised[gpu] = new
             self._publish()
+        never = [g for g, reasons in raised.items() if RetuneReason.NO_WINNERS in reasons]
+        if never:  # a first start: expected, so one line for all GPUs, not a warning each
+            gpus = ", ".join(map(str, never))
+            log.info("GPU %s: never tuned; first tuning requested (no_winners)", gpus)
         return raised
 
     def _evaluate_one(
@@ -286,7 +290,8 @@ class DriftDetector:
         new = []
         for reason, detail in found:
             if reason not in track.raised:
-                log.warning("GPU %d: re-tune needed (%s): %s", gpu, reason.value, detail)
+                if reason is not RetuneReason.NO_WINNERS:  # logged once for all by evaluate
+                    log.warning("GPU %d: re-tune needed (%s): %s", gpu, reason.value, detail)
                 new.append(reason)
         return new
 

@@ -1,5 +1,8 @@
 """Drift references from the tuning store: at daemon start and after every completed session.
 
+The daemon hears of completed sessions through the scheduler's session events
+(:class:`~gpuwatchd.sessions.events.SessionEvents`), so the store is read only then.
+
 A GPU's reference comes from its latest completed tuning session: the power limit,
 max clock and software stack recorded when it started, when it ended, and the SM
 clock its sustained-regime winners ran at (the median over workloads). A GPU never
@@ -12,9 +15,11 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 from collections.abc import Iterable, Sequence
 
 from gpuwatchd.drift.detector import DriftDetector, Reference
+from gpuwatchd.sessions.events import SessionFinished
 from gpuwatchd.store import SessionRow, Store, StoredResult, StoreError
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Regime, SessionStatus
@@ -96,27 +101,32 @@ def seed_reference(detector: DriftDetector, store: Store, info: DeviceInfo) -> R
 
 
 class ReferenceSync:
-    """Keeps every GPU's reference in step with the store, cheaply enough to run each check.
+    """Keeps every GPU's reference in step with the store, reading it only when it changed.
 
-    A GPU is looked up when first seen (or when another GPU takes its slot) and again
-    for all GPUs whenever the newest completed session changes: one indexed query
-    per call otherwise. A store error is logged and the lookup retried next call.
+    A GPU is looked up when first seen (or when another GPU takes its slot), and every
+    GPU again at the first :meth:`sync` after a session completed: a completed session
+    can change its own GPU's reference and those of same-model GPUs that borrow it.
+    :meth:`session_finished` is the listener that hears of one (register it on the
+    scheduler's ``events``); nothing polls the store. A store error is logged and the
+    lookup retried next call.
     """
 
     def __init__(self, detector: DriftDetector, store: Store) -> None:
         self._detector = detector
         self._store = store
-        self._last_completed: float | None = None
+        self._completed = threading.Event()  # set by the session thread, cleared by sync
         self._seeded: dict[int, str] = {}  # GPU index -> uuid looked up
 
+    def session_finished(self, event: SessionFinished) -> None:
+        """Session listener: after a completed session, look every GPU up again. O(1)."""
+        if event.completed:
+            self._completed.set()
+
     def sync(self, infos: Iterable[DeviceInfo]) -> None:
-        try:
-            last = self._store.last_completed_at()
-        except StoreError as exc:
-            log.warning("drift: cannot read the store: %s", exc)
-            return
-        changed = last != self._last_completed
-        self._last_completed = last
+        """Give the detector the reference of each GPU in ``infos`` that may have a new one."""
+        changed = self._completed.is_set()
+        if changed:  # cleared before the reads, so a session ending meanwhile is not missed
+            self._completed.clear()
         for info in infos:
             if not changed and self._seeded.get(info.index) == info.uuid:
                 continue

@@ -4,10 +4,9 @@ The daemon's poller shares the GIL with the HTTP server, so a scrape storm must 
 turn into a render storm: rendering 8 GPUs costs about 2 ms of Python. A rendered body
 is reused while every GPU snapshot on the board is the very same object as when it was
 rendered (so board data is never older than the render in flight when a scrape arrived)
-and for at most ``max_age_s`` (which bounds the
-staleness of data from elsewhere, e.g. a future tuning collector, and of the collector
-self-metrics, which describe the render that produced the body). Concurrent misses
-share one render.
+and for at most ``max_age_s``, which bounds the staleness of what the board does not
+version: the tuning and drift collectors' views and the collector self-metrics (they
+describe the render that produced the body). Concurrent misses share one render.
 """
 
 from __future__ import annotations
@@ -68,6 +67,14 @@ class MetricsRenderer:
         self._entries: dict[tuple[str, bool], _Entry] = {}
         self._entries_lock = threading.Lock()
         self._flights: SingleFlight[_Entry] = SingleFlight()
+
+    def cached(self, accept: str, accept_encoding: str) -> Rendered | None:
+        """The body :meth:`render` would reuse right now, or None; never blocks."""
+        _, content_type = choose_encoder(accept)
+        entry = self._entries.get((content_type, gzip_accepted(accept_encoding)))
+        if entry is not None and self._fresh(entry, tuple(self._version())):
+            return entry.rendered
+        return None
 
     def render(self, accept: str, accept_encoding: str) -> Rendered:
         encoder, content_type = choose_encoder(accept)

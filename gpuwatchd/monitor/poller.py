@@ -1,4 +1,8 @@
-"""Polls every GPU, runs the gate, and publishes snapshots.
+"""Polls every GPU, runs its gate, and publishes snapshots.
+
+Each GPU's sample window and gate state live in a
+:class:`~gpuwatchd.monitor.watch.GpuWatch`; the poller adds what only a live reader
+has: the reads, their health, throttle seconds, static facts and the energy counter.
 
 One sweeper thread reads all GPUs in turn each period: a Python thread wake-up costs
 about as much as a whole poll, so one wake-up per period instead of one per GPU is
@@ -17,14 +21,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from gpuwatchd import gate
-from gpuwatchd.gate import GateConfig, GateDecision
+from gpuwatchd.gate import GateConfig
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.monitor.watch import GpuWatch, OwnPids
 from gpuwatchd.telemetry.backend import Backend, GpuLost
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 
@@ -43,9 +46,8 @@ class _GpuTrack:
     """Mutable per-GPU bookkeeping, touched only by that GPU's thread (and the supervisor)."""
 
     index: int
+    watch: GpuWatch  # the sample window and the gate's state
     info: DeviceInfo | None = None
-    window: deque[Sample] = field(default_factory=deque)
-    decision: GateDecision | None = None
     throttle_s: dict[ThrottleReason, float] = field(default_factory=dict)
     prev_sample: Sample | None = None
     energy_j: float | None = None
@@ -69,7 +71,7 @@ class Poller:
         energy_period_s: float = 5.0,
         info_refresh_s: float = 300.0,
         stall_periods: float = 2.0,
-        own_pids: Callable[[], frozenset[int]] = frozenset,
+        own_pids: OwnPids = frozenset,
     ) -> None:
         self.backend = backend
         self.board = board
@@ -96,6 +98,8 @@ class Poller:
     def reconfigure(self, gate_cfg: GateConfig, period_s: float | None = None) -> None:
         """Apply a reloaded configuration; threads pick it up at their next poll."""
         self._gate_cfg = gate_cfg
+        for track in list(self._tracks.values()):
+            track.watch.cfg = gate_cfg
         if period_s is not None:
             self.period_s = period_s
 
@@ -115,8 +119,11 @@ class Poller:
             max_workers=max(2, min(16, len(gpus))), thread_name_prefix="gpuwatchd-slow"
         )
         for gpu in gpus:
-            self._tracks[gpu] = _GpuTrack(index=gpu)
+            self._tracks[gpu] = self._new_track(gpu)
         self._start_sweeper()
+
+    def _new_track(self, gpu: int) -> _GpuTrack:
+        return _GpuTrack(index=gpu, watch=GpuWatch(self._gate_cfg, self._own_pids))
 
     def _start_sweeper(self) -> None:
         generation = self._generation
@@ -218,7 +225,7 @@ class Poller:
         """Poll one GPU now from the caller's thread (``gpuwatchd tune`` drives its own loop)."""
         track = self._tracks.get(gpu)
         if track is None:
-            track = self._tracks[gpu] = _GpuTrack(index=gpu)
+            track = self._tracks[gpu] = self._new_track(gpu)
         return self.poll_once(track)
 
     def poll_once(self, track: _GpuTrack) -> GpuSnapshot:
@@ -250,8 +257,7 @@ class Poller:
             self._read_info(track, refresh=True)  # it may have been replaced or reset
         if sample is not None:
             self._accumulate_throttle(track, sample)
-            track.window.append(sample)
-            self._trim_window(track, sample.t)
+            track.watch.add(sample)
         else:
             track.prev_sample = None  # don't attribute the gap to any reason
         health = PollHealth(
@@ -266,25 +272,19 @@ class Poller:
         return self._publish(track, sample=sample, health=health)
 
     def _publish(self, track: _GpuTrack, sample: Sample | None, health: PollHealth) -> GpuSnapshot:
-        # No fresh sample (lost, stalled or failed): the gate cannot vouch for the GPU.
-        unavailable = sample is None
-        track.decision = gate.evaluate(
-            () if unavailable else list(track.window),
-            track.info,
-            self._gate_cfg,
-            track.decision,
-            self._own_pids(),
-            lost=unavailable,
-        )
-        if unavailable and not health.lost and track.decision is not None:
-            why = "telemetry read stalled" if health.stalled else f"read failed: {health.error}"
-            track.decision = replace(track.decision, reasons=(why,))
+        if sample is not None:
+            decision = track.watch.judge(track.info)
+        else:  # no fresh sample (lost, stalled or failed): the gate cannot vouch for the GPU
+            why = None
+            if not health.lost:
+                why = "telemetry read stalled" if health.stalled else f"read failed: {health.error}"
+            decision = track.watch.judge(track.info, lost=True, why=why)
         track.last_health = health
         snap = GpuSnapshot(
             index=track.index,
             info=track.info,
             sample=sample,
-            gate=track.decision,
+            gate=decision,
             health=health,
             energy_j=track.energy_j,
             throttle_seconds=dict(track.throttle_s),
@@ -309,12 +309,6 @@ class Poller:
         acc = track.throttle_s
         for reason in _REASONS_OF[int(prev.reasons)]:
             acc[reason] = acc.get(reason, 0.0) + dt
-
-    def _trim_window(self, track: _GpuTrack, now_t: float) -> None:
-        horizon = now_t - self._gate_cfg.window_s
-        w = track.window
-        while len(w) > 1 and w[0].t < horizon:
-            w.popleft()
 
     def _read_info(self, track: _GpuTrack, refresh: bool = False) -> None:
         try:

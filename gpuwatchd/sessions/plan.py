@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuwatchd.config import Config
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import GpuSnapshot
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.jobspec import JobSpec, SimSpec
+from gpuwatchd.tuning.settings import TuningSetup
 from gpuwatchd.tuning.types import Regime, Workload
 from gpuwatchd.tuning.workloads import device_kind
 
@@ -30,7 +30,7 @@ class PlanError(ValueError):
     """The requested work cannot run here (one line naming the workload)."""
 
 
-def runnable_workloads(cfg: Config, backend: str) -> tuple[Workload, ...]:
+def runnable_workloads(cfg: TuningSetup, backend: str) -> tuple[Workload, ...]:
     """The daemon's default tuning set: ``tuning.workloads`` if given, else every
     configured workload for the backend's own kind of device."""
     if cfg.tuning.workloads:
@@ -41,7 +41,7 @@ def runnable_workloads(cfg: Config, backend: str) -> tuple[Workload, ...]:
     return tuple(w for w in cfg.workloads if device_kind(w) == kind)
 
 
-def select_workloads(cfg: Config, backend: str, names: Sequence[str]) -> tuple[Workload, ...]:
+def select_workloads(cfg: TuningSetup, backend: str, names: Sequence[str]) -> tuple[Workload, ...]:
     """Named workloads (all runnable ones when empty); PlanError for one that can't run."""
     if not names:
         found = runnable_workloads(cfg, backend)
@@ -64,13 +64,16 @@ def select_workloads(cfg: Config, backend: str, names: Sequence[str]) -> tuple[W
 
 
 def build_jobs(
-    cfg: Config,
+    cfg: TuningSetup,
     info: DeviceInfo,
     workloads: Sequence[Workload],
     regimes: Sequence[Regime],
     sim_start_t: float = 0.0,
+    sim_speed: float | None = None,
 ) -> list[JobSpec]:
-    """One job per worker device kind, in a stable order (sim/cpu/cuda as they appear)."""
+    """One job per worker device kind, in a stable order (sim/cpu/cuda as they appear).
+
+    ``sim_speed`` paces a sim worker's clock to the daemon's (see ``SimSpec.speed``)."""
     groups: dict[str, list[Workload]] = {}
     for w in workloads:
         groups.setdefault(device_kind(w), []).append(w)
@@ -83,6 +86,7 @@ def build_jobs(
                 seed=cfg.sim.seed,
                 gpus=cfg.sim.gpus,
                 start_t=sim_start_t,
+                speed=sim_speed,
             )
         jobs.append(
             JobSpec(

@@ -4,9 +4,10 @@
 gpuwatchd.tuning.worker`` pinned to one GPU, stores the versions from its ``hello`` and
 each ``result`` as it arrives, and ends the session ``completed``, ``failed`` (crash,
 hang, garbage output, a missing result) or ``preempted`` (``should_preempt`` gave a
-reason, or :meth:`TuneRunner.cancel`). The worker runs in its own process group so a
-kill also reaches its children (Triton's compilers); every wait is bounded, every
-child is reaped, and nothing here imports torch.
+reason, or :meth:`TuneRunner.cancel`), then tells ``on_finished`` with a
+:class:`~gpuwatchd.sessions.events.SessionFinished`. The worker runs in its own process
+group so a kill also reaches its children (Triton's compilers); every wait is bounded,
+every child is reaped, and nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import gpuwatchd
+from gpuwatchd.sessions.events import SessionFinished, SessionListener
 from gpuwatchd.store import SessionMeta, Store, StoreError
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.jobspec import (
@@ -42,6 +44,7 @@ from gpuwatchd.tuning.jobspec import (
     decode_message,
 )
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
+from gpuwatchd.validate import describe
 
 log = logging.getLogger("gpuwatchd.sessions.runner")
 
@@ -240,6 +243,8 @@ class TuneRunner:
     how long a SIGTERM'd worker gets before SIGKILL; ``poll_s`` how often
     ``should_preempt`` is asked; ``exit_wait_s`` how long an exited worker's pipes, or
     a worker that reported an error, may linger before its group is killed.
+    ``on_finished`` is told about every session this runner ends, once the store holds
+    its final status (the daemon passes :meth:`SessionEvents.notify`).
     """
 
     def __init__(
@@ -253,6 +258,7 @@ class TuneRunner:
         poll_s: float = 0.05,
         exit_wait_s: float = 1.0,
         reap_timeout_s: float = 5.0,
+        on_finished: SessionListener | None = None,
     ) -> None:
         for name, value in (
             ("term_grace_s", term_grace_s),
@@ -274,6 +280,7 @@ class TuneRunner:
         self.poll_s = poll_s
         self.exit_wait_s = exit_wait_s
         self.reap_timeout_s = reap_timeout_s
+        self._on_finished = on_finished
         self._lock = threading.Lock()
         self._active = False
         self._worker: WorkerProcess | None = None
@@ -344,9 +351,10 @@ class TuneRunner:
                 status, why = session.run()
             except BaseException as e:  # KeyboardInterrupt, a bug: never leave it running
                 session.kill()
-                self._finish(sid, SessionStatus.FAILED, f"runner interrupted: {_one_line(e)}")
+                why = f"runner interrupted: {describe(e)}"
+                self._finish(sid, info, SessionStatus.FAILED, why, job)
                 raise
-            self._finish(sid, status, why)
+            self._finish(sid, info, status, why, job)
             log.info("tuning session %d ended %s%s", sid, status.value, f": {why}" if why else "")
             return SessionOutcome(status, why, sid, tuple(session.results.values()))
 
@@ -364,11 +372,21 @@ class TuneRunner:
             with self._lock:
                 self._active, self._worker, self._hello_pid = False, None, None
 
-    def _finish(self, sid: int, status: SessionStatus, why: str | None) -> None:
+    def _finish(
+        self, sid: int, info: DeviceInfo, status: SessionStatus, why: str | None, job: JobSpec
+    ) -> None:
         try:
             self.store.finish_session(sid, status, why)
         except StoreError as e:
             log.error("cannot end tuning session %d as %s (%s): %s", sid, status.value, why, e)
+            return  # the store still says running: nothing new to tell
+        if self._on_finished is not None:
+            names = tuple(w.name for w in job.workloads)
+            event = SessionFinished(sid, info.index, info.uuid, info.name, status, why, names)
+            try:
+                self._on_finished(event)
+            except Exception:  # a listener's bug must not fail the session that ended fine
+                log.exception("on_finished failed for tuning session %d", sid)
 
     def _command_env(self, job: JobSpec) -> dict[str, str]:
         env = dict(os.environ if self._env is None else self._env)
@@ -427,7 +445,7 @@ class _Session:
         try:
             self.worker = self.r._spawn(self.job)
         except OSError as e:
-            return SessionStatus.FAILED, f"cannot start the worker: {_one_line(e)}"
+            return SessionStatus.FAILED, f"cannot start the worker: {describe(e)}"
         worker = self.worker
         try:
             verdict = self._watch(worker)
@@ -502,7 +520,7 @@ class _Session:
         try:
             reason = self.should_preempt()
         except Exception as e:  # a broken callback must not leave the GPU loaded
-            return f"preempted: should_preempt failed: {_one_line(e)}"
+            return f"preempted: should_preempt failed: {describe(e)}"
         return reason if reason else None
 
     def _handle(self, msg: Message) -> None:
@@ -571,11 +589,6 @@ class _Session:
 
 def _pair_text(pair: tuple[str, Regime]) -> str:
     return f"{pair[0]} ({pair[1].value})"
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _with_extra(meta: SessionMeta, job: JobSpec) -> SessionMeta:

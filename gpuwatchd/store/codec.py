@@ -8,7 +8,6 @@ warning instead of failing the whole query.
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 from typing import Any, TypeVar
 
@@ -22,6 +21,17 @@ from gpuwatchd.tuning.types import (
     Versions,
     Workload,
 )
+from gpuwatchd.validate import (
+    fail,
+    field_error,
+    is_finite,
+    need_bool,
+    need_int,
+    need_number,
+    need_text,
+    one_line,
+    require,
+)
 
 
 def dumps(value: Any, what: str) -> str:
@@ -29,24 +39,29 @@ def dumps(value: Any, what: str) -> str:
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise StoreError(f"{what} is not JSON-serialisable: {e}") from e
+        raise StoreError(f"{what}: not JSON-serialisable ({one_line(e)})") from e
 
 
 def check_number(value: Any, what: str, *, integer: bool = False) -> None:
     """Finite, non-negative number (or None for floats); else a StoreError naming ``what``."""
-    if value is None and not integer:
-        return
-    ok_type = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, ok_type):
-        kind = "an integer" if integer else "a number or null"
-        raise StoreError(f"{what} must be {kind}, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise StoreError(f"{what} must be finite and >= 0, got {value!r}")
+    if integer:
+        need_int(value, what, minimum=0, error=StoreError)
+    elif value is not None:
+        need_number(value, what, minimum=0, error=StoreError)
+
+
+def check_signed(value: Any, what: str) -> None:
+    """A finite number of either sign, or None (temperatures, margins)."""
+    if value is not None:
+        need_number(value, what, error=StoreError)
 
 
 def check_text(value: Any, what: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise StoreError(f"{what} must be a non-empty string, got {value!r}")
+    need_text(value, what, error=StoreError)
+
+
+def _fail(what: str, expected: str, value: Any) -> StoreError:
+    return StoreError(field_error(what, expected, value))
 
 
 def check_meta(meta: SessionMeta) -> None:
@@ -55,13 +70,13 @@ def check_meta(meta: SessionMeta) -> None:
         check_text(getattr(meta, name), f"meta.{name}")
     check_number(meta.gpu_index, "meta.gpu_index", integer=True)
     if not isinstance(meta.versions, Versions):
-        raise StoreError(f"meta.versions must be Versions, got {type(meta.versions).__name__}")
+        raise _fail("meta.versions", "expected Versions", meta.versions)
     for i, w in enumerate(meta.workloads):
         if not isinstance(w, Workload):
-            raise StoreError(f"meta.workloads[{i}] must be a Workload, got {type(w).__name__}")
+            raise _fail(f"meta.workloads[{i}]", "expected a Workload", w)
     for i, r in enumerate(meta.regimes):
         if not isinstance(r, Regime):
-            raise StoreError(f"meta.regimes[{i}] must be a Regime, got {r!r}")
+            raise _fail(f"meta.regimes[{i}]", "expected a Regime", r)
     for name in (
         "max_sm_clock_hz",
         "power_limit_w",
@@ -69,10 +84,7 @@ def check_meta(meta: SessionMeta) -> None:
         "power_at_start_w",
     ):
         check_number(getattr(meta, name), f"meta.{name}")
-    if meta.temp_at_start_c is not None and not _is_finite(meta.temp_at_start_c):
-        raise StoreError(
-            f"meta.temp_at_start_c must be a finite number, got {meta.temp_at_start_c!r}"
-        )
+    check_signed(meta.temp_at_start_c, "meta.temp_at_start_c")
     if meta.started_at is not None:
         check_number(meta.started_at, "meta.started_at")
 
@@ -81,70 +93,56 @@ def check_result(result: RegimeResult) -> None:
     """Validate a regime result before it is written; the message names the bad field."""
     check_text(result.workload, "result.workload")
     if not isinstance(result.regime, Regime):
-        raise StoreError(f"result.regime must be a Regime, got {result.regime!r}")
-    if not isinstance(result.tie, bool):
-        raise StoreError(f"result.tie must be a bool, got {result.tie!r}")
-    if result.margin is not None and not _is_finite(result.margin):
-        raise StoreError(f"result.margin must be a finite number or null, got {result.margin!r}")
+        raise _fail("result.regime", "expected a Regime", result.regime)
+    need_bool(result.tie, "result.tie", error=StoreError)
+    check_signed(result.margin, "result.margin")
     check_number(result.noise, "result.noise")
     names: set[str] = set()
     for i, c in enumerate(result.candidates):
         where = f"result.candidates[{i}]"
         if not isinstance(c, CandidateStats):
-            raise StoreError(f"{where} must be CandidateStats, got {type(c).__name__}")
+            raise _fail(where, "expected CandidateStats", c)
         check_text(c.name, f"{where}.name")
         check_text(c.family, f"{where}.family")
         if c.name in names:
-            raise StoreError(f"{where}.name {c.name!r} appears twice")
+            raise _fail(f"{where}.name", "appears twice in the result", c.name)
         names.add(c.name)
         if c.regime != result.regime:
-            raise StoreError(f"{where}.regime is {c.regime!r}, the result's is {result.regime!r}")
+            raise _fail(f"{where}.regime", f"expected the result's {result.regime!r}", c.regime)
         for name in ("median_s", "spread", "sm_clock_hz", "power_w", "energy_j_per_call"):
             check_number(getattr(c, name), f"{where}.{name}")
-        if c.temp_c is not None and not _is_finite(c.temp_c):
-            raise StoreError(f"{where}.temp_c must be a finite number, got {c.temp_c!r}")
+        check_signed(c.temp_c, f"{where}.temp_c")
         for name in ("samples", "rejected", "reasons"):
             check_number(getattr(c, name), f"{where}.{name}", integer=True)
         dumps(c.meta, f"{where}.meta")
     if result.winner is not None and result.winner not in names:
-        raise StoreError(f"result.winner {result.winner!r} is not one of its candidates")
+        raise _fail("result.winner", "expected null or one of its candidates", result.winner)
 
 
 # -- reading -------------------------------------------------------------------------------
-
-
-def _is_finite(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _opt_float(row: sqlite3.Row, col: str) -> float | None:
     v = row[col]
     if v is None:
         return None
-    if not _is_finite(v):
-        raise ValueError(f"{col} is not a finite number: {v!r}")
+    require(is_finite(v), col, "expected a finite number", v)
     return float(v)
 
 
 def _float(row: sqlite3.Row, col: str) -> float:
     v = _opt_float(row, col)
     if v is None:
-        raise ValueError(f"{col} is null")
+        raise fail(col, "expected a number", v)
     return v
 
 
 def _int(row: sqlite3.Row, col: str) -> int:
-    v = row[col]
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"{col} is not an integer: {v!r}")
-    return v
+    return need_int(row[col], col)
 
 
 def _text(row: sqlite3.Row, col: str) -> str:
-    v = row[col]
-    if not isinstance(v, str):
-        raise ValueError(f"{col} is not text: {v!r}")
-    return v
+    return need_text(row[col], col, empty_ok=True)
 
 
 def _opt_text(row: sqlite3.Row, col: str) -> str | None:
@@ -155,7 +153,7 @@ def _json(row: sqlite3.Row, col: str) -> Any:
     try:
         return json.loads(_text(row, col))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{col} is not JSON: {e}") from e
+        raise ValueError(f"{col}: not JSON ({one_line(e)})") from e
 
 
 _E = TypeVar("_E", Regime, SessionStatus)
@@ -165,7 +163,7 @@ def _enum(cls: type[_E], value: Any, col: str) -> _E:
     try:
         return cls(value)
     except ValueError:
-        raise ValueError(f"{col} has unknown value {value!r}") from None
+        raise fail(col, f"expected one of {', '.join(m.value for m in cls)}", value) from None
 
 
 def _versions(row: sqlite3.Row, col: str = "versions_json") -> Versions:
@@ -176,10 +174,9 @@ def session_from_row(row: sqlite3.Row) -> SessionRow:
     workloads_raw = _json(row, "workloads_json")
     regimes_raw = _json(row, "regimes_json")
     extra = _json(row, "extra_json")
-    if not isinstance(workloads_raw, list) or not isinstance(regimes_raw, list):
-        raise ValueError("workloads_json and regimes_json must be lists")
-    if not isinstance(extra, dict):
-        raise ValueError("extra_json must be an object")
+    require(isinstance(workloads_raw, list), "workloads_json", "expected a list", workloads_raw)
+    require(isinstance(regimes_raw, list), "regimes_json", "expected a list", regimes_raw)
+    require(isinstance(extra, dict), "extra_json", "expected an object", extra)
     try:
         workloads = tuple(Workload.from_json(w) for w in workloads_raw)
     except (KeyError, TypeError, AttributeError) as e:
@@ -212,8 +209,7 @@ def session_from_row(row: sqlite3.Row) -> SessionRow:
 
 def candidate_from_row(row: sqlite3.Row, regime: Regime) -> CandidateStats:
     meta = _json(row, "meta_json")
-    if not isinstance(meta, dict):
-        raise ValueError("meta_json must be an object")
+    require(isinstance(meta, dict), "meta_json", "expected an object", meta)
     return CandidateStats(
         name=_text(row, "candidate"),
         family=_text(row, "family"),

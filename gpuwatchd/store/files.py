@@ -6,7 +6,9 @@ can be recovered by hand; the daemon then starts a fresh one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
 import sqlite3
 import urllib.parse
 from datetime import UTC, datetime
@@ -34,7 +36,7 @@ def connect(path: Path, *, readonly: bool, busy_timeout_s: float) -> sqlite3.Con
             timeout=busy_timeout_s,
         )
     except sqlite3.Error as e:
-        raise StoreError(f"cannot open store {path}: {e}") from e
+        raise StoreError(f"cannot open store {path}: {explain(e, path)}") from e
     conn.row_factory = sqlite3.Row
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
@@ -46,6 +48,61 @@ def connect(path: Path, *, readonly: bool, busy_timeout_s: float) -> sqlite3.Con
         state = "is damaged" if is_damage(e) else "cannot be opened"
         raise StoreError(f"store {path} {state}: {e}") from e
     return conn
+
+
+def explain(e: sqlite3.Error, path: Path) -> str:
+    """SQLite's message, plus the cause it leaves out: a full file system reads "disk I/O"."""
+    text = str(e)
+    try:
+        full = shutil.disk_usage(path.parent).free == 0
+    except OSError:
+        full = False
+    return f"{text} (no space left on the file system holding {path.parent})" if full else text
+
+
+def refuse_directory(path: Path) -> None:
+    """A directory where the store file should be: say so, not "disk I/O error"."""
+    if path.is_dir():
+        raise StoreError(
+            f"store {path} is a directory; give the store's file, e.g. {path / 'gpuwatchd.db'}"
+        )
+
+
+def make_parent(path: Path, log: logging.Logger) -> None:
+    """Create the store's missing directory (and its parents), saying so in one WARNING.
+
+    gpuwatchd creates a missing parent directory of every file it writes (the store, a
+    recorded trace, the control socket) and logs that it did: a mistyped path then shows
+    up in the log instead of silently growing a new tree.
+    """
+    parent = path.parent
+    if parent.is_dir():
+        return
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(
+            f"cannot create {parent} for store {path.name}: {e.strerror or e}"
+        ) from None
+    log.warning("created the missing directory %s for store %s", parent, path.name)
+
+
+def check_writable(conn: sqlite3.Connection, path: Path) -> None:
+    """Fail at open, in one line, when the store cannot be written.
+
+    SQLite quietly opens a file it may not write (a read-only file system, a read-only
+    copy left with its -wal/-shm) read-only, and the first session would then fail.
+    A write begun and rolled back asks it now.
+    """
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("CREATE TABLE gpuwatchd_write_probe (x)")
+    except sqlite3.Error as e:
+        raise StoreError(f"store {path} is not writable: {explain(e, path)}") from None
+    finally:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
 
 
 def _uri(path: Path, readonly: bool) -> str:
@@ -73,11 +130,11 @@ def find_damage(path: Path, busy_timeout_s: float) -> str | None:
         return _integrity(path, readonly=True, busy_timeout_s=busy_timeout_s)
     except sqlite3.Error as e:
         if getattr(e, "sqlite_errorcode", None) != sqlite3.SQLITE_READONLY:
-            raise StoreError(f"cannot check store {path}: {e}") from e
+            raise StoreError(f"cannot check store {path}: {explain(e, path)}") from e
     try:
         return _integrity(path, readonly=False, busy_timeout_s=busy_timeout_s)
     except sqlite3.Error as e:
-        raise StoreError(f"cannot check store {path}: {e}") from e
+        raise StoreError(f"cannot check store {path}: {explain(e, path)}") from e
 
 
 def _integrity(path: Path, *, readonly: bool, busy_timeout_s: float) -> str | None:

@@ -138,8 +138,16 @@ _INITIAL = sql_migration(
     """,
 )
 
+# The process that started a session, so a later start can tell a session whose process
+# is gone (killed, crashed) from one another live process is still running.
+_OWNER = sql_migration(
+    2,
+    "sessions record their owner process",
+    "ALTER TABLE sessions ADD COLUMN owner_pid INTEGER",
+)
+
 #: Every migration, in order. Append only.
-MIGRATIONS: tuple[Migration, ...] = (_INITIAL,)
+MIGRATIONS: tuple[Migration, ...] = (_INITIAL, _OWNER)
 
 
 def latest_version(migrations: Sequence[Migration]) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sqlite3
 import threading
 import time
@@ -21,7 +22,15 @@ from typing import Any
 
 from gpuwatchd.store import codec
 from gpuwatchd.store.errors import StoreError
-from gpuwatchd.store.files import connect, is_damage, quarantine_if_damaged
+from gpuwatchd.store.files import (
+    check_writable,
+    connect,
+    is_damage,
+    make_parent,
+    quarantine_if_damaged,
+    refuse_directory,
+)
+from gpuwatchd.store.owner import Alive, orphaned, pid_alive
 from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, WinnerRow
 from gpuwatchd.store.schema import (
     MIGRATIONS,
@@ -41,6 +50,9 @@ log = logging.getLogger("gpuwatchd.store")
 FINAL_STATUSES = tuple(s for s in SessionStatus if s is not SessionStatus.RUNNING)
 
 _VERSION_COLUMNS = ("driver", "cuda", "torch", "triton", "cudnn")
+
+#: Why :meth:`Store.abandon_running` fails a session whose process is gone.
+ABANDONED_WHY = "abandoned: the process running it ended without finishing it"
 
 
 class Store:
@@ -97,10 +109,8 @@ class Store:
     # -- opening ---------------------------------------------------------------------------
 
     def _open_readwrite(self) -> sqlite3.Connection:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"cannot create the directory of store {self.path}: {e}") from e
+        refuse_directory(self.path)
+        make_parent(self.path, log)
         quarantine_if_damaged(self.path, self._now(), self._busy_timeout_s, log)
         conn = connect(self.path, readonly=False, busy_timeout_s=self._busy_timeout_s)
         try:
@@ -116,6 +126,7 @@ class Store:
             if mode.lower() != "wal":
                 raise StoreError(f"store {self.path} cannot use WAL mode (journal_mode={mode})")
             migrate(conn, self._migrations, str(self.path))
+            check_writable(conn, self.path)
         except sqlite3.Error as e:
             conn.close()
             raise StoreError(f"cannot open store {self.path}: {e}") from e
@@ -125,6 +136,7 @@ class Store:
         return conn
 
     def _open_readonly(self) -> sqlite3.Connection:
+        refuse_directory(self.path)
         if not self.path.is_file():
             raise StoreError(f"store {self.path} does not exist")
         conn = connect(self.path, readonly=True, busy_timeout_s=self._busy_timeout_s)
@@ -219,8 +231,9 @@ class Store:
                        versions_json, driver_version, cuda_version, torch_version,
                        triton_version, cudnn_version, workloads_json, regimes_json,
                        started_at, status, max_sm_clock_hz, power_limit_w,
-                       sm_clock_at_start_hz, temp_at_start_c, power_at_start_w, extra_json)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                       sm_clock_at_start_hz, temp_at_start_c, power_at_start_w, extra_json,
+                       owner_pid)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (
                     meta.gpu_uuid,
                     meta.gpu_index,
@@ -239,6 +252,7 @@ class Store:
                     meta.temp_at_start_c,
                     meta.power_at_start_w,
                     codec.dumps(meta.extra, "meta.extra"),
+                    os.getpid(),
                 ),
             )
             return int(cur.lastrowid or 0)
@@ -288,28 +302,37 @@ class Store:
             if status is SessionStatus.COMPLETED:
                 self._commit_winners(conn, session_id)
 
-    def abandon_running(self, why: str, *, started_before: float) -> int:
-        """Mark sessions left running before ``started_before`` failed (a crash or kill).
+    def abandon_running(self, why: str = ABANDONED_WHY, *, alive: Alive = pid_alive) -> int:
+        """Mark failed every running session whose process is gone (killed, crashed).
 
-        Call at daemon start with the daemon's start time; returns how many were marked.
+        Call when a process starts tuning with this store (the daemon, ``gpuwatchd
+        tune``), before it starts a session of its own: sessions another live process
+        is running are left alone (see :mod:`gpuwatchd.store.owner`). They count in
+        :meth:`session_totals` as failed. Returns how many were marked, with a WARNING.
         """
         codec.check_text(why, "why")
-        codec.check_number(started_before, "started_before")
         with self._write("abandon running sessions") as conn:
-            cur = conn.execute(
-                """UPDATE sessions SET status = ?, why = ?, ended_at = ?
-                   WHERE status = ? AND started_at < ?""",
-                (
-                    SessionStatus.FAILED.value,
-                    why,
-                    self._now(),
-                    SessionStatus.RUNNING.value,
-                    started_before,
-                ),
+            rows = conn.execute(
+                "SELECT id, owner_pid FROM sessions WHERE status = ?",
+                (SessionStatus.RUNNING.value,),
+            ).fetchall()
+            gone = [int(r["id"]) for r in rows if orphaned(_pid(r["owner_pid"]), alive)]
+            now = self._now()
+            conn.executemany(
+                "UPDATE sessions SET status = ?, why = ?, ended_at = ? WHERE id = ?",
+                [(SessionStatus.FAILED.value, why, now, sid) for sid in gone],
             )
-            if cur.rowcount:
-                _bump_total(conn, SessionStatus.FAILED, cur.rowcount)
-            return int(cur.rowcount)
+            if gone:
+                _bump_total(conn, SessionStatus.FAILED, len(gone))
+        if gone:
+            shown = ", ".join(map(str, gone[:10])) + (", ..." if len(gone) > 10 else "")
+            log.warning(
+                "store %s: %d session(s) left running by a process that is gone marked failed (%s)",
+                self.path,
+                len(gone),
+                shown,
+            )
+        return len(gone)
 
     def _require_running(self, conn: sqlite3.Connection, session_id: int, what: str) -> None:
         if isinstance(session_id, bool) or not isinstance(session_id, int):
@@ -652,6 +675,13 @@ def _bump_total(conn: sqlite3.Connection, status: SessionStatus, by: int = 1) ->
            ON CONFLICT (status) DO UPDATE SET n = n + excluded.n""",
         (status.value, by),
     )
+
+
+def _pid(value: object) -> int | None:
+    """A stored owner PID; anything but a positive integer is no owner to ask."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
 
 
 def _value(v: Regime | SessionStatus | None) -> str | None:

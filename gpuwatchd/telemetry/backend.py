@@ -52,9 +52,11 @@ class Backend(Protocol):
     """A source of GPU telemetry.
 
     ``read`` must be cheap (the fast fields only); ``read_energy`` may be slow (4 ms a
-    call on an H200) and is called at a lower rate, off the hot path; ``device_info``
-    may be slow and is cached by callers. ``read``/``read_energy``/``device_info``
-    raise :class:`GpuLost` for a GPU that stopped answering.
+    call on an H200) and is called at a lower rate, off the hot path: it is the slow
+    path, where a backend also refreshes the slow health fields (``Sample.slow``) that
+    later samples carry. ``device_info`` may be slow and is cached by callers.
+    ``read``/``read_energy``/``device_info`` raise :class:`GpuLost` for a GPU that
+    stopped answering.
     """
 
     name: str
@@ -75,3 +77,21 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class FeelsSessionLoad(Protocol):
+    """A backend whose GPUs are told what a tuning session's worker reports (the simulated
+    GPU: the worker simulates its own copy, and the daemon's must heat up with it)."""
+
+    def session_progress(
+        self,
+        gpu: int,
+        power_w: float | None,
+        sm_clock_mhz: float | None,
+        pids: frozenset[int],
+    ) -> None:
+        """The worker's latest power and clock on ``gpu``; ``pids`` are its processes."""
+        ...
+
+    def session_ended(self, gpu: int) -> None: ...

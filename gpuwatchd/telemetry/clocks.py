@@ -1,9 +1,11 @@
-"""Clocks for simulated time: a manual one for tests, a scaled one for demos."""
+"""Clocks for simulated time: manual (tests), paced (sim tuning workers), scaled (demos)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from collections.abc import Callable
 
 
 class ManualClock:
@@ -25,6 +27,41 @@ class ManualClock:
 
     def sleep(self, seconds: float) -> None:
         self.advance(seconds)
+
+
+class PacedClock(ManualClock):
+    """A manual clock that never runs ahead of real time at ``speed``.
+
+    Simulated time up to ``paced_from`` costs nothing (a sim tuning worker catches its
+    model up to the daemon's time at start); from there on, ``advance`` sleeps so that
+    simulated time runs at most ``speed`` times real time. A daemon's sim tuning session
+    then takes as long, in the daemon's simulated time, as the worker simulates, so the
+    daemon's own simulated GPU can carry the session's load for the whole of it.
+    """
+
+    def __init__(
+        self,
+        speed: float,
+        paced_from: float = 0.0,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        wait: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not speed > 0 or math.isinf(speed):
+            raise ValueError(f"speed must be finite and > 0, got {speed}")
+        super().__init__()
+        self.speed = speed
+        self._paced_from = paced_from
+        self._real_origin = monotonic()
+        self._monotonic = monotonic
+        self._wait = wait
+
+    def advance(self, seconds: float) -> None:
+        super().advance(seconds)
+        ahead = (self.now() - self._paced_from) / self.speed
+        delay = self._real_origin + ahead - self._monotonic()
+        if delay > 0:
+            self._wait(delay)
 
 
 class ScaledClock:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from gpuwatchd.config import Config
 from gpuwatchd.telemetry.backend import Backend, BackendUnavailable, Clock
+from gpuwatchd.telemetry.settings import BACKENDS, BackendSpec
 
 
-def open_backend(cfg: Config, sim_clock: Clock | None = None) -> Backend:
-    """Open ``cfg.daemon.backend``; raises :class:`BackendUnavailable` with one line.
+def open_backend(spec: BackendSpec, sim_clock: Clock | None = None) -> Backend:
+    """Open ``spec.kind``; raises :class:`BackendUnavailable` with one line.
 
     ``sim_clock`` replaces the sim backend's real-time clock (``tune`` fast-forwards).
     """
-    kind = cfg.daemon.backend
+    kind = spec.kind
     if kind == "nvml":
         from gpuwatchd.telemetry.nvml import NvmlBackend
 
@@ -20,19 +20,21 @@ def open_backend(cfg: Config, sim_clock: Clock | None = None) -> Backend:
         from gpuwatchd.telemetry.clocks import ScaledClock
         from gpuwatchd.telemetry.sim import SimBackend
 
+        sim = spec.sim
         try:
             return SimBackend(
-                gpus=cfg.sim.gpus,
-                scenario=cfg.sim.scenario,
-                seed=cfg.sim.seed,
-                clock=sim_clock or ScaledClock(cfg.sim.speed),
+                gpus=sim.gpus,
+                scenario=sim.scenario,
+                seed=sim.seed,
+                clock=sim_clock or ScaledClock(sim.speed),
             )
         except ValueError as exc:
             raise BackendUnavailable(f"sim: {exc}") from None
     if kind == "replay":
         from gpuwatchd.telemetry.replay import ReplayBackend
 
-        if not cfg.replay.trace:
+        replay = spec.replay
+        if not replay.trace:
             raise BackendUnavailable("replay: no trace file given (use --trace FILE)")
-        return ReplayBackend(cfg.replay.trace, speed=cfg.replay.speed, loop=cfg.replay.loop)
-    raise BackendUnavailable(f"unknown backend {kind!r} (known: nvml, sim, replay)")
+        return ReplayBackend(replay.trace, speed=replay.speed, loop=replay.loop)
+    raise BackendUnavailable(f"unknown backend {kind!r} (known: {', '.join(BACKENDS)})")

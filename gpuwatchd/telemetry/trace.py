@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ from typing import Any, TextIO
 
 from gpuwatchd.telemetry.backend import BackendUnavailable
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
+from gpuwatchd.validate import one_line
+
+log = logging.getLogger(__name__)
 
 FORMAT = "gpuwatchd-trace/1"
 
@@ -203,6 +207,10 @@ def _parse_json(path: str, lineno: int, text: str) -> dict[str, Any]:
         raise TraceError(
             path, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})"
         ) from None
+    except RecursionError:  # json recurses once per level of nesting
+        raise TraceError(path, lineno, "not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer longer than Python converts (4300 digits)
+        raise TraceError(path, lineno, f"not valid JSON ({one_line(exc, 120)})") from None
     if not isinstance(obj, dict):
         raise TraceError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -442,8 +450,12 @@ class TraceWriter:
         }
         if t0_unix is not None:  # wall time of t = 0: aligns the trace with stored sessions
             header[T0_UNIX_KEY] = t0_unix
+        target = Path(path)
+        if not target.parent.is_dir():  # created, and said so (as for the store)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            log.warning("created the missing directory %s for trace %s", target.parent, target.name)
         # The writer owns the handle until close(); a context manager cannot span calls.
-        self._fh: TextIO | None = Path(path).open("w", encoding="utf-8")  # noqa: SIM115
+        self._fh: TextIO | None = target.open("w", encoding="utf-8")
         self._fh.write(json.dumps(header) + "\n")
 
     def write(self, sample: Sample, *, t: float | None = None) -> None:

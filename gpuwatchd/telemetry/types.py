@@ -8,7 +8,9 @@ support is ``None``: absent, never 0.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 
 class ThrottleReason(enum.IntFlag):
@@ -71,12 +73,73 @@ class DeviceInfo:
     cuda_capability: str | None = None
 
 
+#: ECC counter scopes: since the driver loaded, and over the GPU's lifetime (NVML's names).
+ECC_SCOPES: tuple[str, str] = ("volatile", "aggregate")
+#: ECC error kinds: single-bit errors are corrected, double-bit ones are not.
+ECC_TYPES: tuple[str, str] = ("corrected", "uncorrected")
+
+#: The shared empty ``field_errors`` of a sample whose fields all read.
+_NO_COUNTS: Mapping[str, int] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    """HBM row remapping (Ampere and later): rows replaced so far, and its state.
+
+    ``pending`` means a remap waits for the next GPU reset; ``failed`` means a remap
+    could not be done (the GPU should be serviced).
+    """
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessMemory:
+    """Device memory one compute process holds, in bytes."""
+
+    pid: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlowReading:
+    """The GPU health fields read off the fast poll, at the energy counter's period.
+
+    Each is ``None`` when the GPU does not support it (absent, never 0). Counters
+    (ECC, PCIe and NVLink bytes, PCIe replays) count since an origin the driver picks;
+    ``xid_errors`` counts each XID code seen since the backend started. ``processes``
+    holds the few compute processes using the most memory, largest first.
+    """
+
+    t: float
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    ecc_errors: Mapping[tuple[str, str], int] | None = None  # (scope, type) -> count
+    remapped_rows: RemappedRows | None = None
+    pcie_tx_bytes: float | None = None
+    pcie_rx_bytes: float | None = None
+    pcie_replay_errors: int | None = None
+    nvlink_tx_bytes: float | None = None
+    nvlink_rx_bytes: float | None = None
+    fan_speed_ratio: float | None = None
+    processes: tuple[ProcessMemory, ...] | None = None
+    xid_errors: Mapping[int, int] | None = None  # XID code -> count
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One reading of the fast fields of one GPU.
 
     ``t`` is seconds on the backend's clock (monotonic; simulated time for the sim
     and replay backends). ``procs`` holds the PIDs of compute processes on the GPU.
+    ``slow`` is the latest :class:`SlowReading` (as old as the energy period; ``None``
+    before the first one). ``field_errors`` counts, per field, the reads that failed
+    with a transient error (that field was ``None`` in those samples, the others
+    were read): a gap in one series, explained.
     """
 
     gpu: int
@@ -92,3 +155,14 @@ class Sample:
     mem_temp_c: float | None = None
     pstate: int | None = None
     extra: dict[str, float] = field(default_factory=dict, compare=False)
+    slow: SlowReading | None = field(default=None, compare=False)
+    field_errors: Mapping[str, int] = field(default_factory=lambda: _NO_COUNTS, compare=False)
+
+
+def normalize_uuid(uuid: str) -> str:
+    """``GPU-4AE2...`` (NVML) and ``4ae2...`` (torch) name the same GPU."""
+    u = uuid.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if u.startswith(prefix):
+            return u[len(prefix) :]
+    return u

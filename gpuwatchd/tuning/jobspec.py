@@ -20,6 +20,7 @@ from typing import Any
 
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, Versions, Workload
+from gpuwatchd.validate import field_error, need_bool, need_int, need_number, need_text, one_line
 
 #: Where the worker's candidates run: a CUDA GPU, the host CPU, or a simulated GPU.
 DEVICES = ("cuda", "cpu", "sim")
@@ -35,13 +36,8 @@ class JobSpecError(ValueError):
 # -- field checks ----------------------------------------------------------------------------
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def _fail(where: str, what: str, value: Any) -> JobSpecError:
-    return JobSpecError(f"{where}: {what}, got {_show(value)}")
+    return JobSpecError(field_error(where, what, value))
 
 
 def _obj(
@@ -61,23 +57,15 @@ def _obj(
 
 
 def _str(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _fail(where, "expected a non-empty string", value)
-    return value
+    return need_text(value, where, error=JobSpecError)
 
 
 def _int(value: Any, where: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _fail(where, f"expected an integer >= {minimum}", value)
-    return value
+    return need_int(value, where, minimum=minimum, error=JobSpecError)
 
 
 def _num(value: Any, where: str, *, nonneg: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _fail(where, "expected a finite number", value)
-    if nonneg and value < 0:
-        raise _fail(where, "expected a number >= 0", value)
-    return float(value)
+    return need_number(value, where, minimum=0 if nonneg else None, error=JobSpecError)
 
 
 def _opt_num(value: Any, where: str, *, nonneg: bool = False) -> float | None:
@@ -85,9 +73,7 @@ def _opt_num(value: Any, where: str, *, nonneg: bool = False) -> float | None:
 
 
 def _bool(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(where, "expected true or false", value)
-    return value
+    return need_bool(value, where, error=JobSpecError)
 
 
 def _list(value: Any, where: str, *, nonempty: bool = True) -> list[Any]:
@@ -127,7 +113,7 @@ def _loads(text: str | bytes, what: str) -> Any:
     except JobSpecError:
         raise
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise JobSpecError(f"{what}: not valid JSON ({' '.join(str(e).split())})") from None
+        raise JobSpecError(f"{what}: not valid JSON ({one_line(e)})") from None
 
 
 def _dumps(value: Any) -> str:
@@ -254,12 +240,15 @@ def result_from_json(d: Any, where: str = "result") -> RegimeResult:
 class SimSpec:
     """The simulated GPU a ``sim`` job runs on; the same values as the daemon's sim backend
     give the same GPU (UUID, model, scenario). ``start_t`` is the daemon's simulated time
-    (its sim backend's clock): the worker's GPU starts at that point of the scenario."""
+    (its sim backend's clock): the worker's GPU starts at that point of the scenario.
+    ``speed`` (the daemon's simulated seconds per real second) paces the worker's clock so
+    the session lasts as long in the daemon's time as it simulates; None runs unpaced."""
 
     scenario: str
     seed: int = 0
     gpus: int = 1
     start_t: float = 0.0
+    speed: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +304,8 @@ class JobSpec:
             _int(self.sim.seed, "job.sim.seed", minimum=-(2**63))
             _int(self.sim.gpus, "job.sim.gpus", minimum=1)
             _num(self.sim.start_t, "job.sim.start_t", nonneg=True)
+            if self.sim.speed is not None and not _num(self.sim.speed, "job.sim.speed") > 0:
+                raise _fail("job.sim.speed", "expected a number > 0", self.sim.speed)
 
     def pairs(self) -> list[tuple[str, Regime]]:
         """Every (workload, regime) the worker must report a result for, in order."""
@@ -345,12 +336,13 @@ class JobSpec:
         )
         sim = None
         if d.get("sim") is not None:
-            s = _obj(d["sim"], "job.sim", ("scenario",), ("seed", "gpus", "start_t"))
+            s = _obj(d["sim"], "job.sim", ("scenario",), ("seed", "gpus", "start_t", "speed"))
             sim = SimSpec(
                 scenario=_str(s["scenario"], "job.sim.scenario"),
                 seed=_int(s.get("seed", 0), "job.sim.seed", minimum=-(2**63)),
                 gpus=_int(s.get("gpus", 1), "job.sim.gpus", minimum=1),
                 start_t=_num(s.get("start_t", 0.0), "job.sim.start_t", nonneg=True),
+                speed=_opt_num(s.get("speed"), "job.sim.speed"),
             )
         workloads = _list(d["workloads"], "job.workloads")
         regimes = _list(d["regimes"], "job.regimes")
@@ -359,7 +351,7 @@ class JobSpec:
         try:
             protocol = ProtocolConfig.from_mapping(d["protocol"])
         except (ValueError, TypeError) as e:
-            raise JobSpecError(f"job.{' '.join(str(e).split())}") from None
+            raise JobSpecError(f"job.{one_line(e)}") from None
         return cls(
             gpu_index=d["gpu_index"],
             gpu_uuid=d["gpu_uuid"],
@@ -397,7 +389,8 @@ class Progress:
     """Where the worker is: ``done`` of ``total`` (workload, regime) pairs are finished;
     ``batches`` timed so far in this one; ``candidates_done`` of ``candidates_total`` of
     its candidates have their minimum of accepted batches; the telemetry read after the
-    latest batch."""
+    latest batch; ``round`` of the regime (the most accepted batches of any candidate) and
+    ``elapsed_s`` of its ``budget_s`` on the device's clock, for a progress display."""
 
     workload: str
     regime: Regime
@@ -410,6 +403,9 @@ class Progress:
     temp_c: float | None = None
     candidates_done: int = 0
     candidates_total: int = 0
+    round: int = 0
+    elapsed_s: float | None = None
+    budget_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -425,6 +421,9 @@ class Progress:
             "sm_clock_mhz": _json_safe(self.sm_clock_mhz),
             "power_w": _json_safe(self.power_w),
             "temp_c": _json_safe(self.temp_c),
+            "round": self.round,
+            "elapsed_s": _json_safe(self.elapsed_s),
+            "budget_s": _json_safe(self.budget_s),
         }
 
 
@@ -454,7 +453,7 @@ def encode_message(msg: Message) -> str:
     elif isinstance(msg, ResultMessage):
         d = {"type": "result", "result": result_to_json(msg.result)}
     elif isinstance(msg, ErrorMessage):
-        d = {"type": "error", "message": " ".join(msg.message.split()) or "unknown error"}
+        d = {"type": "error", "message": one_line(msg.message) or "unknown error"}
     else:
         raise TypeError(f"not a worker message: {type(msg).__name__}")
     return _dumps(d)
@@ -481,6 +480,9 @@ def decode_message(line: str | bytes) -> Message:
             "sm_clock_mhz",
             "power_w",
             "temp_c",
+            "round",
+            "elapsed_s",
+            "budget_s",
         )
         _obj(d, "progress", ("type", "workload", "regime", "candidate", "done", "total"), optional)
         total = _int(d["total"], "progress.total", minimum=1)
@@ -503,6 +505,9 @@ def decode_message(line: str | bytes) -> Message:
             sm_clock_mhz=_opt_num(d.get("sm_clock_mhz"), "progress.sm_clock_mhz", nonneg=True),
             power_w=_opt_num(d.get("power_w"), "progress.power_w", nonneg=True),
             temp_c=_opt_num(d.get("temp_c"), "progress.temp_c"),
+            round=_int(d.get("round", 0), "progress.round"),
+            elapsed_s=_opt_num(d.get("elapsed_s"), "progress.elapsed_s", nonneg=True),
+            budget_s=_opt_num(d.get("budget_s"), "progress.budget_s", nonneg=True),
         )
     if kind == "result":
         _obj(d, "result message", ("type", "result"))
@@ -511,5 +516,5 @@ def decode_message(line: str | bytes) -> Message:
         _obj(d, "error", ("type", "message"))
         if not isinstance(d["message"], str):
             raise _fail("error.message", "expected a string", d["message"])
-        return ErrorMessage(" ".join(d["message"].split()) or "unknown error")
+        return ErrorMessage(one_line(d["message"]) or "unknown error")
     raise _fail("message.type", "expected hello, progress, result or error", kind)

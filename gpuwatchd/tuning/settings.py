@@ -1,16 +1,25 @@
-"""The measurement protocol's settings (``[tuning.protocol]``).
+"""Tuning's settings: the ``[tuning]`` table and its ``[tuning.protocol]`` sub-table.
 
-Shared vocabulary: the config loader and the job spec carry them, the worker's
-protocol applies them. Kept apart from the protocol so the daemon side never imports
-the worker package.
+Shared vocabulary: the config loader builds them, the daemon's scheduler and planner
+read :class:`TuningSetup`, the job spec carries :class:`ProtocolConfig` and the worker's
+protocol applies it. Kept apart from the protocol so the daemon side never imports
+the worker package, and apart from the config package so tuning never imports it.
 """
 
 from __future__ import annotations
 
-import math
+import os
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from gpuwatchd.telemetry.sim.settings import SimConfig
+from gpuwatchd.tuning.kernels import parse_allowed_modules
+from gpuwatchd.tuning.types import Regime, Workload
+from gpuwatchd.tuning.windows import parse_windows
+from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS, find_workload
+from gpuwatchd.validate import check, fail, need_bool, need_int, need_number, require
 
 FLUSH_MODES = ("auto", "always", "never")
 
@@ -38,7 +47,9 @@ class ProtocolConfig:
     cool_pause_s: float = 0.25
     max_retries: int = 5  # unthrottled: retries of one rejected batch before skipping it
     clock_ratio_min: float = 0.9  # unthrottled: reject a batch under this fraction of max
-    min_rounds: int = 5
+    #: Rounds every candidate gets; with ``race`` on, those still in the race then go on
+    #: to ``contender_rounds``, the others stop once clearly out (see below).
+    min_rounds: int = 3
     max_rounds: int = 200
     spread_target: float = 0.02  # stop once every candidate's IQR/median is under this
     time_budget_s: float = 120.0  # per regime, warm-up and settling included
@@ -46,24 +57,41 @@ class ProtocolConfig:
     settle_clock_rel: float = 0.01  # sustained: max relative change of mean SM clock
     settle_power_rel: float = 0.02  # sustained: max relative change of mean power
     settle_timeout_s: float = 30.0  # sustained: time anyway after this long
+    #: Sustained, in a queue (tune_queue): the settle window of a regime that starts on a
+    #: device the previous workload's sustained regime just left at temperature.
+    warm_settle_window_s: float = 1.0
     flush_l2: str = "auto"  # auto: when the working set fits in l2_bytes; always; never
     l2_bytes: int = 50 * 2**20  # H100/H200 L2 size
     noise_k: float = 1.0  # multiplier on the combined relative CI half-width
     min_margin: float = 0.005  # a margin under this is a tie even when it is real
     confidence: float = 0.95  # of each median's CI
     seed: int = 0  # of the per-round interleaving order
+    #: Racing (unthrottled regime): after ``min_rounds``, a candidate whose median's CI lies
+    #: wholly above the leader's, and more than ``min_margin`` behind it, is out of the race
+    #: and no longer timed; the rest go on to ``contender_rounds`` rounds and a stable spread.
+    race: bool = True
+    contender_rounds: int = 5
+    #: A regime after the first reuses the first one's batch sizes instead of warming
+    #: every candidate up again (settling warms them in the sustained regime).
+    reuse_calibration: bool = True
+    #: Skip the sustained regime after the unthrottled one (its result then repeats the
+    #: unthrottled one, marked) when that regime showed the kernels cannot be power- or
+    #: thermally limited: after ``power_probe_s`` of back-to-back load (NVML averages power
+    #: over 1 s) power stayed under ``skip_power_ratio`` of the limit, no power or thermal
+    #: reason was ever seen and the SM clock never left its maximum.
+    skip_sustained: bool = True
+    skip_power_ratio: float = 0.85
+    power_probe_s: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type == "int":
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise ValueError(f"protocol.{f.name}: expected an integer, got {value!r}")
+                need_int(value, f"protocol.{f.name}")
             elif f.type == "float":
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise ValueError(f"protocol.{f.name}: expected a number, got {value!r}")
-                if not math.isfinite(value):
-                    raise ValueError(f"protocol.{f.name}: must be finite, got {value!r}")
+                need_number(value, f"protocol.{f.name}")
+            elif f.type == "bool":
+                need_bool(value, f"protocol.{f.name}")
         _check(self.batch_target_s > 0, "batch_target_s", "must be > 0", self.batch_target_s)
         for name in ("warmup_s", "pause_s", "cool_pause_s", "settle_timeout_s"):
             _check(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
@@ -77,7 +105,7 @@ class ProtocolConfig:
         _check(self.min_rounds >= 1, "min_rounds", "must be >= 1", self.min_rounds)
         _check(self.max_rounds >= self.min_rounds, "max_rounds", "must be >= min_rounds",
                self.max_rounds)  # fmt: skip
-        for name in ("spread_target", "time_budget_s", "settle_window_s"):
+        for name in ("spread_target", "time_budget_s", "settle_window_s", "warm_settle_window_s"):
             _check(getattr(self, name) > 0, name, "must be > 0", getattr(self, name))
         for name in ("settle_clock_rel", "settle_power_rel", "noise_k", "min_margin"):
             _check(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
@@ -85,12 +113,17 @@ class ProtocolConfig:
                self.flush_l2)  # fmt: skip
         _check(self.l2_bytes >= 0, "l2_bytes", "must be >= 0", self.l2_bytes)
         _check(0 < self.confidence < 1, "confidence", "must be in (0, 1)", self.confidence)
+        _check(self.contender_rounds >= 1, "contender_rounds", "must be >= 1",
+               self.contender_rounds)  # fmt: skip
+        _check(0 < self.skip_power_ratio <= 1, "skip_power_ratio", "must be in (0, 1]",
+               self.skip_power_ratio)  # fmt: skip
+        _check(self.power_probe_s >= 0, "power_probe_s", "must be >= 0", self.power_probe_s)
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> ProtocolConfig:
         """Build from config-file data; unknown keys and bad values name the key."""
         if not isinstance(m, Mapping):
-            raise ValueError(f"protocol: expected a mapping, got {type(m).__name__}")
+            raise fail("protocol", "expected a table", m)
         known = {f.name for f in fields(cls)}
         for key in m:
             if key not in known:
@@ -106,5 +139,86 @@ class ProtocolConfig:
 
 
 def _check(ok: bool, name: str, what: str, value: object) -> None:
-    if not ok:
-        raise ValueError(f"protocol.{name}: {what}, got {value!r}")
+    require(ok, f"protocol.{name}", what, value)
+
+
+_REGIMES = tuple(r.value for r in Regime)
+
+
+def _valid_windows(windows: tuple[str, ...]) -> bool:
+    parse_windows(windows)  # raises ValueError naming the bad window
+    return True
+
+
+def _executable(path: str) -> bool:
+    """``""`` (the daemon's own interpreter) or an executable file; ValueError naming it."""
+    if path and not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        why = "no such file" if not os.path.exists(path) else "not an executable file"
+        raise ValueError(f"tuning.worker_python: {path}: {why}")
+    return True
+
+
+def _module_prefixes(prefixes: tuple[str, ...]) -> bool:
+    parse_allowed_modules(list(prefixes))  # raises ValueError naming the bad entry
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class TuningConfig:
+    """When and how the daemon tunes (``[tuning]``; ``[tuning.protocol]`` holds the protocol)."""
+
+    #: Tune automatically whenever a GPU's gate opens and work is pending.
+    enabled: bool = True
+    #: How often the scheduler looks for pending work and open gates.
+    check_interval_s: float = field(default=5.0, metadata=check(lambda v: v > 0, "must be > 0"))
+    #: A worker running longer than this is killed and the session marked failed.
+    session_timeout_s: float = field(default=1800.0, metadata=check(lambda v: v > 0, "must be > 0"))
+    regimes: tuple[str, ...] = field(
+        default=_REGIMES,
+        metadata=check(lambda v: v and set(v) <= set(_REGIMES), f"must be a subset of {_REGIMES}"),
+    )
+    #: Workloads the daemon tunes on its own (empty: every one whose device fits the backend).
+    workloads: tuple[str, ...] = ()
+    #: Local-time windows in which tuning may start, e.g. ["22:00-06:00"]; empty: any time.
+    windows: tuple[str, ...] = field(default=(), metadata=check(_valid_windows, "bad window"))
+    #: How many GPUs may be tuned at the same time.
+    max_concurrent: int = field(default=1, metadata=check(lambda v: v >= 1, "must be >= 1"))
+    #: After a failed session, wait this long before trying that GPU again.
+    retry_failed_after_s: float = field(
+        default=3600.0, metadata=check(lambda v: v > 0, "must be > 0")
+    )
+    #: The interpreter that runs the tuning worker ("": the daemon's own). Users' kernels
+    #: are imported by it, so it is the jobs' Python environment (torch, Triton, their code).
+    worker_python: str = field(default="", metadata=check(_executable, "bad interpreter"))
+    #: Module prefixes whose kernels a job may ask the worker to import and tune
+    #: (``["mylab.kernels"]`` allows ``mylab.kernels.attn``). Empty: nothing is imported.
+    allowed_modules: tuple[str, ...] = field(
+        default=(), metadata=check(_module_prefixes, "bad module prefix")
+    )
+    #: Where jobs leave tuning requests while no daemon runs, read at start
+    #: ("": ``spool`` in the state directory).
+    spool_dir: str = ""
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+
+    @property
+    def worker_executable(self) -> str:
+        """The interpreter the tuning worker runs under."""
+        return self.worker_python or sys.executable
+
+
+@dataclass(frozen=True, slots=True)
+class TuningSetup:
+    """Everything daemon-side tuning reads from the configuration, and nothing more.
+
+    The scheduler and the planner take this instead of the whole configuration: the
+    ``[tuning]`` table, the workload catalogue (shipped plus ``[[workload]]``) and the
+    ``[sim]`` GPU that a ``sim`` job's worker must simulate too.
+    """
+
+    tuning: TuningConfig = field(default_factory=TuningConfig)
+    workloads: tuple[Workload, ...] = DEFAULT_WORKLOADS
+    sim: SimConfig = field(default_factory=SimConfig)
+
+    def workload(self, name: str) -> Workload:
+        """The workload called ``name``; ValueError listing the known ones otherwise."""
+        return find_workload(self.workloads, name)

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuwatchd.tuning.ops import check_workload, plugin_families
 from gpuwatchd.tuning.types import Workload
+from gpuwatchd.validate import fail, need_text
 
 DEFAULT_WORKLOADS: tuple[Workload, ...] = (
     Workload(
@@ -82,9 +84,13 @@ def device_kind(workload: Workload) -> str:
 
 
 def parse_workloads(tables: Sequence[Any], where: str = "workload") -> tuple[Workload, ...]:
-    """Validate ``[[workload]]`` tables; raises ValueError naming the bad field."""
+    """Validate ``[[workload]]`` tables; raises ValueError naming the bad field.
+
+    Each op's shape is checked as the built-in families will read it (``tuning.ops``).
+    """
     if not isinstance(tables, list):
         raise ValueError(f"{where}: expected an array of tables ([[workload]])")
+    plugins = plugin_families()
     out: list[Workload] = []
     seen: set[str] = set()
     for i, t in enumerate(tables):
@@ -95,31 +101,39 @@ def parse_workloads(tables: Sequence[Any], where: str = "workload") -> tuple[Wor
             if key not in _KEYS:
                 raise ValueError(f"{here}.{key}: unknown key (known keys: {', '.join(_KEYS)})")
         for key in ("name", "op", "dtype"):
-            if not isinstance(t.get(key), str) or not t[key].strip():
-                raise ValueError(f"{here}.{key}: expected a non-empty string")
+            need_text(t.get(key), f"{here}.{key}")
         name = t["name"]
         if name in seen:
             raise ValueError(f"{here}.name: workload {name!r} is defined twice")
         seen.add(name)
         if not isinstance(t.get("shape"), Mapping) or not t["shape"]:
-            raise ValueError(f"{here}.shape: expected a non-empty table")
+            raise fail(f"{here}.shape", "expected a non-empty table", t.get("shape"))
         fams = t.get("families")
         if not isinstance(fams, list) or not fams or not all(isinstance(f, str) for f in fams):
-            raise ValueError(f"{here}.families: expected a non-empty list of family names")
+            raise fail(f"{here}.families", "expected a non-empty list of family names", fams)
         params = t.get("params", {})
         if not isinstance(params, Mapping):
-            raise ValueError(f"{here}.params: expected a table")
-        out.append(
-            Workload(
-                name=name,
-                op=t["op"],
-                shape=dict(t["shape"]),
-                dtype=t["dtype"],
-                families=tuple(fams),
-                params=dict(params),
-            )
+            raise fail(f"{here}.params", "expected a table", params)
+        workload = Workload(
+            name=name,
+            op=t["op"],
+            shape=dict(t["shape"]),
+            dtype=t["dtype"],
+            families=tuple(fams),
+            params=dict(params),
         )
+        check_workload(workload, here, plugins)
+        out.append(workload)
     return tuple(out)
+
+
+def find_workload(workloads: Sequence[Workload], name: str) -> Workload:
+    """The workload called ``name``; ValueError listing the known ones otherwise."""
+    for w in workloads:
+        if w.name == name:
+            return w
+    known = ", ".join(w.name for w in workloads)
+    raise ValueError(f"unknown workload {name!r} (known: {known})")
 
 
 def merge_workloads(

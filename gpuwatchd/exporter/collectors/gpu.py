@@ -1,36 +1,21 @@
-"""Prometheus collector: turns the in-memory :class:`StateBoard` into metric families.
+"""The ``gpu`` sub-collector: per-GPU telemetry, throttle reasons, gate and poll health.
 
 A scrape reads only immutable snapshots (``StateBoard.all()`` is lock-free), so it never
-calls NVML and never waits behind a slow GPU read. The top-level collector runs a list
-of named sub-collectors ("gpu" now, "tuning" later), each timed and isolated: one that
-raises is reported through ``gpuwatchd_scrape_collector_success`` and the rest of the
-scrape is still served.
+calls NVML and never waits behind a slow GPU read. Every series carries the ``gpu``
+index and ``uuid`` labels.
 """
 
 from __future__ import annotations
 
-import logging
-import platform
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
-import gpuwatchd
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import GpuSnapshot, StateBoard
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
-
-log = logging.getLogger(__name__)
 
 #: Labels carried by every per-GPU series.
 GPU_LABELS: tuple[str, str] = ("gpu", "uuid")
@@ -41,29 +26,8 @@ _MHZ = 1e6
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class DaemonInfo:
-    """Build facts exported as ``gpuwatchd_build_info``."""
-
-    version: str
-    backend: str
-    python_version: str
-
-    @classmethod
-    def current(cls, backend: str) -> DaemonInfo:
-        """Facts for this process, given the telemetry backend's name."""
-        return cls(gpuwatchd.__version__, backend, platform.python_version())
-
-
-class SubCollector(Protocol):
-    """A named source of metric families; ``name`` becomes the ``collector`` label."""
-
-    name: str
-
-    def collect(self) -> Iterable[Metric]: ...
-
-
-def _gpu_labels(snap: GpuSnapshot) -> list[str]:
+def gpu_labels(snap: GpuSnapshot) -> list[str]:
+    """The :data:`GPU_LABELS` values of one GPU (uuid empty until its facts are read)."""
     return [str(snap.index), snap.info.uuid if snap.info is not None else ""]
 
 
@@ -198,7 +162,7 @@ def _fill(
         obj = source(snap)
         value = None if obj is None else spec.value(obj)
         if value is not None:
-            family.add_metric(_gpu_labels(snap), float(value))
+            family.add_metric(gpu_labels(snap), float(value))
     return family
 
 
@@ -243,7 +207,7 @@ class GpuCollector:
             if info is None:
                 continue
             family.add_metric(
-                _gpu_labels(snap),
+                gpu_labels(snap),
                 {
                     "name": info.name,
                     "driver_version": info.driver_version or "",
@@ -263,7 +227,7 @@ class GpuCollector:
         )
         for snap in snaps:
             if snap.energy_j is not None and live_sample(snap) is not None:
-                family.add_metric(_gpu_labels(snap), snap.energy_j)
+                family.add_metric(gpu_labels(snap), snap.energy_j)
         return family
 
     @staticmethod
@@ -281,7 +245,7 @@ class GpuCollector:
             unit="seconds",
         )
         for snap in snaps:
-            labels = _gpu_labels(snap)
+            labels = gpu_labels(snap)
             sample = live_sample(snap)
             if sample is not None and sample.reasons is not None:
                 for reason in ALL_REASONS:
@@ -321,7 +285,7 @@ class GpuCollector:
             gate = snap.gate
             if gate is None:
                 continue
-            labels = _gpu_labels(snap)
+            labels = gpu_labels(snap)
             for member in GateState:
                 state.add_metric([*labels, member.value], float(gate.state is member))
             is_open.add_metric(labels, float(gate.open))
@@ -361,7 +325,7 @@ class GpuCollector:
             unit="seconds",
         )
         for snap in snaps:
-            labels = _gpu_labels(snap)
+            labels = gpu_labels(snap)
             health = snap.health
             success.add_metric(labels, float(health.success))
             duration.add_metric(labels, health.duration_s)
@@ -374,88 +338,3 @@ class GpuCollector:
         yield stalled
         yield lost
         yield last
-
-
-class GpuwatchdCollector:
-    """Build info plus every sub-collector, each timed and isolated from the others.
-
-    A sub-collector's families are emitted all-or-nothing: if it raises part-way, none
-    of its output is served (half a family set would look like real absences).
-    """
-
-    def __init__(
-        self,
-        info: DaemonInfo,
-        subcollectors: Sequence[SubCollector],
-        timer: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        names = [sub.name for sub in subcollectors]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"subcollectors: duplicate collector name(s) {duplicates}")
-        self._info = info
-        self._subs = tuple(subcollectors)
-        self._timer = timer
-        self._failing: set[str] = set()
-        self._failing_lock = threading.Lock()
-
-    def collect(self) -> Iterator[Metric]:
-        yield InfoMetricFamily(
-            "gpuwatchd_build",
-            "gpuwatchd build and runtime facts; always 1.",
-            value={
-                "version": self._info.version,
-                "backend": self._info.backend,
-                "python_version": self._info.python_version,
-            },
-        )
-        success = GaugeMetricFamily(
-            "gpuwatchd_scrape_collector_success",
-            "1 if the named gpuwatchd collector succeeded during this scrape, else 0 (its "
-            "metrics are then missing).",
-            labels=("collector",),
-        )
-        duration = GaugeMetricFamily(
-            "gpuwatchd_scrape_collector_duration_seconds",
-            "Seconds the named gpuwatchd collector took during this scrape.",
-            labels=("collector",),
-            unit="seconds",
-        )
-        for sub in self._subs:
-            start = self._timer()
-            families = self._run(sub)
-            elapsed = self._timer() - start
-            yield from families or ()
-            success.add_metric([sub.name], float(families is not None))
-            duration.add_metric([sub.name], elapsed)
-        yield success
-        yield duration
-
-    def _run(self, sub: SubCollector) -> list[Metric] | None:
-        """Collect one sub-collector; None if it failed. Logs once per failure streak."""
-        try:
-            families = list(sub.collect())
-        except Exception:
-            with self._failing_lock:
-                first = sub.name not in self._failing
-                self._failing.add(sub.name)
-            if first:
-                log.exception("collector %r failed; its metrics are missing", sub.name)
-            return None
-        with self._failing_lock:
-            if sub.name in self._failing:
-                self._failing.discard(sub.name)
-                log.info("collector %r recovered", sub.name)
-        return families
-
-
-def build_registry(
-    board: StateBoard, info: DaemonInfo, extra: Sequence[SubCollector] = ()
-) -> CollectorRegistry:
-    """A private registry (never the global one) holding gpuwatchd's collector.
-
-    ``extra`` sub-collectors (e.g. a "tuning" one) are scraped after "gpu".
-    """
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuwatchdCollector(info, [GpuCollector(board), *extra]))
-    return registry

@@ -2,17 +2,26 @@
 
 Reads only the scheduler's published :class:`TuningSnapshot` (refreshed after each
 decision and session), never the database, so a scrape costs no I/O.
+
+Label cardinality stays bounded: shipped and configured workloads get one winner series
+each, but users' work can have any number of workloads (a kernel has one per key
+value, a captured model hundreds of shapes), so users' kernels are summed up per kernel
+(``gpuwatchd_user_kernel_keys``) and added workloads in total
+(``gpuwatchd_added_workloads``); their winners are in ``/api/v1/winners`` and the report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpuwatchd.exporter.collectors.gpu import GPU_LABELS, gpu_labels
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.sessions.scheduler import TuningSnapshot
+from gpuwatchd.store.rows import WinnerRow
+from gpuwatchd.tuning.kernels import FAMILY as USER_KERNEL_FAMILY
 from gpuwatchd.tuning.types import Regime, SessionStatus
 from gpuwatchd.tuning.winners import clear_winner, winners_differ
 
@@ -26,20 +35,37 @@ DEFERRAL_REASONS = (
 )
 
 FINAL = [s.value for s in SessionStatus if s not in (SessionStatus.RUNNING, SessionStatus.DEFERRED)]
+_USER_PREFIX = USER_KERNEL_FAMILY + ":"
+
+
+def user_kernel(workload: str) -> str | None:
+    """``triton.user:mod.kernel@1a2b3c4d/n=4096`` -> ``mod.kernel@1a2b3c4d``; None for
+    a workload that is not a user's kernel."""
+    if not workload.startswith(_USER_PREFIX):
+        return None
+    return workload[len(_USER_PREFIX) :].split("/", 1)[0]
 
 
 class TuningCollector:
+    """Session and deferral counters, per-GPU running/pending gauges, winners per regime."""
+
     name = "tuning"
 
-    def __init__(self, board: StateBoard, snapshot: Callable[[], TuningSnapshot]) -> None:
+    def __init__(
+        self,
+        board: StateBoard,
+        snapshot: Callable[[], TuningSnapshot],
+        added: Callable[[], Collection[str]] = frozenset,
+    ) -> None:
         self._board = board
         self._snapshot = snapshot
+        self._added = added  # names of users' added workloads: summed up, not itemised
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
         sessions = CounterMetricFamily(
             "gpuwatchd_tune_sessions",
-            "Tuning sessions ended, by final status (kept in the store across restarts).",
+            "Tuning sessions this daemon ran that ended, by final status (since it started).",
             labels=["status"],
         )
         for status in FINAL:
@@ -61,15 +87,15 @@ class TuningCollector:
         running = GaugeMetricFamily(
             "gpuwatchd_tune_running",
             "1 while a tuning worker runs on this GPU.",
-            labels=["gpu", "uuid"],
+            labels=GPU_LABELS,
         )
         pending = GaugeMetricFamily(
             "gpuwatchd_tune_pending_workloads",
             "Workloads waiting for this GPU's gate to open.",
-            labels=["gpu", "uuid"],
+            labels=GPU_LABELS,
         )
         for gpu in self._board.all():
-            labels = [str(gpu.index), gpu.info.uuid if gpu.info else ""]
+            labels = gpu_labels(gpu)
             running.add_metric(labels, 1.0 if gpu.index in snap.running else 0.0)
             pending.add_metric(labels, float(len(snap.pending.get(gpu.index, ()))))
         yield running
@@ -87,8 +113,11 @@ class TuningCollector:
             labels=["gpu_model", "workload", "regime"],
             unit="seconds",
         )
+        added = frozenset(self._added())
+        shipped = [w for w in snap.winners if user_kernel(w.workload) is None]
+        shipped = [w for w in shipped if w.workload not in added]
         by_key: dict[tuple[str, str], dict[Regime, tuple[str, bool]]] = {}
-        for w in snap.winners:
+        for w in shipped:
             info.add_metric(
                 [w.gpu_model, w.workload, w.regime.value, w.candidate, str(w.tie).lower()], 1.0
             )
@@ -110,10 +139,74 @@ class TuningCollector:
             flips = winners_differ(clear_winner(*cool), clear_winner(*hot))
             differ.add_metric([model, workload], 1.0 if flips else 0.0)
         yield differ
+        yield from _user_work(snap, added)
 
-        if snap.last_tune_unix is not None:
-            yield GaugeMetricFamily(
-                "gpuwatchd_last_tune_timestamp_seconds",
-                "Unix time the last completed tuning session ended.",
-                value=snap.last_tune_unix,
-            )
+        last = GaugeMetricFamily(
+            "gpuwatchd_last_tune_timestamp_seconds",
+            "Unix time the last completed tuning session on this GPU ended (absent: never).",
+            labels=GPU_LABELS,
+        )
+        for gpu in self._board.all():
+            ended = snap.last_tune_by_uuid.get(gpu.info.uuid) if gpu.info is not None else None
+            if ended is not None:
+                last.add_metric(gpu_labels(gpu), ended)
+        if last.samples:
+            yield last
+
+
+def _user_work(snap: TuningSnapshot, added: frozenset[str]) -> Iterator[Metric]:
+    """Per-kernel and total counts of users' work, tuned and waiting."""
+    tuned: dict[str, set[str]] = {}
+    flips: dict[str, set[str]] = {}
+    by_key: dict[tuple[str, str], dict[Regime, WinnerRow]] = {}
+    tuned_added: set[str] = set()
+    for w in snap.winners:
+        kernel = user_kernel(w.workload)
+        if kernel is not None:
+            tuned.setdefault(kernel, set()).add(w.workload)
+            by_key.setdefault((w.gpu_model, w.workload), {})[w.regime] = w
+        elif w.workload in added:
+            tuned_added.add(w.workload)
+    for (_, workload), regimes in by_key.items():
+        cool, hot = regimes.get(Regime.UNTHROTTLED), regimes.get(Regime.SUSTAINED)
+        if cool is None or hot is None:
+            continue
+        if winners_differ(
+            clear_winner(cool.candidate, cool.tie), clear_winner(hot.candidate, hot.tie)
+        ):
+            flips.setdefault(user_kernel(workload) or "", set()).add(workload)
+    waiting = {name for names in snap.pending.values() for name in names}
+    pending: dict[str, set[str]] = {}
+    for name in waiting:
+        kernel = user_kernel(name)
+        if kernel is not None:
+            pending.setdefault(kernel, set()).add(name)
+
+    keys = GaugeMetricFamily(
+        "gpuwatchd_user_kernel_keys",
+        "Key values of a user's Triton kernel: state=tuned have a winner (any GPU model), "
+        "state=pending wait for a gate. One series per kernel, not per key.",
+        labels=["kernel", "state"],
+    )
+    differ = GaugeMetricFamily(
+        "gpuwatchd_user_kernel_regime_winners_differ_keys",
+        "Key values of a user's kernel whose unthrottled and sustained winners differ.",
+        labels=["kernel"],
+    )
+    for kernel in sorted(tuned.keys() | pending.keys()):
+        keys.add_metric([kernel, "tuned"], float(len(tuned.get(kernel, ()))))
+        keys.add_metric([kernel, "pending"], float(len(pending.get(kernel, ()))))
+        differ.add_metric([kernel], float(len(flips.get(kernel, ()))))
+    yield keys
+    yield differ
+
+    total = GaugeMetricFamily(
+        "gpuwatchd_added_workloads",
+        "Workloads users added (captured shapes): state=tuned have a winner, "
+        "state=pending wait for a gate, state=defined are all of them.",
+        labels=["state"],
+    )
+    total.add_metric(["defined"], float(len(added)))
+    total.add_metric(["tuned"], float(len(tuned_added)))
+    total.add_metric(["pending"], float(len(waiting & added)))
+    yield total

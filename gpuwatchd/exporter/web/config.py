@@ -1,112 +1,57 @@
+# Hand-written: no maintained Python library reads the exporter-toolkit web-config format.
 """The Prometheus exporter-toolkit web config (``--web-config``): TLS, basic auth, headers.
 
 Operators reuse the ``web-config.yml`` they already give node_exporter: same keys, value
 names and defaults (exporter-toolkit ``docs/web-configuration.md``). Parsing is strict
 like the toolkit's ``yaml.UnmarshalStrict``: an unknown or duplicate key is an error, so a
 typo can never silently switch authentication off. Relative paths are resolved against
-the file's directory, as the toolkit does.
+the file's directory, as the toolkit does. This module only parses: :mod:`.tls` builds
+the SSLContext, :mod:`.auth` checks passwords, :mod:`.security` puts them to work.
+
+Values are read as Go's YAML decoder reads them into the toolkit's Go structs: every
+scalar is text until a field asks for a number or a boolean, so ``X-XSS-Protection: 1``
+is the header value "1", as in the toolkit.
 
 Where Python's :mod:`ssl` cannot do what Go's ``crypto/tls`` does, the file is refused or
 the behaviour is stated here rather than approximated silently:
 
 * ``RequireAnyClientCert`` (any certificate, unverified) cannot be expressed: refused.
 * ``RequestClientCert`` asks for nothing; as in Go, every client gets in either way.
-* Verifying client certificates needs ``client_ca_file``/``client_ca`` (Go would fall back
-  to the system roots, i.e. any publicly trusted certificate).
+* Verifying client certificates without ``client_ca_file``/``client_ca`` uses the system's
+  trusted CAs, as Go does (so any publicly trusted client certificate passes).
 * ``curve_preferences``: only the first (most preferred) curve is offered.
-* ``http_server_config.http2`` is accepted and ignored: the server speaks HTTP/1.1.
+* ``http_server_config.http2`` is accepted and ignored: the server speaks HTTP/1.1. As in
+  the toolkit, a TLS 1.2 ``cipher_suites`` list without an HTTP/2-required suite is
+  refused while ``http2`` is true (Go's server refuses to start with it).
+* ``rate_limit.burst: 0`` with an interval refuses every request (429), as in the toolkit.
 * Certificates are re-read when :meth:`HttpServer.reload_web_config` runs (SIGHUP), not
   on every connection.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import collections
-import enum
-import hashlib
-import hmac
-import ipaddress
-import logging
 import os
 import re
-import secrets
 import ssl
-import tempfile
-import threading
-import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import bcrypt
 import yaml
 
-log = logging.getLogger(__name__)
+from gpuwatchd.exporter.web.tls import (
+    CIPHERS,
+    CLIENT_AUTH_ALIASES,
+    CURVES,
+    TLS_VERSIONS,
+    ClientAuth,
+    TlsServerConfig,
+    build_ssl_context,
+)
+from gpuwatchd.validate import one_line
 
-#: Realm sent in ``WWW-Authenticate`` with every 401.
-AUTH_REALM = "gpuwatchd"
-#: The challenge sent with every 401.
-WWW_AUTHENTICATE = f'Basic realm="{AUTH_REALM}", charset="UTF-8"'
-#: Successful verifications remembered, so a scrape every 15 s costs no bcrypt.
-AUTH_CACHE_SIZE = 100
-
-
-class ClientAuth(enum.StrEnum):
-    """``client_auth_type`` values, named as Go's ``tls.ClientAuthType``."""
-
-    NO_CLIENT_CERT = "NoClientCert"
-    REQUEST_CLIENT_CERT = "RequestClientCert"
-    REQUIRE_ANY_CLIENT_CERT = "RequireAnyClientCert"
-    VERIFY_CLIENT_CERT_IF_GIVEN = "VerifyClientCertIfGiven"
-    REQUIRE_AND_VERIFY_CLIENT_CERT = "RequireAndVerifyClientCert"
-
-
-_CLIENT_AUTH_ALIASES = {"RequireClientCert": ClientAuth.REQUIRE_ANY_CLIENT_CERT}
-_VERIFY_MODES = {
-    ClientAuth.NO_CLIENT_CERT: ssl.CERT_NONE,
-    ClientAuth.REQUEST_CLIENT_CERT: ssl.CERT_NONE,
-    ClientAuth.VERIFY_CLIENT_CERT_IF_GIVEN: ssl.CERT_OPTIONAL,
-    ClientAuth.REQUIRE_AND_VERIFY_CLIENT_CERT: ssl.CERT_REQUIRED,
-}
-_TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
-}
-#: Go's ``tls.CipherSuites()`` names -> OpenSSL names. ``None``: a TLS 1.3 suite, which
-#: neither Go nor OpenSSL's cipher list lets a server configure; accepted, no effect.
-_CIPHERS: dict[str, str | None] = {
-    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
-    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
-    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
-    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
-    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
-    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
-    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
-    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
-    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
-    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
-    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
-    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
-    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
-    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
-    "TLS_AES_128_GCM_SHA256": None,
-    "TLS_AES_256_GCM_SHA384": None,
-    "TLS_CHACHA20_POLY1305_SHA256": None,
-}
-_CURVES = {
-    "CurveP256": "prime256v1",
-    "CurveP384": "secp384r1",
-    "CurveP521": "secp521r1",
-    "X25519": "X25519",
-}
 #: Headers the toolkit lets a config add, with their allowed values (None: free text).
 _HEADERS: dict[str, tuple[str, ...] | None] = {
     "Strict-Transport-Security": None,
@@ -115,7 +60,6 @@ _HEADERS: dict[str, tuple[str, ...] | None] = {
     "X-XSS-Protection": None,
     "Content-Security-Policy": None,
 }
-_BCRYPT_MAX_PASSWORD = 72  # bytes bcrypt looks at
 _BCRYPT_HASH = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _GO_DURATION_UNITS = {
@@ -147,29 +91,16 @@ _TLS_KEYS = (
 #: Keys whose presence switches TLS on (the toolkit's ``TLSConfig.IsEnabled``).
 _TLS_ENABLING = ("cert", "key", "client_ca", "cert_file", "key_file", "client_ca_file")
 _HTTP_KEYS = ("http2", "headers")
+#: One of these must be in a TLS 1.2 ``cipher_suites`` list while HTTP/2 is on (Go's
+#: ``http2.ConfigureServer`` refuses to serve without one).
+HTTP2_REQUIRED_CIPHERS = (
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+)
+#: yaml.v2's words for booleans (YAML 1.1), which the toolkit's Go structs accept.
+_YAML_TRUE = ("y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON")
+_YAML_FALSE = ("n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF")
 _RATE_KEYS = ("interval", "burst")
-
-
-# -- configuration ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TlsServerConfig:
-    """``tls_server_config`` after validation; exactly one of each ``*_file``/inline pair."""
-
-    cert_file: Path | None = None
-    cert: str | None = None
-    key_file: Path | None = None
-    key: str | None = field(default=None, repr=False)
-    client_auth_type: ClientAuth = ClientAuth.NO_CLIENT_CERT
-    client_ca_file: Path | None = None
-    client_ca: str | None = None
-    client_allowed_sans: tuple[str, ...] = ()
-    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
-    max_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3
-    cipher_suites: tuple[str, ...] = ()  # Go names, as written in the file
-    prefer_server_cipher_suites: bool = True
-    curve_preferences: tuple[str, ...] = ()  # Go names, as written in the file
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +146,7 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ValueError(f"web config {source}: invalid YAML{where}: {exc.problem}") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"web config {source}: invalid YAML: {_one_line(exc)}") from None
+        raise ValueError(f"web config {source}: invalid YAML: {one_line(exc)}") from None
     except ValueError as exc:
         raise ValueError(f"web config {source}: {exc}") from None
     return config
@@ -232,6 +163,8 @@ def parse_web_config(doc: object, base_dir: Path, *, source: Path | None = None)
     http = _mapping(top.get("http_server_config"), "http_server_config")
     _known_keys(http, _HTTP_KEYS, "http_server_config")
     http2 = _bool(http, "http2", "http_server_config", default=True)
+    if tls is not None and http2:
+        _check_http2_ciphers(tls)
     return WebConfig(
         tls=tls,
         basic_auth_users=_parse_users(top.get("basic_auth_users")),
@@ -267,15 +200,12 @@ def _parse_tls(doc: dict[str, Any], base_dir: Path) -> TlsServerConfig | None:
             f"{where}: client_ca_file is set but client_auth_type is NoClientCert;"
             " set client_auth_type: RequireAndVerifyClientCert"
         )
-    if _VERIFY_MODES[client_auth] != ssl.CERT_NONE and not has_ca:
-        raise ValueError(
-            f"{where}.client_auth_type: {client_auth} needs client_ca_file (or client_ca)"
-            " to verify client certificates against"
-        )
     sans = _str_list(doc, "client_allowed_sans", where)
-    if sans and client_auth is not ClientAuth.REQUIRE_AND_VERIFY_CLIENT_CERT:
+    if sans and client_auth is ClientAuth.REQUEST_CLIENT_CERT:
         raise ValueError(
-            f"{where}.client_allowed_sans: needs client_auth_type RequireAndVerifyClientCert"
+            f"{where}.client_allowed_sans: Python's ssl module cannot read the SANs of a"
+            " certificate it does not verify; use VerifyClientCertIfGiven or"
+            " RequireAndVerifyClientCert"
         )
     min_version = _tls_version(doc, "min_version", ssl.TLSVersion.TLSv1_2)
     max_version = _tls_version(doc, "max_version", ssl.TLSVersion.TLSv1_3)
@@ -283,14 +213,14 @@ def _parse_tls(doc: dict[str, Any], base_dir: Path) -> TlsServerConfig | None:
         raise ValueError(f"{where}.min_version: {doc['min_version']} is above max_version")
     ciphers = _str_list(doc, "cipher_suites", where)
     for name in ciphers:
-        if name not in _CIPHERS:
+        if name not in CIPHERS:
             raise ValueError(f"{where}.cipher_suites: unknown cipher {name!r}")
     curves = _str_list(doc, "curve_preferences", where)
     for name in curves:
-        if name not in _CURVES:
+        if name not in CURVES:
             raise ValueError(
                 f"{where}.curve_preferences: unknown curve {name!r}"
-                f" (expected one of {', '.join(_CURVES)})"
+                f" (expected one of {', '.join(CURVES)})"
             )
 
     def path(key: str) -> Path | None:
@@ -319,7 +249,7 @@ def _parse_client_auth(text: str | None) -> ClientAuth:
     if not text:
         return ClientAuth.NO_CLIENT_CERT
     try:
-        value = _CLIENT_AUTH_ALIASES.get(text) or ClientAuth(text)
+        value = CLIENT_AUTH_ALIASES.get(text) or ClientAuth(text)
     except ValueError:
         names = ", ".join(a.value for a in ClientAuth)
         raise ValueError(f"{where}: {text!r} is not one of {names}") from None
@@ -335,22 +265,23 @@ def _tls_version(doc: Mapping[str, Any], key: str, default: ssl.TLSVersion) -> s
     text = _str(doc, key, "tls_server_config")
     if not text:
         return default
-    if text not in _TLS_VERSIONS:
-        names = ", ".join(_TLS_VERSIONS)
+    if text not in TLS_VERSIONS:
+        names = ", ".join(TLS_VERSIONS)
         raise ValueError(f"tls_server_config.{key}: unknown TLS version {text!r} ({names})")
-    return _TLS_VERSIONS[text]
+    return TLS_VERSIONS[text]
 
 
 def _parse_users(value: object) -> Mapping[str, str]:
     where = "basic_auth_users"
     users: dict[str, str] = {}
-    for user, hashed in _mapping(value, where).items():
-        if not isinstance(user, str):
-            raise ValueError(f"{where}: user name {user!r} must be a string (quote it)")
+    for name, value_hashed in _mapping(value, where).items():
+        user, hashed = _text(name), _text(value_hashed)
+        if user is None:
+            raise ValueError(f"{where}: user name {name!r} must be a string")
         if ":" in user:
             raise ValueError(f"{where}.{user}: a user name cannot contain ':'")
-        if not isinstance(hashed, str):
-            raise ValueError(f"{where}.{user}: expected a bcrypt hash, got {_kind(hashed)}")
+        if hashed is None:
+            raise ValueError(f"{where}.{user}: expected a bcrypt hash, got {_kind(value_hashed)}")
         match = _BCRYPT_HASH.match(hashed)
         if match is None:
             raise ValueError(f"{where}.{user}: not a bcrypt hash (expected $2y$10$ and 53 chars)")
@@ -364,20 +295,20 @@ def _parse_users(value: object) -> Mapping[str, str]:
 def _parse_headers(value: object) -> tuple[tuple[str, str], ...]:
     where = "http_server_config.headers"
     headers: list[tuple[str, str]] = []
-    for name, text in _mapping(value, where).items():
+    for name, raw in _mapping(value, where).items():
         if name not in _HEADERS:
             raise ValueError(
                 f"{where}.{name}: this header cannot be configured"
                 f" (expected one of {', '.join(_HEADERS)})"
             )
-        if text is None or text == "":
-            continue  # blank means unset, as in the toolkit
-        if not isinstance(text, str) or "\r" in text or "\n" in text:
+        text = "" if raw is None else _text(raw)
+        if text is None or "\r" in text or "\n" in text:
             raise ValueError(f"{where}.{name}: expected a one-line string")
         allowed = _HEADERS[name]
         if allowed is not None and text not in allowed:
             raise ValueError(f"{where}.{name}: {text!r} is not one of {', '.join(allowed)}")
-        headers.append((name, text))
+        if text:  # blank free-text means unset
+            headers.append((name, text))
     return tuple(headers)
 
 
@@ -386,14 +317,24 @@ def _parse_rate_limit(value: object) -> RateLimit | None:
     doc = _mapping(value, where)
     _known_keys(doc, _RATE_KEYS, where)
     interval = parse_go_duration(doc.get("interval", 0), f"{where}.interval")
-    burst = doc.get("burst", 0)
-    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
-        raise ValueError(f"{where}.burst: expected a non-negative integer, got {burst!r}")
+    burst = _int(doc.get("burst", 0), f"{where}.burst")
+    if burst < 0:
+        raise ValueError(f"{where}.burst: expected a non-negative integer, got {burst}")
     if interval == 0:
         return None  # 0 disables the limiter, as in the toolkit
-    if burst == 0:
-        raise ValueError(f"{where}.burst: must be at least 1 when interval is set")
-    return RateLimit(interval, burst)
+    return RateLimit(interval, burst)  # burst 0 refuses every request, as in the toolkit
+
+
+def _check_http2_ciphers(tls: TlsServerConfig) -> None:
+    """Refuse what Go's HTTP/2 setup refuses, so the verdict matches the toolkit's."""
+    if not tls.cipher_suites or tls.min_version >= ssl.TLSVersion.TLSv1_3:
+        return
+    if not any(name in HTTP2_REQUIRED_CIPHERS for name in tls.cipher_suites):
+        raise ValueError(
+            "tls_server_config.cipher_suites: missing an HTTP/2-required cipher (one of"
+            f" {', '.join(HTTP2_REQUIRED_CIPHERS)}); add one or set"
+            " http_server_config.http2: false, as exporter-toolkit requires"
+        )
 
 
 def parse_go_duration(value: object, where: str) -> float:
@@ -418,8 +359,22 @@ def parse_go_duration(value: object, where: str) -> float:
 # -- YAML helpers ----------------------------------------------------------------------
 
 
+#: Implicit types the loader still resolves: null (an unset field) and merge keys.
+_KEPT_IMPLICIT_TAGS = ("tag:yaml.org,2002:null", "tag:yaml.org,2002:merge")
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, as Go's ``yaml.UnmarshalStrict`` does."""
+    """SafeLoader that refuses duplicate keys, as Go's ``yaml.UnmarshalStrict`` does.
+
+    Plain scalars stay text (no implicit int, float, bool or timestamp): Go decides a
+    scalar's type from the field it lands in, and so do the ``_str``/``_bool``/``_int``
+    readers here.
+    """
+
+    yaml_implicit_resolvers = {  # noqa: RUF012  (PyYAML's own class attribute)
+        first: [(tag, rx) for tag, rx in resolvers if tag in _KEPT_IMPLICIT_TAGS]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
 
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -448,10 +403,6 @@ def _kind(value: object) -> str:
     return "nothing" if value is None else type(value).__name__
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 def _mapping(value: object, where: str) -> dict[Any, Any]:
     if value is None:
         return {}
@@ -467,305 +418,56 @@ def _known_keys(doc: Mapping[Any, Any], allowed: tuple[str, ...], where: str) ->
             raise ValueError(f"{name}: unknown key (expected one of {', '.join(allowed)})")
 
 
+def _text(value: object) -> str | None:
+    """A scalar as Go reads it into a string field; None for null or a collection."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    return None
+
+
 def _str(doc: Mapping[str, Any], key: str, where: str) -> str | None:
     value = doc.get(key)
     if value is None or value == "":
         return None
-    if not isinstance(value, str):
+    text = _text(value)
+    if text is None:
         raise ValueError(f"{where}.{key}: expected a string, got {_kind(value)}")
-    return value
+    return text
 
 
 def _bool(doc: Mapping[str, Any], key: str, where: str, *, default: bool) -> bool:
     value = doc.get(key, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"{where}.{key}: expected true or false, got {value!r}")
-    return value
+    if isinstance(value, bool):
+        return value
+    if value in _YAML_TRUE:
+        return True
+    if value in _YAML_FALSE:
+        return False
+    raise ValueError(f"{where}.{key}: expected true or false, got {value!r}")
+
+
+def _int(value: object, where: str) -> int:
+    """An integer field: a number, or text in the forms yaml.v2 reads (1_000, 0x10, 010)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = value.replace("_", "")
+        try:
+            if re.fullmatch(r"[-+]?0[0-7]+", text):
+                return int(text, 8)
+            return int(text, 0)
+        except ValueError:
+            pass
+    raise ValueError(f"{where}: expected an integer, got {value!r}")
 
 
 def _str_list(doc: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
     value = doc.get(key)
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    texts = [_text(v) for v in value] if isinstance(value, list) else [None]
+    if not all(isinstance(t, str) for t in texts):
         raise ValueError(f"{where}.{key}: expected a list of strings")
-    return tuple(value)
-
-
-# -- TLS -------------------------------------------------------------------------------
-
-
-def build_ssl_context(tls: TlsServerConfig) -> ssl.SSLContext:
-    """A server-side SSLContext for ``tls``; reads every file it names now.
-
-    Raises ValueError naming the key: ``tls_server_config.cert_file: cannot read /x: ...``.
-    """
-    where = "tls_server_config"
-    cert = _pem(tls.cert_file, tls.cert, "cert")
-    key = _pem(tls.key_file, tls.key, "key")
-    if b"-----BEGIN CERTIFICATE-----" not in cert:
-        raise ValueError(f"{_source(tls.cert_file, 'cert')}: no PEM certificate found")
-    if b"PRIVATE KEY-----" not in key:
-        raise ValueError(f"{_source(tls.key_file, 'key')}: no PEM private key found")
-    if b"ENCRYPTED" in key:
-        raise ValueError(
-            f"{_source(tls.key_file, 'key')}: the key is encrypted; give it unencrypted"
-        )
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    with warnings.catch_warnings():  # TLS10/TLS11 are deprecated, but the file asked
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ctx.minimum_version = tls.min_version
-        ctx.maximum_version = tls.max_version
-    ctx.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_NO_COMPRESSION
-    if tls.prefer_server_cipher_suites:
-        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
-    else:
-        ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
-    try:
-        with _pem_files(cert, key) as (cert_path, key_path):
-            ctx.load_cert_chain(cert_path, key_path, password=_refuse_password)
-    except (ssl.SSLError, ValueError) as exc:
-        raise ValueError(
-            f"{where}: cannot load the certificate and key: {_ssl_reason(exc)}"
-        ) from None
-    openssl_ciphers = [c for c in (_CIPHERS[n] for n in tls.cipher_suites) if c]
-    if openssl_ciphers:
-        try:
-            ctx.set_ciphers(":".join(openssl_ciphers))
-        except ssl.SSLError:
-            raise ValueError(f"{where}.cipher_suites: this OpenSSL offers none of them") from None
-    if tls.curve_preferences:
-        ctx.set_ecdh_curve(_CURVES[tls.curve_preferences[0]])
-    ctx.verify_mode = _VERIFY_MODES[tls.client_auth_type]
-    if tls.client_ca_file is not None or tls.client_ca is not None:
-        ca = _pem(tls.client_ca_file, tls.client_ca, "client_ca")
-        ca_where = _source(tls.client_ca_file, "client_ca")
-        if b"-----BEGIN CERTIFICATE-----" not in ca:
-            raise ValueError(f"{ca_where}: no PEM certificate found")
-        try:
-            ctx.load_verify_locations(cadata=ca.decode("ascii"))
-        except (ssl.SSLError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{ca_where}: invalid CA certificate: {_ssl_reason(exc)}") from None
-    return ctx
-
-
-def _source(path: Path | None, inline_key: str) -> str:
-    if path is None:
-        return f"tls_server_config.{inline_key}"
-    return f"tls_server_config.{inline_key}_file {path}"
-
-
-def _pem(path: Path | None, inline: str | None, inline_key: str) -> bytes:
-    if path is None:
-        return (inline or "").encode("utf-8")
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise ValueError(
-            f"tls_server_config.{inline_key}_file: cannot read {path}: {reason}"
-        ) from None
-
-
-def _refuse_password() -> str:
-    raise ValueError("the key is encrypted; give it unencrypted")
-
-
-def _ssl_reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return str(exc.reason)
-    return _one_line(exc)
-
-
-@contextmanager
-def _pem_files(cert: bytes, key: bytes) -> Iterator[tuple[str, str]]:
-    """Hand PEM bytes to ``load_cert_chain``, which only takes paths, without disk copies.
-
-    Reading the files once into memory also means a certificate renewed between the
-    check above and the load cannot pair an old key with a new certificate.
-    """
-    if hasattr(os, "memfd_create"):
-        fds = [os.memfd_create(name, os.MFD_CLOEXEC) for name in ("cert", "key")]
-        try:
-            for fd, data in zip(fds, (cert, key), strict=True):
-                os.write(fd, data)
-            yield f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}"
-        finally:
-            for fd in fds:
-                os.close(fd)
-        return
-    with tempfile.TemporaryDirectory(prefix="gpuwatchd-tls-") as tmp:  # 0700
-        paths = (os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem"))
-        for path, data in zip(paths, (cert, key), strict=True):
-            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
-                f.write(data)
-        yield paths
-
-
-def peer_has_allowed_san(peer: Mapping[str, Any] | None, allowed: tuple[str, ...]) -> bool:
-    """Whether a verified client certificate (``getpeercert()``) names an allowed SAN.
-
-    Matches DNS, IP, e-mail and URI entries exactly, as the toolkit's
-    ``client_allowed_sans`` does; IP addresses are compared as addresses.
-    """
-    if not peer:
-        return False
-    wanted = {_normal_san(a) for a in allowed}
-    for kind, value in peer.get("subjectAltName", ()):
-        if kind in ("DNS", "email", "URI") and value in wanted:
-            return True
-        if kind == "IP Address" and _normal_san(value.strip()) in wanted:
-            return True
-    return False
-
-
-def _normal_san(value: str) -> str:
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        return value
-
-
-# -- basic auth ------------------------------------------------------------------------
-
-
-def parse_basic_credentials(authorization: str | None) -> tuple[str, bytes] | None:
-    """``Authorization: Basic base64(user:password)`` -> (user, password); None if not that."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        raw = base64.b64decode(token.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    user, sep, password = raw.partition(b":")
-    if not sep:
-        return None
-    try:
-        return user.decode("utf-8"), password
-    except UnicodeDecodeError:
-        return None
-
-
-class BasicAuth:
-    """Checks basic-auth credentials against bcrypt hashes, remembering successes.
-
-    bcrypt is slow on purpose (cost 10 is ~70 ms, 12 is ~300 ms), so a success is cached
-    under an HMAC of (user, hash, password) with a per-process random key: the cache holds
-    no password, and its lookup timing says nothing without the key. Failures are not
-    cached, so guessing cannot evict the scrapers' entries; bcrypt runs one at a time so a
-    flood of wrong passwords costs at most one core. An unknown user is checked against a
-    real hash so timing does not reveal which users exist.
-    """
-
-    def __init__(self, users: Mapping[str, str], cache_size: int = AUTH_CACHE_SIZE) -> None:
-        if not users:
-            raise ValueError("BasicAuth needs at least one user")
-        self._users = {user: hashed.encode("ascii") for user, hashed in users.items()}
-        self._decoy = next(iter(self._users.values()))
-        self._key = secrets.token_bytes(32)
-        self._cache: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        self._cache_size = cache_size
-        self._cache_lock = threading.Lock()
-        self._bcrypt_lock = threading.Lock()
-
-    def check(self, authorization: str | None) -> str | None:
-        """The authenticated user name, or None."""
-        credentials = parse_basic_credentials(authorization)
-        if credentials is None:
-            return None
-        user, password = credentials
-        hashed = self._users.get(user)
-        known = hashed is not None
-        target = hashed if hashed is not None else self._decoy
-        cache_key = self._cache_key(user, target, password)
-        with self._cache_lock:
-            if known and cache_key in self._cache:
-                self._cache.move_to_end(cache_key)
-                return user
-        if len(password) > _BCRYPT_MAX_PASSWORD:
-            return None  # Go refuses these too; old bcrypt releases would truncate them
-        with self._bcrypt_lock:
-            try:
-                ok = bcrypt.checkpw(password, target)
-            except ValueError:
-                ok = False
-        if not (ok and known):
-            return None
-        with self._cache_lock:
-            self._cache[cache_key] = None
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        return user
-
-    def _cache_key(self, user: str, hashed: bytes, password: bytes) -> bytes:
-        mac = hmac.new(self._key, digestmod=hashlib.sha256)
-        for part in (user.encode("utf-8"), hashed, password):
-            mac.update(len(part).to_bytes(8, "big"))
-            mac.update(part)
-        return mac.digest()
-
-
-class RateLimiter:
-    """Token bucket like Go's ``rate.NewLimiter(rate.Every(interval), burst)``; starts full."""
-
-    def __init__(
-        self, interval_s: float, burst: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._interval_s = interval_s
-        self._burst = burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._last = clock()
-        self._lock = threading.Lock()
-
-    def allow(self) -> bool:
-        with self._lock:
-            now = self._clock()
-            elapsed = max(0.0, now - self._last)
-            self._tokens = min(self._burst, self._tokens + elapsed / self._interval_s)
-            self._last = now
-            if self._tokens >= 1.0:
-                self._tokens -= 1.0
-                return True
-            return False
-
-
-class Admission(enum.Enum):
-    """What the HTTP layer does with a request before routing it."""
-
-    ALLOW = "allow"
-    UNAUTHORIZED = "unauthorized"  # 401 with WWW-Authenticate
-    RATE_LIMITED = "rate_limited"  # 429
-
-
-class WebSecurity:
-    """A :class:`WebConfig` made live: SSL context, authenticator, limiter, headers.
-
-    Built once per (re)load; the HTTP server swaps the whole object atomically so every
-    connection and request sees one consistent config.
-    """
-
-    def __init__(self, config: WebConfig) -> None:
-        self.config = config
-        self.ssl_context = build_ssl_context(config.tls) if config.tls is not None else None
-        self.allowed_sans = config.tls.client_allowed_sans if config.tls is not None else ()
-        users = config.basic_auth_users
-        self.auth = BasicAuth(users) if users else None
-        limit = config.rate_limit
-        self.limiter = RateLimiter(limit.interval_s, limit.burst) if limit else None
-        self.headers = config.headers
-
-    def admit(self, authorization: str | None) -> Admission:
-        """Rate limit first, then basic auth, in the toolkit's order."""
-        if self.limiter is not None and not self.limiter.allow():
-            return Admission.RATE_LIMITED
-        if self.auth is not None and self.auth.check(authorization) is None:
-            return Admission.UNAUTHORIZED
-        return Admission.ALLOW
-
-    def peer_allowed(self, peer: Mapping[str, Any] | None) -> bool:
-        """Whether a TLS client passes ``client_allowed_sans`` (always, when unset)."""
-        return not self.allowed_sans or peer_has_allowed_san(peer, self.allowed_sans)
+    return tuple(t for t in texts if t is not None)

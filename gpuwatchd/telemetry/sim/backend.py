@@ -3,22 +3,25 @@
 It serves the daemon without hardware (demos, CI, the tuning engine's CPU path) and
 lets tests run hours of GPU life on a :class:`ManualClock`. Samples are deterministic
 for a seed: same seed, same read times and same ``set_load`` calls give identical
-samples.
+samples. Like NVML, ``read_energy`` is the slow path: it also computes the health
+fields (memory, ECC, row remapping, PCIe/NVLink, XIDs) that later samples carry.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import threading
 import uuid
 
 from gpuwatchd.telemetry.backend import BackendUnavailable, Clock, GpuLost
 from gpuwatchd.telemetry.clocks import ScaledClock
+from gpuwatchd.telemetry.sim.health import XidEvent, slow_reading
 from gpuwatchd.telemetry.sim.model import GpuModel, Load, ModelState
 from gpuwatchd.telemetry.sim.scenarios import SCENARIOS, Scenario
 from gpuwatchd.telemetry.sim.sensor import Sensor
-from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
+from gpuwatchd.telemetry.types import DeviceInfo, Sample, SlowReading, ThrottleReason
 
 #: PCI bus numbers of the eight GPUs of an HGX/DGX H200 board.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -87,6 +90,8 @@ class SimBackend:
         ]
         self._locks = [threading.Lock() for _ in range(gpus)]
         self._infos = [self._make_info(i) for i in range(gpus)]
+        self._xids = [[x for x in self.scenario.xids if x.gpu == i] for i in range(gpus)]
+        self._slow: list[SlowReading | None] = [None] * gpus
         self._closed = False
 
     # ------------------------------------------------------------ Backend protocol
@@ -105,16 +110,21 @@ class SimBackend:
         model = self._models[gpu]
         with self._locks[gpu]:
             model.advance(now - self._origin)
-            return self._sensors[gpu].sample(now, model.state())
+            return self._sensors[gpu].sample(now, model.state(), self._slow[gpu])
 
     def read_energy(self, gpu: int) -> float:
-        """Exact integral of the model's power since the backend started, in joules."""
+        """Exact integral of the model's power since the backend started, in joules.
+
+        Also refreshes the slow health fields that later samples carry.
+        """
         now = self.clock.now()
         self._check(gpu, now)
         model = self._models[gpu]
         with self._locks[gpu]:
             model.advance(now - self._origin)
-            return model.state().energy_j
+            state = model.state()
+            self._slow[gpu] = slow_reading(now, state, model.preset, self._xids[gpu])
+            return state.energy_j
 
     def close(self) -> None:
         self._closed = True
@@ -122,17 +132,23 @@ class SimBackend:
     # ------------------------------------------------------------ simulation control
 
     def set_load(
-        self, gpu: int, util: float, dynamic_power_w: float, pid: int | None = None
+        self,
+        gpu: int,
+        util: float,
+        dynamic_power_w: float,
+        pid: int | None = None,
+        memory_bytes: int = 0,
     ) -> None:
         """Run a simulated kernel load on ``gpu`` from now on, on top of the scenario's.
 
         ``dynamic_power_w`` is what it would draw above idle at full util and maximum
         clock; the power cap and the thermal controller decide what it really gets.
         Memory utilisation is reported as half of ``util``, as for a compute-bound
-        kernel. Replaces any earlier external load on that GPU.
+        kernel; ``memory_bytes`` is the device memory its process holds. Replaces any
+        earlier external load on that GPU.
         """
         self._check_index(gpu)
-        load = Load(util, dynamic_power_w, pid, mem_util=util * 0.5)
+        load = Load(util, dynamic_power_w, pid, mem_util=util * 0.5, memory_bytes=memory_bytes)
         with self._locks[gpu]:
             self._models[gpu].advance(self.clock.now() - self._origin)
             self._models[gpu].set_external_load(load)
@@ -143,6 +159,60 @@ class SimBackend:
         with self._locks[gpu]:
             self._models[gpu].advance(self.clock.now() - self._origin)
             self._models[gpu].set_external_load(None)
+
+    def mirror_load(
+        self,
+        gpu: int,
+        power_w: float,
+        sm_clock_mhz: float | None = None,
+        pid: int | None = None,
+    ) -> None:
+        """Run on ``gpu`` a load that draws ``power_w`` at ``sm_clock_mhz`` (max if None).
+
+        The model's power law solved for the load at the GPU's current temperature: told
+        what a sim tuning worker's copy of this GPU draws, this GPU then heats, and hits
+        its power cap, as the worker's did. Replaces any earlier external load.
+        """
+        self._check_index(gpu)
+        if not math.isfinite(power_w) or power_w < 0:
+            raise ValueError(f"power_w must be finite and >= 0, got {power_w!r}")
+        p = self.scenario.preset
+        clock = p.max_sm_clock_mhz if sm_clock_mhz is None else sm_clock_mhz
+        if not math.isfinite(clock):
+            raise ValueError(f"sm_clock_mhz must be finite, got {sm_clock_mhz!r}")
+        share = min(max(clock, p.min_sm_clock_mhz), p.max_sm_clock_mhz) / p.max_sm_clock_mhz
+        with self._locks[gpu]:
+            model = self._models[gpu]
+            model.advance(self.clock.now() - self._origin)
+            static_w = p.idle_power_w + p.leakage_w_per_c * (model.state().temp_c - p.ref_temp_c)
+            dynamic_w = max(0.0, power_w - static_w) / share**p.power_exponent
+            model.set_external_load(Load(1.0, dynamic_w, pid, mem_util=0.5))
+
+    def session_progress(
+        self,
+        gpu: int,
+        power_w: float | None,
+        sm_clock_mhz: float | None,
+        pids: frozenset[int],
+    ) -> None:
+        """A sim tuning session on ``gpu`` reports its GPU's power and clock: feel it here.
+
+        The load carries one of the worker's ``pids``, so the gate counts it as ours; a
+        report without power, or from a worker that is gone, changes nothing.
+        """
+        if power_w is not None and pids:
+            self.mirror_load(gpu, power_w, sm_clock_mhz, min(pids))
+
+    def session_ended(self, gpu: int) -> None:
+        """The tuning session on ``gpu`` ended: its load goes."""
+        self.clear_load(gpu)
+
+    def inject_xid(self, gpu: int, code: int) -> None:
+        """``gpu`` reports XID ``code`` now (48: uncorrectable ECC, 63: row remap pending)."""
+        self._check_index(gpu)
+        event = XidEvent(max(0.0, self.clock.now() - self._origin), code, gpu)
+        with self._locks[gpu]:
+            self._xids[gpu] = [*self._xids[gpu], event]
 
     def model(self, gpu: int) -> SimGpuView:
         """A live, noise-free view of ``gpu`` (clock, max clock, temperature, power)."""
@@ -166,6 +236,7 @@ class SimBackend:
         self._check_index(gpu)
         lost = self.scenario.lost
         if gpu == 0 and lost is not None and lost.covers(now - self._origin):
+            self._slow[0] = None  # no stale reading survives a loss, as with NVML
             raise GpuLost(0, f"simulated: off the bus since t={lost.start_s:g}s")
 
     def _make_info(self, index: int) -> DeviceInfo:

@@ -38,12 +38,14 @@ class Load:
 
     ``dynamic_power_w`` is what the kernels would draw on top of idle power if they
     ran 100 % of the time at the maximum SM clock; the power cap usually forbids it.
+    ``memory_bytes`` is the device memory its process holds.
     """
 
     util: float
     dynamic_power_w: float
     pid: int | None = None
     mem_util: float = 0.0
+    memory_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.util <= 1.0:
@@ -54,6 +56,8 @@ class Load:
             raise ValueError(f"dynamic_power_w must be finite and >= 0, got {self.dynamic_power_w}")
         if self.pid is not None and self.pid <= 0:
             raise ValueError(f"pid must be > 0, got {self.pid}")
+        if self.memory_bytes < 0:
+            raise ValueError(f"memory_bytes must be >= 0, got {self.memory_bytes}")
 
 
 class LoadSource(Protocol):
@@ -95,6 +99,8 @@ class ModelState(NamedTuple):
     util: float
     mem_util: float
     procs: tuple[int, ...]
+    busy_s: float = 0.0  # integral of util over time: what the load has moved so far
+    proc_memory: tuple[tuple[int, int], ...] = ()  # (pid, bytes) of each process
 
 
 class _Control(NamedTuple):
@@ -136,6 +142,7 @@ class GpuModel:
         self._d_die = p.die_r_c_per_w * p_idle
         self._d_sink = self._r_sink * p_idle
         self._energy = 0.0
+        self._busy_s = 0.0
         start_power = self._control(p.thermal_horizon_s).power
         # Energy checkpoints for the windowed average; the first pretends the GPU ran
         # at its starting power for one window before the simulation began.
@@ -195,6 +202,8 @@ class GpuModel:
             util=self._util,
             mem_util=self._mem_util,
             procs=self._procs,
+            busy_s=self._busy_s,
+            proc_memory=self._proc_memory,
         )
 
     # ---------------------------------------------------------------- internals
@@ -211,6 +220,11 @@ class GpuModel:
         self._mem_util = min(1.0, sum((ld.mem_util * ld.util for ld in loads), 0.0) * scale)
         self._busy = total > 0.0
         self._procs = tuple(sorted({ld.pid for ld in loads if ld.pid is not None}))
+        memory: dict[int, int] = {}
+        for ld in loads:
+            if ld.pid is not None:
+                memory[ld.pid] = memory.get(ld.pid, 0) + ld.memory_bytes
+        self._proc_memory = tuple(sorted(memory.items()))
         self._next_change = self._source.next_change(self._t)
         self._fine_until = self._t + self._settle_s
 
@@ -278,6 +292,7 @@ class GpuModel:
         self._d_die = ss_die + (self._d_die - ss_die) * e_die
         self._d_sink = ss_sink + (self._d_sink - ss_sink) * e_sink
         self._energy += power * h
+        self._busy_s += self._util * h
 
     def _trim_history(self) -> None:
         start = self._t - self.preset.power_window_s

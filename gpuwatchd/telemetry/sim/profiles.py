@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-_MAY_BE_ZERO_OR_NEGATIVE = frozenset({"leakage_w_per_c", "ambient_c"})
+_MAY_BE_ZERO_OR_NEGATIVE = frozenset({"leakage_w_per_c", "ambient_c", "nvlink_links"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,8 @@ class GpuPreset:
     ``thermal_target_c`` is where the software thermal controller holds the die
     (NVML's "max operating temperature"); ``thermal_horizon_s`` is how far ahead that
     controller aims, which keeps it stable at any integration step.
+    ``reserved_memory_bytes`` is device memory the driver holds with no process on the
+    GPU; ``nvlink_links`` is 0 for a GPU without NVLink.
     """
 
     name: str
@@ -49,6 +51,8 @@ class GpuPreset:
     thermal_horizon_s: float
     clock_bin_mhz: float = 15.0
     power_window_s: float = 1.0
+    reserved_memory_bytes: int = 512 * 2**20
+    nvlink_links: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -57,6 +61,8 @@ class GpuPreset:
                 continue
             if not value > 0:
                 raise ValueError(f"{f.name} must be > 0, got {value}")
+        if self.nvlink_links < 0:
+            raise ValueError(f"nvlink_links must be >= 0, got {self.nvlink_links}")
         if self.leakage_w_per_c < 0:
             raise ValueError(f"leakage_w_per_c must be >= 0, got {self.leakage_w_per_c}")
         if not self.min_sm_clock_mhz < self.max_sm_clock_mhz:
@@ -113,6 +119,8 @@ H200 = GpuPreset(
     slowdown_temp_c=89.0,
     shutdown_temp_c=95.0,
     thermal_horizon_s=0.5,
+    reserved_memory_bytes=589 * 2**20,
+    nvlink_links=18,
 )
 
 #: NVIDIA L4 (24 GB GDDR6, 72 W, passively cooled). Not fitted to a recording: the
@@ -142,6 +150,7 @@ L4 = GpuPreset(
     slowdown_temp_c=92.0,
     shutdown_temp_c=95.0,
     thermal_horizon_s=5.0,
+    reserved_memory_bytes=316 * 2**20,
 )
 
 PRESETS: dict[str, GpuPreset] = {"h200": H200, "l4": L4}

@@ -2,7 +2,8 @@
 
 Times are simulated seconds since the backend started. Every GPU of a backend plays
 the same script (one rank of a multi-GPU job per GPU, pid ``pid_base + gpu``), except
-that only GPU 0 is ever lost. Each scenario's docstring says what a run of it shows.
+that only GPU 0 is ever lost and each XID names its GPU. Each scenario's docstring says
+what a run of it shows.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from gpuwatchd.telemetry.sim.health import XID_DBE_ECC, XID_ROW_REMAP_PENDING, XidEvent
 from gpuwatchd.telemetry.sim.model import Load
 from gpuwatchd.telemetry.sim.profiles import H200, L4, GpuPreset
 
@@ -30,6 +32,7 @@ class LoadPattern:
     duration_s: float = math.inf
     period_s: float = math.inf
     pid_base: int = FOREIGN_PID
+    memory_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.start_s < 0:
@@ -38,7 +41,9 @@ class LoadPattern:
             raise ValueError(f"duration_s must be > 0, got {self.duration_s}")
         if not self.period_s > self.duration_s and not math.isinf(self.duration_s):
             raise ValueError(f"period_s must exceed duration_s, got {self.period_s}")
-        Load(self.util, self.dynamic_power_w, self.pid_base, self.mem_util)  # validates
+        Load(  # validates
+            self.util, self.dynamic_power_w, self.pid_base, self.mem_util, self.memory_bytes
+        )
 
     def _cycle_start(self, t: float) -> tuple[int, float]:
         """The current cycle's index and start time (``t >= start_s``)."""
@@ -69,7 +74,9 @@ class LoadPattern:
         return self.start_s + (k + 1) * self.period_s
 
     def load_for(self, gpu: int) -> Load:
-        return Load(self.util, self.dynamic_power_w, self.pid_base + gpu, self.mem_util)
+        return Load(
+            self.util, self.dynamic_power_w, self.pid_base + gpu, self.mem_util, self.memory_bytes
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +119,7 @@ class Scenario:
     loads: tuple[LoadPattern, ...] = ()
     cooling: CoolingDecline | None = None
     lost: LostWindow | None = None
+    xids: tuple[XidEvent, ...] = ()
     name: str = ""
     description: str = ""
 
@@ -178,6 +186,7 @@ def _power_cap() -> Scenario:
         util=1.0,
         dynamic_power_w=H200.heavy_load_dynamic_w,
         mem_util=0.35,
+        memory_bytes=2 * 2**30,
     )
     return Scenario(H200, loads=(burst,))
 
@@ -193,7 +202,11 @@ def _heat_soak() -> Scenario:
     heatsink keeps warming, to ~1500 MHz (-17 %) by ~8 min, where it stays.
     """
     load = LoadPattern(
-        start_s=10.0, util=1.0, dynamic_power_w=L4.heavy_load_dynamic_w, mem_util=0.5
+        start_s=10.0,
+        util=1.0,
+        dynamic_power_w=L4.heavy_load_dynamic_w,
+        mem_util=0.5,
+        memory_bytes=18 * 2**30,
     )
     return Scenario(L4, loads=(load,))
 
@@ -219,6 +232,7 @@ def _fan_failure() -> Scenario:
         util=0.98,
         dynamic_power_w=H200.heavy_load_dynamic_w,
         mem_util=0.45,
+        memory_bytes=110 * 2**30,
     )
     decline = CoolingDecline(start_s=0.0, ramp_s=4 * 3600.0, final_factor=9.25)
     return Scenario(H200, loads=(job,), cooling=decline)
@@ -231,7 +245,9 @@ def _busy() -> Scenario:
     A production job at util 0.95 whose kernels would draw more than the power cap:
     from t = 30 s on, procs = (4242,), util ~0.95, SW_POWER_CAP, ~60 °C.
     """
-    job = LoadPattern(start_s=30.0, util=0.95, dynamic_power_w=1200.0, mem_util=0.6)
+    job = LoadPattern(
+        start_s=30.0, util=0.95, dynamic_power_w=1200.0, mem_util=0.6, memory_bytes=80 * 2**30
+    )
     return Scenario(H200, loads=(job,))
 
 
@@ -243,3 +259,15 @@ def _gpu_lost() -> Scenario:
     other GPUs are unaffected. The GPU keeps its physical state across the outage.
     """
     return Scenario(H200, lost=LostWindow(20.0, 30.0))
+
+
+@_scenario("ecc-error")
+def _ecc_error() -> Scenario:
+    """H200, idle; at t = 20 s GPU 0's HBM takes an uncorrectable ECC error.
+
+    The driver reports XID 48 (double-bit ECC error) and XID 63 (the row is marked for
+    remapping): gpuwatchd_gpu_xid_errors_total{xid="48"} and {xid="63"} count 1, the
+    uncorrected ECC totals go to 1 and gpuwatchd_gpu_row_remap_pending to 1 (until a GPU
+    reset, which the simulation never does). Other GPUs stay clean.
+    """
+    return Scenario(H200, xids=(XidEvent(20.0, XID_DBE_ECC), XidEvent(20.0, XID_ROW_REMAP_PENDING)))

@@ -13,7 +13,7 @@ import random
 
 from gpuwatchd.telemetry.sim.model import ModelState
 from gpuwatchd.telemetry.sim.profiles import GpuPreset
-from gpuwatchd.telemetry.types import Sample, ThrottleReason
+from gpuwatchd.telemetry.types import Sample, SlowReading, ThrottleReason
 
 TEMP_NOISE_C = 0.25
 POWER_NOISE_RATIO = 0.004  # sigma; 2.5 sigma = 1 %
@@ -44,7 +44,8 @@ class Sensor:
         self._fmax = preset.max_sm_clock_mhz
         self._mem_clock = preset.mem_clock_mhz
 
-    def sample(self, t: float, s: ModelState) -> Sample:
+    def sample(self, t: float, s: ModelState, slow: SlowReading | None = None) -> Sample:
+        """A noisy reading of state ``s`` at backend time ``t``, carrying ``slow``."""
         rng = self._rng
         reasons = s.reasons
         # Stochastic rounding to a bin: the firmware dithers between the two bins
@@ -79,4 +80,5 @@ class Sensor:
             util_mem=round(s.mem_util, 2),
             procs=s.procs,
             pstate=0,
+            slow=slow,
         )

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.telemetry.types import DeviceInfo, Sample
+from gpuwatchd.telemetry.types import DeviceInfo, Sample, normalize_uuid
 from gpuwatchd.tuning.worker.candidate import Candidate
 
 if TYPE_CHECKING:
@@ -45,15 +45,6 @@ class CudaIdentity:
     ordinal: int
     uuid: str | None
     pci: tuple[int, int, int] | None  # (domain, bus, device)
-
-
-def normalize_uuid(uuid: str) -> str:
-    """``GPU-4AE2...`` (NVML) and ``4ae2...`` (torch) name the same GPU."""
-    u = uuid.strip().lower()
-    for prefix in ("gpu-", "mig-"):
-        if u.startswith(prefix):
-            return u[len(prefix) :]
-    return u
 
 
 _PCI_RE = re.compile(

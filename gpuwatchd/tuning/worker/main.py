@@ -43,6 +43,7 @@ from gpuwatchd.tuning.types import BatchRecord, Regime, Versions, Workload
 from gpuwatchd.tuning.worker.candidate import DeviceSession
 from gpuwatchd.tuning.worker.families import candidates_for
 from gpuwatchd.tuning.worker.protocol import Preempted, tune
+from gpuwatchd.validate import describe
 
 log = logging.getLogger("gpuwatchd.tuning.worker")
 
@@ -115,12 +116,13 @@ def open_device(job: JobSpec) -> OpenDevice:
 
         return OpenDevice(CpuSession(), Versions(torch=torch.__version__), lambda: None)
     if job.device == "sim":
-        from gpuwatchd.telemetry.clocks import ManualClock
+        from gpuwatchd.telemetry.clocks import ManualClock, PacedClock
         from gpuwatchd.telemetry.sim import SimBackend
         from gpuwatchd.tuning.worker.devices import SimSession
 
         assert job.sim is not None  # JobSpec guarantees it for device sim
-        clock = ManualClock()
+        speed = job.sim.speed  # paced to the daemon's time: its GPU feels the whole session
+        clock = ManualClock() if speed is None else PacedClock(speed, job.sim.start_t)
         try:
             backend = SimBackend(
                 gpus=job.sim.gpus, scenario=job.sim.scenario, seed=job.sim.seed, clock=clock
@@ -187,6 +189,8 @@ class ProgressReporter:
         interval_s: float = PROGRESS_INTERVAL_S,
         candidates: int = 0,
         min_batches: int = 1,
+        budget_s: float | None = None,
+        now: Callable[[], float] | None = None,
     ) -> None:
         self._channel = channel
         self._workload = workload.name
@@ -200,11 +204,20 @@ class ProgressReporter:
         self._candidates = candidates
         self._min_batches = min_batches
         self._accepted: dict[str, int] = {}  # per candidate, in the current regime
+        self._budget_s = budget_s
+        self._now = now  # the device session's clock, which the time budget runs on
+        # A regime starts when the previous one's last batch ended; the first one about now.
+        self._regime_start = now() if now is not None else None
+        self._last_t = self._regime_start
 
     def __call__(self, rec: BatchRecord) -> None:
+        t = self._now() if self._now is not None else None
         if rec.regime is not self._regime:
+            if self._regime is not None:
+                self._regime_start = self._last_t
             self._regime, self._batches, self._last = rec.regime, 0, -float("inf")
             self._accepted = {}
+        self._last_t = t
         self._batches += 1
         if not rec.rejected:
             self._accepted[rec.candidate] = self._accepted.get(rec.candidate, 0) + 1
@@ -228,6 +241,11 @@ class ProgressReporter:
                 sm_clock_mhz=rec.sm_clock_mhz,
                 power_w=rec.power_w,
                 temp_c=rec.temp_c,
+                round=max(self._accepted.values(), default=0),
+                elapsed_s=(
+                    None if t is None or self._regime_start is None else t - self._regime_start
+                ),
+                budget_s=self._budget_s,
             )
         )
 
@@ -263,6 +281,8 @@ def run_job(job: JobSpec, channel: Channel, stop: Callable[[], bool]) -> int:
                 total,
                 candidates=len(candidates),
                 min_batches=job.protocol.min_rounds,
+                budget_s=cfg.time_budget_s,
+                now=session.now,
             )
             log.info("tuning %s: %d candidates", workload.name, len(candidates))
             results = tune(workload, candidates, session, job.regimes, cfg, reporter, stop)
@@ -281,14 +301,6 @@ def _read_job(stream: BinaryIO) -> JobSpec:
     if not data.strip():
         raise JobSpecError("job: stdin was empty; expected one job spec (JSON)")
     return JobSpec.loads(data)
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    name = type(e).__name__
-    if isinstance(e, WorkerError | JobSpecError):
-        return text or name
-    return f"{name}: {text}" if text else name
 
 
 def main() -> int:
@@ -313,7 +325,8 @@ def main() -> int:
         return EXIT_TERMINATED if stop() else EXIT_FAILED  # the daemon stopped listening
     except Exception as e:
         log.exception("tuning failed")
-        _send_error(channel, _one_line(e))
+        # Our own errors are written for people already; anything else keeps its type name.
+        _send_error(channel, describe(e, with_type=not isinstance(e, WorkerError | JobSpecError)))
         return EXIT_FAILED
 
 

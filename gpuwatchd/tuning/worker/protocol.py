@@ -15,6 +15,13 @@ the time budget (on ``session.now()``, which must advance as batches and pauses 
 ends. ``should_stop`` is polled between batches; when it says so, :class:`Preempted`
 is raised and candidates are still torn down.
 
+Deciding faster (all in :class:`ProtocolConfig`): racing stops timing candidates clearly
+out of the race after ``min_rounds`` (:mod:`~gpuwatchd.tuning.worker.racing`); a regime
+after the first reuses the first's batch sizes; the sustained regime is skipped when the
+unthrottled one showed the kernels cannot be limited (:mod:`~gpuwatchd.tuning.worker.
+headroom`); and :func:`tune_queue` runs the sustained regimes of workloads queued
+together back to back, each after the first settling on the heat its predecessor left.
+
 The verdict (:func:`gpuwatchd.tuning.worker.stats.decide`): ``winner`` is set only when the
 margin of the fastest median over the runner-up beats the noise; otherwise
 ``winner=None, tie=True``. Candidates in a result are ordered fastest first either way.
@@ -25,7 +32,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwatchd.telemetry.types import LIMITING_REASONS, Sample, ThrottleReason
@@ -33,9 +40,18 @@ from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import BatchRecord, CandidateStats, Regime, RegimeResult, Workload
 from gpuwatchd.tuning.worker import stats
 from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
+from gpuwatchd.tuning.worker.headroom import LoadEvidence, skip_reason
+from gpuwatchd.tuning.worker.racing import out_of_race
+from gpuwatchd.validate import describe
+
+#: The longest error text kept for one candidate.
+_ERROR_MAX = 500
 
 OnBatch = Callable[[BatchRecord], None]
 ShouldStop = Callable[[], bool]
+#: A sustained regime that starts within this long of another one's last batch finds
+#: the device still at temperature (the H200's die cools with a ~0.3 s time constant).
+HEAT_GAP_S = 0.5
 
 
 class Preempted(Exception):
@@ -55,13 +71,15 @@ class _Slot:
     accepted: list[BatchRecord] = field(default_factory=list)
     rejected: list[BatchRecord] = field(default_factory=list)
     skipped: int = 0  # unthrottled slots given up after max_retries rejections
+    calibrated: bool = False  # calls was sized by a warm-up of this run
+    out_after: int | None = None  # rounds after which racing stopped timing it
 
     @property
     def name(self) -> str:
         return self.cand.name
 
     def reset(self) -> None:
-        self.accepted, self.rejected, self.skipped = [], [], 0
+        self.accepted, self.rejected, self.skipped, self.out_after = [], [], 0, None
 
 
 def measure(
@@ -92,26 +110,83 @@ def tune(
     error, ...); a candidate whose ``setup`` raises :class:`CandidateError` is kept in
     the results with its error and never timed.
     """
+    queue = [(workload, candidates)]
+    return tune_queue(queue, session, regimes, cfg, on_batch, should_stop)[0]
+
+
+def tune_queue(
+    queue: Sequence[tuple[Workload, Sequence[Candidate]]],
+    session: DeviceSession,
+    regimes: Iterable[Regime | str] = (Regime.UNTHROTTLED, Regime.SUSTAINED),
+    cfg: ProtocolConfig | None = None,
+    on_batch: OnBatch | None = None,
+    should_stop: ShouldStop | None = None,
+) -> list[list[RegimeResult]]:
+    """:func:`tune` for several workloads at once: one list of results per workload.
+
+    Regimes run in order across the queue (every workload's first regime, then every
+    workload's second, ...), so the sustained regimes run back to back: each after the
+    first starts on a device its predecessor left at temperature and only needs
+    ``warm_settle_window_s`` to show its own clock and power are flat. Every candidate
+    of every workload is set up first and torn down at the end.
+    """
     cfg = cfg or ProtocolConfig()
     order = [_regime(r) for r in regimes]
-    names = [c.name for c in candidates]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"candidates: duplicate names {dupes} in workload {workload.name!r}")
+    for workload, candidates in queue:
+        names = [c.name for c in candidates]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"candidates: duplicate names {dupes} in workload {workload.name!r}")
     l2_bytes = getattr(session, "l2_bytes", None) or cfg.l2_bytes
-    slots: list[_Slot] = []
+    prepared: list[list[_Slot]] = []
     try:
-        for cand in candidates:
-            slots.append(_prepare(cand, l2_bytes, cfg))
-        results = []
-        for regime in order:
-            run = _RegimeRun(workload, slots, session, regime, cfg, on_batch, should_stop)
-            results.append(run.run())
+        for _, candidates in queue:
+            prepared.append([])
+            for cand in candidates:
+                prepared[-1].append(_prepare(cand, l2_bytes, cfg))
+        results: list[list[RegimeResult]] = [[] for _ in queue]
+        evidence: list[LoadEvidence | None] = [None] * len(queue)
+        hot_until: float | None = None  # when our last sustained batch ended
+        for i, regime in enumerate(order):
+            probe = (
+                cfg.skip_sustained
+                and regime is Regime.UNTHROTTLED
+                and order[i + 1 : i + 2] == [Regime.SUSTAINED]
+                and bool(session.info.power_limit_w and session.info.max_sm_clock_mhz)
+            )
+            for j, (workload, _) in enumerate(queue):
+                ev = evidence[j]
+                if regime is Regime.SUSTAINED and ev is not None:
+                    evidence[j] = None
+                    reason = skip_reason(ev, session.info, cfg.skip_power_ratio)
+                    if reason is not None:
+                        results[j].append(_sustained_from(results[j][-1], reason))
+                        continue
+                run = _RegimeRun(workload, prepared[j], session, regime, cfg, on_batch, should_stop)
+                run.evidence = LoadEvidence() if probe else None
+                run.warm = (
+                    regime is Regime.SUSTAINED
+                    and hot_until is not None
+                    and session.now() - hot_until <= HEAT_GAP_S
+                )
+                results[j].append(run.run())
+                evidence[j] = run.evidence
+                hot_until = session.now() if regime is Regime.SUSTAINED else None
         return results
     finally:
-        for slot in slots:
-            if slot.set_up:
-                _teardown(slot)
+        for slots in prepared:
+            for slot in slots:
+                if slot.set_up:
+                    _teardown(slot)
+
+
+def _sustained_from(unthrottled: RegimeResult, reason: str) -> RegimeResult:
+    """The sustained result of kernels that cannot be limited: the unthrottled one, marked."""
+    cands = tuple(
+        replace(c, regime=Regime.SUSTAINED, meta={**c.meta, "sustained_skipped": reason})
+        for c in unthrottled.candidates
+    )
+    return replace(unthrottled, regime=Regime.SUSTAINED, candidates=cands)
 
 
 def _regime(r: Regime | str) -> Regime:
@@ -134,7 +209,7 @@ def _prepare(cand: Candidate, l2_bytes: int, cfg: ProtocolConfig) -> _Slot:
         slot.set_up = True
         slot.meta = dict(cand.meta())
     except CandidateError as e:
-        slot.error = _one_line(e)
+        slot.error = describe(e, with_type=False, limit=_ERROR_MAX)
         return slot
     slot.flush = _wants_flush(slot.meta, l2_bytes, cfg)
     return slot
@@ -158,12 +233,7 @@ def _teardown(slot: _Slot) -> None:
     try:
         slot.cand.teardown()
     except CandidateError as e:
-        slot.error = slot.error or f"teardown: {_one_line(e)}"
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text[:500]
+        slot.error = slot.error or f"teardown: {describe(e, with_type=False, limit=_ERROR_MAX)}"
 
 
 class _RegimeRun:
@@ -190,6 +260,11 @@ class _RegimeRun:
         self.start = session.now()
         self._last_wall = 0.0  # end-to-end seconds of the last flushed batch
         self.regime_meta: dict[str, Any] = {}
+        #: Set (by tune_queue) when this unthrottled regime gathers evidence for skipping the
+        #: sustained one: then the warm-ups run back-to-back, and a power probe follows.
+        self.evidence: LoadEvidence | None = None
+        #: Set (by tune_queue) when a sustained regime follows another one at once.
+        self.warm = False
         for slot in slots:
             slot.reset()
 
@@ -197,17 +272,25 @@ class _RegimeRun:
 
     def run(self) -> RegimeResult:
         sustained = self.regime is Regime.SUSTAINED
+        probing = self.evidence is not None
+        load_began = self.s.now()
         for slot in self._active():
             if self._over_budget():
                 break
-            self._calibrate(slot, pause_after=not sustained)
+            if self.cfg.reuse_calibration and slot.calibrated:
+                continue
+            self._calibrate(slot, pause_after=not (sustained or probing))
+            if probing:
+                self._read_load(load_began)
+        if probing:
+            self._power_probe(load_began)
         if sustained:
             self._settle()
         else:  # let the warm-ups' (or an earlier regime's) heat and power go
             self.s.pause(self.cfg.cool_pause_s)
         rounds = 0
-        while self._active() and not self._over_budget() and rounds < self.cfg.max_rounds:
-            order = self._active()
+        while self._racing() and not self._over_budget() and rounds < self.cfg.max_rounds:
+            order = self._racing()
             self.rng.shuffle(order)
             for slot in order:
                 if self._over_budget():
@@ -219,13 +302,61 @@ class _RegimeRun:
                 else:
                     self._unthrottled_batch(slot)
             rounds += 1
-            if rounds >= self.cfg.min_rounds and self._stable():
+            if self._races() and rounds >= self.cfg.min_rounds:
+                self._drop_clearly_out(rounds)
+            if rounds >= self._rounds_needed() and self._stable():
                 break
         self.regime_meta["rounds"] = rounds
         return self._result()
 
     def _active(self) -> list[_Slot]:
         return [s for s in self.slots if s.error is None]
+
+    def _racing(self) -> list[_Slot]:
+        """Candidates still timed: no error, not out of the race."""
+        return [s for s in self._active() if s.out_after is None]
+
+    def _races(self) -> bool:
+        """Racing runs in the unthrottled regime only.
+
+        There a batch costs a pause five times its length, and a throttled batch is
+        rejected, so every candidate's samples stay comparable whenever they were taken.
+        Sustained batches run back-to-back (racing would save little) and are all kept:
+        a throttle episode after a candidate dropped out would slow only the ones still
+        racing and make the dropped one look faster than it is.
+        """
+        return self.cfg.race and self.regime is Regime.UNTHROTTLED
+
+    def _rounds_needed(self) -> int:
+        """Rounds before stopping on a stable spread: contenders' (everyone's, sustained)."""
+        if self.cfg.race:
+            return max(self.cfg.min_rounds, self.cfg.contender_rounds)
+        return self.cfg.min_rounds
+
+    def _drop_clearly_out(self, rounds: int) -> None:
+        """Stop timing the candidates clearly out of the race (the leader always stays).
+
+        Only a candidate whose own spread is under target can drop out, and only while the
+        leader's is too: a confidence interval assumes steady samples, and a drifting device
+        (heating, throttling) would judge them against a moving target.
+        """
+        racing = self._racing()
+        samples = {s.name: [r.seconds_per_call for r in s.accepted] for s in racing}
+        timed = {name: xs for name, xs in samples.items() if xs}
+        if len(timed) < 2:
+            return
+        leader = min(timed, key=lambda name: (stats.median(timed[name]), name))
+        steady = {
+            name: xs
+            for name, xs in timed.items()
+            if stats.relative_spread(xs) < self.cfg.spread_target
+        }
+        if leader not in steady:
+            return
+        out = out_of_race(steady, confidence=self.cfg.confidence, min_margin=self.cfg.min_margin)
+        for slot in racing:
+            if slot.name in out:
+                slot.out_after = rounds
 
     def _over_budget(self) -> bool:
         return self.s.now() - self.start >= self.cfg.time_budget_s
@@ -235,9 +366,9 @@ class _RegimeRun:
             raise Preempted(f"preempted while tuning {self.workload.name} ({self.regime.value})")
 
     def _stable(self) -> bool:
-        for slot in self._active():
+        for slot in self._racing():
             xs = [r.seconds_per_call for r in slot.accepted]
-            if len(xs) < self.cfg.min_rounds:
+            if len(xs) < self._rounds_needed():
                 return False
             if stats.relative_spread(xs) >= self.cfg.spread_target:
                 return False
@@ -262,7 +393,7 @@ class _RegimeRun:
             self._last_wall = self.s.now() - begin
             return total
         except CandidateError as e:
-            slot.error = f"run: {_one_line(e)}"
+            slot.error = f"run: {describe(e, with_type=False, limit=_ERROR_MAX)}"
             return None
 
     def _calibrate(self, slot: _Slot, *, pause_after: bool) -> None:
@@ -291,12 +422,34 @@ class _RegimeRun:
                 calls = min(cfg.max_calls, max(2 * calls, grow))
         if math.isfinite(best):
             slot.calls = min(cfg.max_calls, max(cfg.min_calls, round(cfg.batch_target_s / best)))
+            slot.calibrated = True
         if pause_after:
             self.s.pause(cfg.pause_s)
+
+    def _read_load(self, load_began: float) -> None:
+        """Read the device after back-to-back load since ``load_began`` (skip evidence)."""
+        if self.evidence is not None:
+            loaded = self.s.now() - load_began
+            self.evidence.after_load(self.s.sample(), loaded, self.cfg.power_probe_s)
+
+    def _power_probe(self, load_began: float) -> None:
+        """Keep the device loaded until ``power_probe_s`` of it, then read after each candidate.
+
+        The warm-ups usually last long enough on their own; the probe tops them up (a
+        few candidates, short warm-ups) so a 1 s power average covers load only.
+        """
+        while self._active() and not self._over_budget():
+            long_enough = self.s.now() - load_began >= self.cfg.power_probe_s
+            for slot in self._active():
+                if self._time(slot, slot.calls) is not None and long_enough:
+                    self._read_load(load_began)
+            if long_enough:
+                return
 
     def _settle(self) -> None:
         """Load the device round-robin, no pauses, until mean clock and power stop moving."""
         cfg = self.cfg
+        span = cfg.warm_settle_window_s if self.warm else cfg.settle_window_s
         begin = self.s.now()
         window: list[Sample] = []
         settled = False
@@ -306,14 +459,16 @@ class _RegimeRun:
                     continue
                 window.append(self.s.sample())
             now = self.s.now()
-            window = [w for w in window if w.t >= now - 2 * cfg.settle_window_s]
-            if now - begin >= cfg.settle_window_s and _settled(window, cfg):
+            window = [w for w in window if w.t >= now - 2 * span]
+            if now - begin >= span and _settled(window, cfg, span):
                 settled = True
                 break
             if now - begin >= cfg.settle_timeout_s:
                 break
         self.regime_meta["settled"] = settled
         self.regime_meta["settle_s"] = round(self.s.now() - begin, 6)
+        if self.warm:
+            self.regime_meta["settled_on_carried_heat"] = True
 
     def _unthrottled_batch(self, slot: _Slot) -> None:
         """One timed batch; rejected ones are recorded, cooled off and retried."""
@@ -325,6 +480,9 @@ class _RegimeRun:
             if t is None:
                 return
             after = self.s.sample()
+            if self.evidence is not None:
+                self.evidence.seen(before)
+                self.evidence.after_batch(after)
             reason = self._reject_reason(before, after)
             self._record(slot, t, before, after, reason)
             if reason is None:
@@ -427,6 +585,8 @@ class _RegimeRun:
         meta["flush_l2"] = slot.flush
         if slot.skipped:
             meta["skipped_batches"] = slot.skipped
+        if slot.out_after is not None:
+            meta["out_of_race_after_rounds"] = slot.out_after
         if slot.error is not None:
             meta["error"] = slot.error
         return CandidateStats(
@@ -472,8 +632,8 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _settled(window: Sequence[Sample], cfg: ProtocolConfig) -> bool:
-    """True when the means of the two halves of the last ``settle_window_s`` agree.
+def _settled(window: Sequence[Sample], cfg: ProtocolConfig, span: float) -> bool:
+    """True when the means of the two halves of the last ``span`` seconds agree.
 
     Comparing half-window means, not the range, tolerates candidates of different
     power alternating round-robin; a device without clock or power telemetry (the CPU)
@@ -482,8 +642,8 @@ def _settled(window: Sequence[Sample], cfg: ProtocolConfig) -> bool:
     if not window:
         return False
     end = window[-1].t
-    recent = [w for w in window if w.t >= end - cfg.settle_window_s]
-    mid = end - cfg.settle_window_s / 2
+    recent = [w for w in window if w.t >= end - span]
+    mid = end - span / 2
     first = [w for w in recent if w.t < mid]
     second = [w for w in recent if w.t >= mid]
     if not first or not second:

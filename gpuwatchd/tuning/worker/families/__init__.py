@@ -15,6 +15,7 @@ from importlib.metadata import EntryPoint, entry_points
 
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import Candidate, DeviceSession, Family
+from gpuwatchd.validate import describe
 
 ENTRY_POINT_GROUP = "gpuwatchd.families"
 
@@ -25,7 +26,10 @@ BUILTIN: dict[str, str] = {
     "sim": "gpuwatchd.tuning.worker.families.sim:sim_family",
     "torch.matmul": "gpuwatchd.tuning.worker.families.torch_matmul:build",
     "torch.conv2d": "gpuwatchd.tuning.worker.families.torch_conv:build",
+    "torch.gemm": "gpuwatchd.tuning.worker.families.torch_gemm:build",
+    "inductor.mm": "gpuwatchd.tuning.worker.families.inductor_mm:build",
     "triton.matmul": "gpuwatchd.tuning.worker.families.triton_matmul:build",
+    "triton.user": "gpuwatchd.tuning.worker.families.triton_user:build",
 }
 
 
@@ -56,7 +60,7 @@ def get_family(name: str) -> Family:
         try:
             fn = ep.load()
         except Exception as e:  # a broken plugin must not take the worker down
-            detail = " ".join(str(e).split()) or type(e).__name__
+            detail = describe(e, with_type=False)
             raise UnknownFamily(
                 f"candidate family {name!r} from {ep.value} failed to load: {detail}"
             ) from e

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
+from gpuwatchd.validate import one_line
 
 if TYPE_CHECKING:
     import torch
@@ -72,7 +73,7 @@ class TorchCpuCandidate:
             with self._context():
                 out = self._fn(*inputs)
         except (RuntimeError, ValueError, TypeError) as e:
-            raise CandidateError(f"{self.name}: {' '.join(str(e).split())}") from e
+            raise CandidateError(f"{self.name}: {one_line(e)}") from e
         if out.shape != reference.shape:
             raise CandidateError(f"{self.name}: output shape {tuple(out.shape)} != reference")
         err = float(torch.linalg.norm(out.double() - reference) / torch.linalg.norm(reference))

@@ -41,6 +41,7 @@ from gpuwatchd.tuning.worker.cuda_session import (
     relative_error,
     require_cuda_device,
 )
+from gpuwatchd.tuning.worker.families.base import CandidateBase
 
 if TYPE_CHECKING:
     import torch
@@ -179,32 +180,24 @@ def _bind(device: torch.device, stream: torch.cuda.Stream) -> None:
     torch.cuda.set_stream(stream)
 
 
-class CudnnConv:
+class CudnnConv(CandidateBase):
     """F.conv2d through cuDNN with one pick mode and one memory format, on its own thread."""
 
     family = FAMILY
 
     def __init__(self, spec: ConvSpec, pick: str, memory_format: str, device: torch.device):
+        super().__init__(f"cudnn[{pick},{memory_format}]")
         self.spec = spec
         self.pick = pick
         self.memory_format = memory_format
-        self.name = f"cudnn[{pick},{memory_format}]"
         self._device = device
         self._thread: _OwnThread | None = None
         self._x: Any = None
         self._w: Any = None
         self._b: Any = None
-        self._meta: dict[str, Any] = {}
-
-    def setup(self) -> None:
-        """Pick the algorithm (on our thread), check against float64, read the kernels."""
-        try:
-            self._setup()
-        except BaseException:
-            self.teardown()
-            raise
 
     def _setup(self) -> None:
+        """Pick the algorithm (on our thread), check against float64, read the kernels."""
         import torch
 
         stream = torch.cuda.current_stream(self._device)
@@ -310,9 +303,6 @@ class CudnnConv:
         if self._thread is None:
             raise CandidateError(f"{self.name}: run before setup")
         self._thread.call(self._enqueue, calls)
-
-    def meta(self) -> dict[str, Any]:
-        return dict(self._meta)
 
     def teardown(self) -> None:
         if self._thread is not None:

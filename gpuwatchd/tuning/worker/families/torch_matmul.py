@@ -25,6 +25,7 @@ from gpuwatchd.tuning.worker.cuda_session import (
     relative_error,
     require_cuda_device,
 )
+from gpuwatchd.tuning.worker.families.base import CandidateBase
 
 if TYPE_CHECKING:
     import torch
@@ -149,27 +150,19 @@ class GemmData:
         self.c.fill_(math.nan)
 
 
-class TorchMatmul:
+class TorchMatmul(CandidateBase):
     """torch.matmul(A, B, out=C) with one BLAS library pinned."""
 
     family = FAMILY
 
     def __init__(self, library: str, data: GemmData) -> None:
+        super().__init__(library)
         self.library = library
-        self.name = library
         self._data = data
         self._held = False
-        self._meta: dict[str, Any] = {}
-
-    def setup(self) -> None:
-        """Compile/warm up, check against float64, read the kernel; release all on failure."""
-        try:
-            self._setup()
-        except BaseException:
-            self.teardown()
-            raise
 
     def _setup(self) -> None:
+        """Take the shared inputs, warm up, check against float64, read the kernel."""
         import torch
 
         self._data.acquire()
@@ -213,9 +206,6 @@ class TorchMatmul:
         with _pinned_blas(self.library), fp32_precision("matmul", d.spec.tf32):
             for _ in range(calls):
                 torch.matmul(d.a, d.b, out=d.c)
-
-    def meta(self) -> dict[str, Any]:
-        return dict(self._meta)
 
     def teardown(self) -> None:
         if self._held:

@@ -24,6 +24,7 @@ from typing import Any
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.cuda_session import first_line, require_cuda_device
+from gpuwatchd.tuning.worker.families.base import CandidateBase
 from gpuwatchd.tuning.worker.families.torch_matmul import GemmData, GemmSpec, parse_gemm
 
 FAMILY = "triton.matmul"
@@ -280,31 +281,23 @@ def _grid(spec: GemmSpec, cfg: TileConfig) -> tuple[int]:
     return (-(-spec.m // cfg.block_m) * -(-spec.n // cfg.block_n),)
 
 
-class TritonMatmul:
+class TritonMatmul(CandidateBase):
     """Our Triton GEMM with one tile config."""
 
     family = FAMILY
 
     def __init__(self, cfg: TileConfig, data: GemmData, device_index: int) -> None:
+        super().__init__(cfg.name)
         self.cfg = cfg
-        self.name = cfg.name
         self._data = data
         self._device_index = device_index
         self._launch: Any = None
         self._args: tuple[Any, ...] = ()
         self._kwargs: dict[str, Any] = {}
         self._held = False
-        self._meta: dict[str, Any] = {}
-
-    def setup(self) -> None:
-        """Compile/warm up, check against float64, read the kernel; release all on failure."""
-        try:
-            self._setup()
-        except BaseException:
-            self.teardown()
-            raise
 
     def _setup(self) -> None:
+        """Compile and warm up, check against float64, read the kernel's facts."""
         import torch
 
         spec = self._data.spec
@@ -344,9 +337,6 @@ class TritonMatmul:
             raise CandidateError(f"{self.name}: run before setup")
         for _ in range(calls):
             launch(*args, **kwargs)
-
-    def meta(self) -> dict[str, Any]:
-        return dict(self._meta)
 
     def teardown(self) -> None:
         self._launch = None

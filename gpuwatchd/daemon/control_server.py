@@ -1,19 +1,18 @@
-"""The re-tune request channel: a local Unix socket, the only way to start GPU work from outside.
+"""A local Unix-socket server of JSON lines: the only way to ask the daemon for GPU work.
 
 The HTTP endpoint is read-only by design; asking for GPU work needs this socket, which
 authenticates callers without secrets: the file is mode 0660 in a 0750 directory, and
 every connection's SO_PEERCRED is checked against root, the daemon's own uid and an
-optional ``control_group``. One JSON request line gets one JSON response line::
+optional ``control_group``. One JSON object per line in, one per line out::
 
-    {"op": "retune", "gpu": 0, "workloads": ["sim-gemm"]}
-        -> {"ok": true, "queued": {"0": ["sim-gemm"]}}
-    {"op": "status"}
-        -> {"ok": true, "pending": {"0": ["sim-gemm"]}}
-    (anything wrong)
-        -> {"ok": false, "error": "one line"}
+    {"op": "...", ...}  ->  {"ok": true, ...}
+    (anything wrong)    ->  {"ok": false, "error": "one line"}
 
-Each connection gets its own thread (at most ``max_clients``) and a total deadline, so
-a silent, slow or garbage-sending client can never hold up another one.
+This module knows nothing of what the operations mean: it decodes the line into a JSON
+object and hands it, with the caller's credentials, to a :data:`Handler` (in the daemon,
+an :class:`~gpuwatchd.daemon.ops.OpTable`). Each connection gets its own thread (at most
+``max_clients``) and a total deadline, so a silent, slow or garbage-sending client can
+never hold up another one.
 """
 
 from __future__ import annotations
@@ -30,35 +29,25 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-if TYPE_CHECKING:  # keep the client side free of the config/tuning imports
-    from gpuwatchd.config import Config
-    from gpuwatchd.tuning.types import Workload
+from gpuwatchd.config.loader import CONTROL_SOCKET_NAME, SYSTEM_RUNTIME_DIR, resolve_control_socket
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = "control.sock"
-SYSTEM_SOCKET_DIR = Path("/run/gpuwatchd")
+SOCKET_NAME = CONTROL_SOCKET_NAME
+SYSTEM_SOCKET_DIR = SYSTEM_RUNTIME_DIR
 #: Longest request line accepted, newline excluded.
 MAX_LINE = 64 * 1024
 #: A client must send its whole request line within this many seconds of connecting.
 CLIENT_TIMEOUT_S = 2.0
 MAX_CLIENTS = 8
-MANUAL_REASON = "manual request"
-#: Keys each operation accepts; anything else is rejected by name.
-OPS: dict[str, frozenset[str]] = {
-    "retune": frozenset({"op", "gpu", "workloads"}),
-    "status": frozenset({"op"}),
-}
 SOCKET_MODE = 0o660
 DIR_MODE = 0o750
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python lacks the name
-
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class ControlError(Exception):
@@ -71,15 +60,9 @@ class RequestError(Exception):
 
 def default_socket_path() -> Path:
     """``$RUNTIME_DIRECTORY`` under systemd, else /run/gpuwatchd for root, else
-    ``$XDG_RUNTIME_DIR/gpuwatchd`` (``/tmp/gpuwatchd-UID`` without one), plus control.sock."""
-    systemd = os.environ.get("RUNTIME_DIRECTORY")
-    if systemd:
-        return Path(systemd.split(":")[0]) / SOCKET_NAME
-    if os.geteuid() == 0:
-        return SYSTEM_SOCKET_DIR / SOCKET_NAME
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(xdg) / "gpuwatchd" if xdg else Path(f"/tmp/gpuwatchd-{os.geteuid()}")
-    return base / SOCKET_NAME
+    ``$XDG_RUNTIME_DIR/gpuwatchd`` (``/tmp/gpuwatchd-UID`` without one), plus control.sock:
+    the rule of :func:`gpuwatchd.config.resolve_control_socket`, which jobs use too."""
+    return resolve_control_socket("")
 
 
 # -- who may connect ---------------------------------------------------------------------
@@ -141,14 +124,11 @@ class PeerPolicy:
         return ", ".join(who)
 
 
-# -- the protocol ------------------------------------------------------------------------
+# -- request framing ---------------------------------------------------------------------
 
 
-def parse_request(line: bytes) -> dict[str, Any]:
-    """Validate one request line into ``{"op", ...}`` with every key of that op present.
-
-    Missing ``gpu``/``workloads`` mean null (all GPUs / the default workloads).
-    """
+def decode_request(line: bytes) -> dict[str, Any]:
+    """One request line -> the JSON object it holds; :class:`RequestError` otherwise."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
@@ -161,33 +141,16 @@ def parse_request(line: bytes) -> dict[str, Any]:
         raise RequestError(f"request is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise RequestError("request must be a JSON object")
-    op = doc.get("op")
-    if op is None:
-        raise RequestError("op: missing (known: " + ", ".join(OPS) + ")")
-    if not isinstance(op, str) or op not in OPS:
-        raise RequestError(f"op: unknown operation {op!r} (known: " + ", ".join(OPS) + ")")
-    unknown = sorted(set(doc) - OPS[op])
-    if unknown:
-        allowed = ", ".join(sorted(OPS[op]))
-        raise RequestError(f"{unknown[0]}: unknown key for op {op!r} (allowed: {allowed})")
-    if op == "status":
-        return {"op": op}
-    gpu = doc.get("gpu")
-    if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0):
-        raise RequestError(f"gpu: must be a GPU index >= 0 or null, got {gpu!r}")
-    names = doc.get("workloads")
-    if names is not None:
-        if not isinstance(names, list) or not names:
-            raise RequestError("workloads: must be a non-empty list of names or null")
-        for n in names:
-            if not isinstance(n, str) or not n:
-                raise RequestError(f"workloads: every entry must be a non-empty string, got {n!r}")
-        names = list(dict.fromkeys(names))  # drop repeats, keep the order
-    return {"op": op, "gpu": gpu, "workloads": names}
+    return doc
 
 
-def _error(message: str) -> dict[str, Any]:
+def error_response(message: str) -> dict[str, Any]:
+    """The one shape of every refusal."""
     return {"ok": False, "error": message}
+
+
+#: Answers one decoded request from one peer; raises RequestError to refuse it.
+Handler = Callable[[dict[str, Any], PeerCred], dict[str, Any]]
 
 
 class _ClientGone(Exception):
@@ -291,6 +254,7 @@ class ControlServer:
         try:
             d.mkdir(mode=DIR_MODE, parents=True)
             created = True
+            log.warning("created the missing directory %s for the control socket", d)
         except FileExistsError:
             pass
         except OSError as exc:
@@ -400,7 +364,7 @@ class ControlServer:
         conn.settimeout(self.client_timeout_s)
         if not self._slots.acquire(blocking=False):
             log.warning("control socket: too many connections, turning one away")
-            self._reply(conn, _error("busy: too many control connections, try again"))
+            self._reply(conn, error_response("busy: too many control connections, try again"))
             conn.close()
             return
         with self._lock:
@@ -421,7 +385,7 @@ class ControlServer:
                     peer.pid,
                 )
                 allowed = f" (allowed: {self._who})" if self._who else ""
-                self._reply(conn, _error(f"permission denied for uid {peer.uid}{allowed}"))
+                self._reply(conn, error_response(f"permission denied for uid {peer.uid}{allowed}"))
                 return
             self._reply(conn, self._answer(conn, deadline, peer))
         except (_ClientGone, OSError):
@@ -434,16 +398,16 @@ class ControlServer:
 
     def _answer(self, conn: socket.socket, deadline: float, peer: PeerCred) -> dict[str, Any]:
         try:
-            request = parse_request(self._read_line(conn, deadline))
+            request = decode_request(self._read_line(conn, deadline))
             log.debug("control socket: %s from uid %d (pid %d)", request, peer.uid, peer.pid)
-            return self.handler(request)
+            return self.handler(request, peer)
         except RequestError as exc:
-            return _error(str(exc))
+            return error_response(str(exc))
         except _ClientGone:
             raise
         except Exception as exc:  # a handler bug must not kill the channel
             log.exception("control socket: request handler failed")
-            return _error(f"internal error: {type(exc).__name__}: {exc}")
+            return error_response(f"internal error: {type(exc).__name__}: {exc}")
 
     def _read_line(self, conn: socket.socket, deadline: float) -> bytes:
         """One request line (or everything up to EOF), within the deadline and size cap."""
@@ -481,84 +445,3 @@ class ControlServer:
 
 def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
-
-
-# -- the daemon's handler ----------------------------------------------------------------
-
-
-class RetuneTarget(Protocol):
-    """What the handler needs of :class:`~gpuwatchd.sessions.scheduler.TuneScheduler`."""
-
-    def request(self, gpu: int, workloads: Sequence[Workload], reason: str) -> None: ...
-
-    def pending(self) -> dict[int, tuple[str, ...]]: ...
-
-
-def make_retune_handler(
-    scheduler: RetuneTarget,
-    cfg: Config | Callable[[], Config],
-    gpus: Callable[[], list[int]],
-    runnable: Callable[[], tuple[Workload, ...]],
-) -> Handler:
-    """The daemon's request handler for :class:`ControlServer`.
-
-    ``retune`` queues the named workloads (default: ``runnable()``) on one GPU or all
-    of ``gpus()``; names must be among ``runnable()``. ``cfg`` may be a callable so a
-    reloaded config is seen (it tells unknown names from known but not tunable ones).
-    """
-    current: Callable[[], Config] = cfg if callable(cfg) else (lambda: cfg)
-
-    def handle(request: dict[str, Any]) -> dict[str, Any]:
-        if request["op"] == "status":
-            return {"ok": True, "pending": _by_gpu(scheduler.pending())}
-        config = current()
-        if not config.tuning.enabled:
-            raise RequestError(
-                "tuning is disabled in the config ([tuning] enabled = false): nothing would run"
-            )
-        targets = _pick_gpus(request["gpu"], gpus())
-        chosen = _pick_workloads(request["workloads"], config, runnable())
-        for gpu in targets:
-            scheduler.request(gpu, chosen, MANUAL_REASON)
-        names = [w.name for w in chosen]
-        return {"ok": True, "queued": {str(g): names for g in targets}}
-
-    return handle
-
-
-def _by_gpu(pending: dict[int, tuple[str, ...]]) -> dict[str, list[str]]:
-    return {str(g): list(w) for g, w in sorted(pending.items())}
-
-
-def _pick_gpus(gpu: int | None, known: list[int]) -> list[int]:
-    indices = sorted(set(known))
-    if not indices:
-        raise RequestError("the daemon knows no GPUs yet; try again once it has polled them")
-    if gpu is None:
-        return indices
-    if gpu not in indices:
-        listed = ", ".join(map(str, indices))
-        raise RequestError(f"gpu: no GPU {gpu} on this host (GPUs: {listed})")
-    return [gpu]
-
-
-def _pick_workloads(
-    names: list[str] | None, config: Config, runnable: tuple[Workload, ...]
-) -> list[Workload]:
-    here = ", ".join(w.name for w in runnable) or "none"
-    if names is None:
-        if not runnable:
-            raise RequestError("workloads: no configured workload can be tuned by this daemon")
-        return list(runnable)
-    by_name = {w.name: w for w in runnable}
-    out = []
-    for name in names:
-        if name in by_name:
-            out.append(by_name[name])
-            continue
-        try:
-            config.workload(name)
-        except ValueError:
-            raise RequestError(f"workloads: unknown workload {name!r} (known: {here})") from None
-        raise RequestError(f"workloads: {name!r} is not tuned by this daemon (known: {here})")
-    return out

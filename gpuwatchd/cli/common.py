@@ -1,0 +1,159 @@
+"""What every command shares: the one-line error, exit codes, config loading, the store.
+
+A command module exposes ``add_parser(subparsers)`` and ``run(args) -> int``; errors the
+user can fix are raised as :class:`CliError` and printed by ``cli.main`` as one line on
+stderr: exit 2 for bad configuration or arguments, 1 for a runtime failure (no NVML,
+daemon unreachable). This module must not import ``cli.main`` (main imports the commands).
+
+``cli.main`` imports every command module to build its parser, so neither this module nor
+a command imports the config, the store or the daemon's layers at module level: they are
+imported when a command runs, and ``gpuwatchd --help`` starts without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+if TYPE_CHECKING:
+    from gpuwatchd.config import Config
+    from gpuwatchd.store import Store
+
+EXIT_RUNTIME = 1
+EXIT_CONFIG = 2
+
+#: What ``argparse.ArgumentParser.add_subparsers`` returns.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+class CliError(Exception):
+    """A one-line error with an exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_RUNTIME) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Command(Protocol):
+    """The shape of a command module, as ``cli.main`` assembles and dispatches them."""
+
+    def add_parser(self, subparsers: Subparsers) -> argparse.ArgumentParser:
+        """Add the command's subparser, with ``func`` set to its ``run``."""
+        ...
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Carry out the command; the exit status, or :class:`CliError`."""
+        ...
+
+
+CONFIG_HELP = "TOML config (default /etc/gpuwatchd/config.toml if present)"
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the line breaks of a command's description and examples, and adds an
+    option's default to its help where the help does not mention one already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        default = action.default
+        if (
+            not text
+            or not action.option_strings
+            or "default" in text
+            or default is None
+            or isinstance(default, bool)
+            or default is argparse.SUPPRESS
+        ):
+            return text
+        return f"{text} (default %(default)s)"
+
+
+def add_command(
+    subparsers: Subparsers,
+    name: str,
+    summary: str,
+    description: str,
+    examples: Sequence[str] = (),
+) -> argparse.ArgumentParser:
+    """A command's parser: ``summary`` is its line in ``gpuwatchd --help``; its own
+    ``--help`` shows ``description``, every option with its default, and ``examples``."""
+    epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples) if examples else None
+    return subparsers.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog=epilog,
+        formatter_class=HelpFormatter,
+    )
+
+
+def add_backend_args(p: argparse.ArgumentParser) -> None:
+    """``--config`` and the telemetry-backend options shared by ``run``, ``record``, ``tune``."""
+    p.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
+    g = p.add_argument_group("telemetry backend")
+    g.add_argument(
+        "--backend", choices=("nvml", "sim", "replay"), help="telemetry source (default nvml)"
+    )
+    g.add_argument(
+        "--scenario",
+        help="sim scenario: idle (default), power-cap, heat-soak, fan-failure, busy, gpu-lost, "
+        "ecc-error",
+    )
+    g.add_argument("--gpus", type=int, metavar="N", help="number of simulated GPUs")
+    g.add_argument("--seed", type=int, help="sim random seed")
+    g.add_argument("--trace", metavar="FILE", help="gpuwatchd-trace/1 file for --backend replay")
+    g.add_argument(
+        "--speed", type=float, metavar="X", help="sim/replay time runs X times real time"
+    )
+    g.add_argument("--no-loop", action="store_true", help="replay: stop at the end of the trace")
+
+
+def load_with_overrides(args: argparse.Namespace) -> tuple[Config, dict[str, dict[str, Any]]]:
+    """The config file plus command-line overrides; raises CliError(code 2) when invalid."""
+    from gpuwatchd.config import ConfigError, load_config
+
+    backend = getattr(args, "backend", None)
+    overrides: dict[str, dict[str, Any]] = {
+        "daemon": {
+            "backend": backend,
+            "listen": getattr(args, "listen", None),
+            "poll_interval_s": getattr(args, "poll_interval", None),
+            "log_level": getattr(args, "log_level", None),
+            "state_dir": getattr(args, "state_dir", None),
+            "control_socket": getattr(args, "control_socket", None),
+            "web_config": getattr(args, "web_config", None),
+        },
+        "sim": {
+            "gpus": getattr(args, "gpus", None),
+            "scenario": getattr(args, "scenario", None),
+            "seed": getattr(args, "seed", None),
+        },
+        "replay": {"trace": getattr(args, "trace", None)},
+    }
+    speed = getattr(args, "speed", None)
+    if speed is not None:
+        overrides["sim"]["speed"] = speed
+        overrides["replay"]["speed"] = speed
+    if getattr(args, "no_loop", False):
+        overrides["replay"]["loop"] = False
+    if getattr(args, "trace", None) and backend is None:
+        overrides["daemon"]["backend"] = "replay"
+    try:
+        cfg = load_config(getattr(args, "config", None)).with_overrides(**overrides)
+    except ConfigError as exc:
+        raise CliError(str(exc), EXIT_CONFIG) from None
+    except ValueError as exc:
+        raise CliError(f"command line: {exc}", EXIT_CONFIG) from None
+    return cfg, overrides
+
+
+def open_store(path: Path, readonly: bool = False) -> Store:
+    """The tuning store at ``path``; a writable one creates its missing directory, saying so."""
+    from gpuwatchd.store import Store, StoreError
+
+    try:
+        return Store(path, readonly=readonly)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None

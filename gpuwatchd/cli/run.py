@@ -1,0 +1,80 @@
+"""``gpuwatchd run``: the daemon in the foreground, until SIGTERM or SIGINT.
+
+The daemon's modules are imported only here, when the command runs, so the other
+commands start without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuwatchd.cli.common import (
+    EXIT_CONFIG,
+    CliError,
+    Subparsers,
+    add_backend_args,
+    add_command,
+    load_with_overrides,
+)
+
+
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers,
+        "run",
+        "run the daemon in the foreground",
+        "Poll every GPU, judge its gate, tune behind it (when [tuning] is enabled), watch\n"
+        "for clock drift and serve /metrics and /api/v1 until SIGTERM; SIGHUP reloads the\n"
+        "config. systemd runs it as Type=notify.",
+        (
+            "gpuwatchd run",
+            "gpuwatchd run --backend sim --scenario power-cap --gpus 2 --speed 10",
+            "gpuwatchd run --backend replay --trace tests/data/h200-matmul-burn.jsonl",
+        ),
+    )
+    add_backend_args(p)
+    p.add_argument(
+        "--listen", metavar="HOST:PORT", help="HTTP address for /metrics (default :9844)"
+    )
+    p.add_argument("--poll-interval", type=float, metavar="S", help="poll period in seconds")
+    p.add_argument("--state-dir", metavar="DIR", help="where the tuning store lives")
+    p.add_argument("--control-socket", metavar="PATH", help="Unix socket for `gpuwatchd retune`")
+    p.add_argument(
+        "--web-config",
+        metavar="FILE",
+        help="TLS/basic auth, in the Prometheus exporter-toolkit web-config.yml format",
+    )
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the daemon; a config, backend, store or socket problem is one line."""
+    from gpuwatchd.config import ConfigError
+    from gpuwatchd.daemon.control_server import ControlError
+    from gpuwatchd.daemon.process import Daemon, read_web_config, setup_logging
+    from gpuwatchd.store import StoreError
+    from gpuwatchd.telemetry.backend import BackendUnavailable
+    from gpuwatchd.telemetry.trace import TraceError
+
+    cfg, overrides = load_with_overrides(args)
+    setup_logging(cfg.daemon.log_level)
+    try:
+        read_web_config(cfg)  # as check-config does: refused before anything is created
+        daemon = Daemon(cfg, config_path=args.config, overrides=overrides)
+    except (ConfigError, TraceError) as exc:  # a bad --trace is a bad argument
+        raise CliError(str(exc), EXIT_CONFIG) from None
+    except (BackendUnavailable, StoreError, ControlError) as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        where = exc.filename or cfg.daemon.listen
+        raise CliError(f"{where}: {exc.strerror or exc}") from None
+    daemon.install_signal_handlers()
+    try:
+        daemon.run()
+    except ControlError as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"cannot listen on {cfg.daemon.listen}: {exc.strerror or exc}") from None
+    return 0

@@ -1,0 +1,105 @@
+"""Where a job finds the daemon, its store, its control socket and its spool when not told.
+
+``$GPUWATCHD_URL``, else the daemon config's listen address, else
+``http://127.0.0.1:9844``; ``$GPUWATCHD_STORE``, else ``gpuwatchd.db`` in the daemon's
+state directory (config ``state_dir``, ``$STATE_DIRECTORY``, ``/var/lib/gpuwatchd``,
+``~/.local/state/gpuwatchd``: the first that holds a store); ``$GPUWATCHD_CONTROL_SOCKET``,
+else the config's ``control_socket``, else this user's daemon socket if it exists, else
+the system daemon's; ``$GPUWATCHD_SPOOL``, else the config's ``[tuning] spool_dir``, else
+``spool/`` beside the store. The daemon resolves the same settings with the same rules
+(:mod:`gpuwatchd.config`). The config is read only when asked, so importing the client
+stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuwatchd.config import Config
+
+DEFAULT_URL = "http://127.0.0.1:9844"
+URL_ENV = "GPUWATCHD_URL"
+STORE_ENV = "GPUWATCHD_STORE"
+#: Overrides the control socket a job talks to.
+SOCKET_ENV = "GPUWATCHD_CONTROL_SOCKET"
+#: Overrides where jobs spool tuning requests (and where a daemon started with it reads).
+SPOOL_ENV = "GPUWATCHD_SPOOL"
+_SYSTEM_STATE_DIR = Path("/var/lib/gpuwatchd")
+
+
+def _daemon_config() -> Config | None:
+    """The daemon's config file, or None when there is none (or it is unreadable)."""
+    from gpuwatchd.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+
+    if not DEFAULT_CONFIG_PATH.is_file():
+        return None
+    try:
+        return load_config(DEFAULT_CONFIG_PATH)
+    except (ConfigError, ValueError, OSError):
+        return None  # the daemon would refuse it too; fall back to the built-in defaults
+
+
+def default_url() -> str:
+    """``$GPUWATCHD_URL``, else the daemon config's listen address, else the default."""
+    env = os.environ.get(URL_ENV)
+    if env:
+        return env
+    cfg = _daemon_config()
+    if cfg is None:
+        return DEFAULT_URL
+    host, _, port = cfg.daemon.listen.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def default_store_paths() -> list[Path]:
+    """Where the daemon keeps its store, most likely first (the client uses the first that
+    exists): the state-dir rule of :func:`gpuwatchd.config.resolve_state_dir` for the
+    configured ``state_dir``, then the system daemon's ``/var/lib/gpuwatchd``."""
+    from gpuwatchd.config import STORE_NAME, store_path
+
+    cfg = _daemon_config()
+    paths = [store_path(cfg.daemon.state_dir if cfg else ""), _SYSTEM_STATE_DIR / STORE_NAME]
+    return list(dict.fromkeys(paths))
+
+
+def default_socket_path() -> Path:
+    """``$GPUWATCHD_CONTROL_SOCKET``, else the daemon config's ``control_socket``, else this
+    user's daemon socket if it exists, else the system daemon's (the daemon's own rule,
+    :func:`gpuwatchd.config.resolve_control_socket`, as seen from each user)."""
+    from gpuwatchd.config import CONTROL_SOCKET_NAME, SYSTEM_RUNTIME_DIR, resolve_control_socket
+
+    env = os.environ.get(SOCKET_ENV)
+    if env:
+        return Path(env)
+    cfg = _daemon_config()
+    if cfg is not None and cfg.daemon.control_socket:
+        return Path(cfg.daemon.control_socket)
+    own = resolve_control_socket("")
+    if own.exists() or not SYSTEM_RUNTIME_DIR.is_dir():
+        return own
+    return SYSTEM_RUNTIME_DIR / CONTROL_SOCKET_NAME
+
+
+def default_spool_dir() -> Path:
+    """``$GPUWATCHD_SPOOL``, else the daemon config's ``[tuning] spool_dir``, else ``spool/``
+    in the daemon's state directory: the first state directory (store discovery order)
+    that already holds a store or a spool, else the first of them."""
+    from gpuwatchd.config import SPOOL_NAME
+
+    env = os.environ.get(SPOOL_ENV)
+    if env:
+        return Path(env)
+    cfg = _daemon_config()
+    if cfg is not None and cfg.tuning.spool_dir:
+        return Path(cfg.tuning.spool_dir)
+    stores = default_store_paths()
+    for store in stores:
+        if store.is_file() or (store.parent / SPOOL_NAME).is_dir():
+            return store.parent / SPOOL_NAME
+    return stores[0].parent / SPOOL_NAME

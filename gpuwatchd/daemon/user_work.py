@@ -1,0 +1,386 @@
+"""Work users hand the daemon: their kernels' tuning requests and their captured workloads.
+
+Both become ordinary workloads queued on the tuning scheduler, for every GPU that can
+serve them; the first GPU of a model to tune one takes it off the others of that model
+(winners are per GPU model). Both survive a restart:
+
+- a user kernel's request (``tune_kernel``) is written into the spool, the folder jobs
+  use when no daemon runs, and removed once a session tuned it; at start the spool is
+  read and what is there is queued again;
+- added workloads (``add_workloads``) are kept in :class:`AddedWorkloads` until removed,
+  tuned like configured ones (drift re-tunes them, ``retune`` can name them); at start
+  the ones with no winner yet on a GPU's model are queued, and requests that jobs
+  spooled for them are taken in.
+
+Every refusal is a :class:`UserWorkError` of one line; nothing is imported here (the
+worker imports the user's module, checking ``allowed_modules`` again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpuwatchd.daemon.added_workloads import AddedWorkloads
+from gpuwatchd.sessions.events import SessionFinished
+from gpuwatchd.tuning.kernels import KernelRequest, KernelRequestError
+from gpuwatchd.tuning.settings import TuningConfig
+from gpuwatchd.tuning.spool import (
+    REJECTED_DIR,
+    SpoolEntry,
+    read_spool,
+    remove_entry,
+    write_request,
+)
+from gpuwatchd.tuning.types import SessionStatus, Workload
+from gpuwatchd.tuning.workload_requests import AddRequest
+from gpuwatchd.tuning.workload_spool import read_workload_spool, remove_spooled
+from gpuwatchd.tuning.workloads import device_kind
+from gpuwatchd.validate import one_line
+
+log = logging.getLogger(__name__)
+
+KERNEL_REASON = "user kernel request"
+ADDED_REASON = "added workloads"
+RETRY_REASON = "user kernel request, no winner yet"
+#: A user kernel whose sessions failed this many times is dropped (and its file set aside).
+MAX_FAILURES = 3
+_NEEDS = {"cuda": "a CUDA GPU (backend nvml)", "sim": "the sim backend", "cpu": "a CPU worker"}
+
+
+class UserWorkError(ValueError):
+    """A user's request is refused; one line saying why."""
+
+
+class Queue(Protocol):
+    """What this needs of :class:`~gpuwatchd.sessions.scheduler.TuneScheduler`."""
+
+    def request(self, gpu: int, workloads: Sequence[Workload], reason: str) -> None: ...
+
+    def withdraw(self, names: Collection[str], gpus: Collection[int] | None = None) -> None: ...
+
+
+@dataclass(slots=True)
+class _Kernel:
+    """A user kernel's request waiting to be tuned, and the spool file that keeps it."""
+
+    request: KernelRequest
+    workload: Workload
+    entry: SpoolEntry | None
+    failures: int = 0
+
+
+class UserWork:
+    """The daemon's user workloads. Thread-safe (control-socket and session threads).
+
+    ``models`` maps each GPU index to its model name; ``devices`` lists the worker
+    device kinds the backend can run; ``tuning`` and ``configured`` return the current
+    ``[tuning]`` settings and configured workloads (a reload is seen); ``tuned(model)``
+    names the workloads with a recorded winner in every tuned regime on that GPU model.
+    """
+
+    def __init__(
+        self,
+        queue: Queue,
+        *,
+        models: Callable[[], dict[int, str]],
+        devices: Callable[[], Collection[str]],
+        tuning: Callable[[], TuningConfig],
+        configured: Callable[[], Sequence[Workload]],
+        spool_dir: str | os.PathLike[str],
+        added: AddedWorkloads,
+        tuned: Callable[[str], Collection[str]] = lambda _model: (),
+    ) -> None:
+        self._queue = queue
+        self._models = models
+        self._devices = devices
+        self._tuning = tuning
+        self._configured = configured
+        self.spool_dir = Path(spool_dir)
+        self._added = added
+        self._tuned = tuned
+        self._kernels: dict[str, _Kernel] = {}
+        self._left: set[str] = set()  # spool files refused once (told once, kept for the admin)
+        self._lock = threading.Lock()
+
+    # -- user kernels ----------------------------------------------------------------
+
+    def tune_kernel(self, request: KernelRequest) -> dict[str, Any]:
+        """Check, keep and queue one kernel request; the answer's fields."""
+        workload, gpus = self._check_kernel(request)
+        entry, kept = self._keep(request)
+        with self._lock:
+            old = self._kernels.get(workload.name)
+            if entry is None and old is not None:
+                entry = old.entry  # the file written earlier still holds this request
+            self._kernels[workload.name] = _Kernel(request, workload, entry)
+        for gpu in gpus:
+            self._queue.request(gpu, [workload], KERNEL_REASON)
+        answer: dict[str, Any] = {
+            "workload": workload.name,
+            "queued": {str(g): [workload.name] for g in gpus},
+            "persisted": kept is None,
+        }
+        if kept is not None:
+            answer["warning"] = kept
+        return answer
+
+    def _check_kernel(self, request: KernelRequest) -> tuple[Workload, list[int]]:
+        cfg = self._tuning()
+        if not cfg.enabled:
+            raise UserWorkError(
+                "tuning is disabled in the config ([tuning] enabled = false): nothing would run"
+            )
+        try:
+            workload = request.to_workload(cfg.allowed_modules)
+        except KernelRequestError as e:
+            raise UserWorkError(one_line(e)) from None
+        self._check_device(workload, "request")
+        return workload, self._gpus_of(request.gpu_model)
+
+    def _gpus_of(self, model: str) -> list[int]:
+        models = self._models()
+        gpus = sorted(g for g, m in models.items() if m == model)
+        if not gpus:
+            here = ", ".join(sorted(set(models.values()))) or "none known yet"
+            raise UserWorkError(f"request.gpu_model: no {model!r} GPU on this host (GPUs: {here})")
+        return gpus
+
+    def _check_device(self, workload: Workload, where: str) -> None:
+        kind = device_kind(workload)
+        if kind not in self._devices():
+            raise UserWorkError(
+                f"{where}: {workload.name!r} needs {_NEEDS.get(kind, kind)}, "
+                "which this daemon's backend cannot run"
+            )
+
+    def _keep(self, request: KernelRequest) -> tuple[SpoolEntry | None, str | None]:
+        """Write the request into the spool: (its entry, None) or (None, why not)."""
+        try:
+            path = write_request(self.spool_dir, request)
+            return SpoolEntry(path, request, os.stat(path).st_ino), None
+        except OSError as e:
+            why = f"not kept across a restart: cannot write {self.spool_dir}: {one_line(e)}"
+            log.warning("user kernel %s: %s", request.workload_name, why)
+            return None, why
+
+    # -- added workloads -------------------------------------------------------------
+
+    def add(self, request: AddRequest) -> dict[str, Any]:
+        """Check, keep and queue added workloads; the answer's fields."""
+        configured = {w.name for w in self._configured()}
+        for i, w in enumerate(request.workloads):
+            if w.name in configured:
+                raise UserWorkError(
+                    f"workloads[{i}].name: {w.name!r} is a configured workload; "
+                    "rename it or change it in the config file"
+                )
+            self._check_device(w, f"workloads[{i}]")
+        with self._lock:
+            try:
+                replaced = self._added.add(request.workloads, request.source)
+            except OSError as e:
+                raise UserWorkError(
+                    f"cannot keep the workloads in {self._added.path}: {one_line(e)}"
+                ) from None
+        self._queue_everywhere(request.workloads, ADDED_REASON)
+        names = [w.name for w in request.workloads]
+        return {"added": [n for n in names if n not in replaced], "replaced": replaced}
+
+    def remove(self, names: Sequence[str]) -> dict[str, Any]:
+        """Remove added workloads or queued kernel requests by name (all or none)."""
+        configured = {w.name for w in self._configured()}
+        with self._lock:
+            for i, name in enumerate(names):
+                if name in self._added or name in self._kernels:
+                    continue
+                if name in configured:
+                    raise UserWorkError(
+                        f"names[{i}]: {name!r} is a configured workload; remove it from the "
+                        "config file"
+                    )
+                raise UserWorkError(f"names[{i}]: no added workload or kernel request {name!r}")
+            try:
+                removed = self._added.remove(names)
+            except OSError as e:
+                raise UserWorkError(f"cannot update {self._added.path}: {one_line(e)}") from None
+            for name in names:
+                kernel = self._kernels.pop(name, None)
+                if kernel is not None:
+                    _forget(kernel)
+                    removed.append(name)
+        self._queue.withdraw(names)
+        return {"removed": removed}
+
+    def listing(self, runnable: Iterable[Workload]) -> list[dict[str, Any]]:
+        """Every workload the daemon tunes, with where it came from."""
+        out = [{**_summary(w), "origin": "config"} for w in runnable]
+        with self._lock:
+            out += [{**_summary(a.workload), "origin": "added", "source": a.source}
+                    for a in self._added.items()]  # fmt: skip
+            out += [{**_summary(k.workload), "origin": "kernel"} for k in self._kernels.values()]
+        return out
+
+    def added_runnable(self) -> tuple[Workload, ...]:
+        """Added workloads this backend can run: tuned like configured ones."""
+        devices = self._devices()
+        with self._lock:
+            return tuple(w for w in self._added.workloads() if device_kind(w) in devices)
+
+    def added_names(self) -> frozenset[str]:
+        with self._lock:
+            return self._added.names()
+
+    # -- start-up --------------------------------------------------------------------
+
+    def load(self) -> None:
+        """At start: the added workloads, jobs' spooled requests, and what to queue."""
+        with self._lock:
+            self._added.load()
+        self._take_spooled_workloads()
+        tuned: dict[str, Collection[str]] = {}
+        waiting: list[Workload] = []
+        for w in self.added_runnable():
+            for gpu, model in self._models().items():
+                done = tuned.setdefault(model, self._tuned(model))
+                if w.name not in done:
+                    self._queue.request(gpu, [w], ADDED_REASON)
+                    waiting.append(w)
+        self._take_spooled_kernels()
+        if waiting:
+            log.info("queued %d added workload(s) not tuned yet", len({w.name for w in waiting}))
+
+    def _take_spooled_workloads(self) -> None:
+        scan = read_workload_spool(self.spool_dir)
+        for name, why in scan.rejected:
+            log.warning("spooled workloads %s set aside: %s", name, why)
+        for spooled in scan.requests:
+            try:
+                self.add(spooled.request)
+            except UserWorkError as e:
+                log.warning("spooled workloads %s not taken: %s", spooled.path.name, e)
+                continue
+            remove_spooled(spooled)
+
+    def rescan(self) -> None:
+        """Take what jobs spooled while the daemon runs (a request too long for one
+        socket line, a job that could not reach the socket): a periodic job."""
+        self._take_spooled_workloads()
+        self._take_spooled_kernels()
+
+    def _take_spooled_kernels(self) -> None:
+        scan = read_spool(self.spool_dir)
+        for bad in scan.rejected:
+            log.warning("spooled kernel request %s set aside: %s", bad.name, bad.reason)
+        taken = 0
+        for entry in scan.entries:
+            name = entry.request.workload_name
+            with self._lock:
+                known = self._kernels.get(name)
+            if known is not None and known.entry is not None and known.entry.inode == entry.inode:
+                continue  # this very file is queued already
+            try:
+                workload, gpus = self._check_kernel(entry.request)
+            except UserWorkError as e:
+                if entry.path.name not in self._left:
+                    self._left.add(entry.path.name)
+                    log.warning("spooled kernel request %s left in the spool: %s",
+                                entry.path.name, e)  # fmt: skip
+                continue
+            with self._lock:
+                self._kernels[workload.name] = _Kernel(entry.request, workload, entry)
+            for gpu in gpus:
+                self._queue.request(gpu, [workload], KERNEL_REASON)
+            taken += 1
+        if taken:
+            log.info("took %d kernel request(s) from %s", taken, self.spool_dir)
+
+    def _queue_everywhere(self, workloads: Sequence[Workload], reason: str) -> None:
+        for gpu in sorted(self._models()):
+            self._queue.request(gpu, workloads, reason)
+
+    # -- sessions ending ---------------------------------------------------------------
+
+    def session_finished(self, event: SessionFinished) -> None:
+        """A session's end: user work with winners is done on that GPU model; a kernel
+        request left without a winner in every regime, or in a failed session, is tried
+        again (its session is retried by the scheduler) until it fails too often."""
+        with self._lock:
+            mine = [n for n in event.workloads if n in self._kernels or n in self._added]
+        if not mine:
+            return
+        if event.status is SessionStatus.FAILED:
+            self._count_failure(mine, event.why or "failed")
+            return
+        if event.status is not SessionStatus.COMPLETED:
+            return  # preempted: still pending, retried at the next open gate
+        tuned = set(self._tuned(event.gpu_model))
+        done = [n for n in mine if n in tuned or n not in self._kernels]
+        with self._lock:
+            for name in done:
+                kernel = self._kernels.pop(name, None)
+                if kernel is not None:
+                    _forget(kernel)
+        others = [g for g, m in self._models().items() if m == event.gpu_model]
+        others = [g for g in others if g != event.gpu_index]
+        if others:
+            self._queue.withdraw(done, others)
+        missed = [n for n in mine if n not in done]
+        kept = self._count_failure(missed, "the session recorded no winner in every regime")
+        for name in kept:
+            with self._lock:
+                kernel = self._kernels.get(name)
+            if kernel is not None:
+                self._queue.request(event.gpu_index, [kernel.workload], RETRY_REASON)
+
+    def _count_failure(self, names: Sequence[str], why: str) -> list[str]:
+        """One more failure for each named kernel request; the ones still kept."""
+        dropped: list[str] = []
+        kept: list[str] = []
+        with self._lock:
+            for name in names:
+                kernel = self._kernels.get(name)
+                if kernel is None:
+                    continue
+                kernel.failures += 1
+                if kernel.failures >= MAX_FAILURES:
+                    del self._kernels[name]
+                    _set_aside(kernel, f"{MAX_FAILURES} tuning sessions failed; last: {why}")
+                    dropped.append(name)
+                else:
+                    kept.append(name)
+        if dropped:
+            log.error("dropped user kernel request(s) after %d failed sessions: %s (last: %s)",
+                      MAX_FAILURES, ", ".join(dropped), why)  # fmt: skip
+            self._queue.withdraw(dropped)
+        return kept
+
+
+def _summary(w: Workload) -> dict[str, Any]:
+    return {"name": w.name, "op": w.op, "dtype": w.dtype, "families": list(w.families),
+            "shape": dict(w.shape)}  # fmt: skip
+
+
+def _forget(kernel: _Kernel) -> None:
+    """Remove a kernel request's spool file (only if it is still the one we wrote or read)."""
+    if kernel.entry is not None:
+        with contextlib.suppress(OSError):
+            remove_entry(kernel.entry)
+
+
+def _set_aside(kernel: _Kernel, why: str) -> None:
+    """Move a kernel request's spool file into ``rejected/`` beside its reason."""
+    entry = kernel.entry
+    if entry is None:
+        return
+    aside = entry.path.parent / REJECTED_DIR
+    with contextlib.suppress(OSError):
+        aside.mkdir(mode=0o770, exist_ok=True)
+        os.replace(entry.path, aside / entry.path.name)
+        (aside / (entry.path.name + ".reason")).write_text(why + "\n", encoding="utf-8")

@@ -1,0 +1,352 @@
+"""Record the GEMMs and convolutions a model really runs, forward and backward, with their time.
+
+:func:`capture` is a context manager around a few training or inference steps. Inside
+it a ``TorchDispatchMode`` sees every ATen op below autograd, the backward pass's
+included (autograd carries the mode to its own threads), and notes each ``mm``,
+``addmm``, ``bmm``, ``baddbmm``, ``convolution`` and ``convolution_backward``: shapes,
+layout (which operand is transposed; contiguous or channels_last), dtype, the job's
+TF32 setting, forward or backward, and how often. Each such call runs inside a
+``torch.profiler`` range named for its signature, so the profiler gives every
+signature its time: the GPU time of the kernels it launched on a GPU, CPU time on a
+machine without one, and its share of all the time the profiler saw.
+
+The result (:class:`Capture`) prints as a table, turns into workloads for the existing
+families (:mod:`gpuwatchd.tuning.captured`), writes them as TOML ``[[workload]]``
+tables or JSON, and submits them to the daemon (or its spool).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuwatchd.jobside.requests import Submission
+from gpuwatchd.jobside.workload_submit import submit_workloads
+from gpuwatchd.tuning.captured import (
+    CapturedCall,
+    CapturedSet,
+    check_share,
+    share_table,
+)
+from gpuwatchd.tuning.types import Workload
+from gpuwatchd.tuning.workload_requests import workloads_toml
+
+#: Profiler range names of captured calls: ``gpuwatchd.capture#<signature index>``.
+RANGE_PREFIX = "gpuwatchd.capture#"
+#: Attribute a captured model keeps its capture under (for ``apply_winners(model)``).
+MODEL_ATTR = "_gpuwatchd_capture"
+_GEMMS = ("mm", "addmm", "bmm", "baddbmm")
+_CONVS = ("convolution", "convolution_backward")
+
+
+@dataclass(frozen=True, slots=True)
+class _Signature:
+    """What makes two calls the same tuning-relevant call."""
+
+    kind: str
+    aten: str
+    phase: str
+    dtype: str
+    shape: tuple[tuple[str, Any], ...]
+    layout: str
+    bias: bool
+    tf32: bool
+
+
+@dataclass(slots=True)
+class _Tally:
+    """Signatures in first-seen order and their call counts."""
+
+    index: dict[_Signature, int] = field(default_factory=dict)
+    counts: list[int] = field(default_factory=list)
+
+    def note(self, sig: _Signature) -> int:
+        i = self.index.get(sig)
+        if i is None:
+            i = self.index[sig] = len(self.counts)
+            self.counts.append(0)
+        self.counts[i] += 1
+        return i
+
+
+def _operand_layout(t: Any) -> str:
+    """``n`` for a row-major matrix operand, ``t`` for a transposed (column-major) one."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    s_row, s_col = t.stride()[-2], t.stride()[-1]
+    if s_col == 1 and (rows == 1 or s_row >= cols):
+        return "n"
+    if s_row == 1 and (cols == 1 or s_col >= rows):
+        return "t"
+    return "n"  # any other strides: torch copies the operand to row-major first
+
+
+def _tf32(op: str) -> bool:
+    """Whether the job lets ``op`` (``matmul`` or ``conv``) use TF32 for float32."""
+    import torch
+
+    node = (
+        torch.backends.cuda.matmul
+        if op == "matmul"
+        else getattr(torch.backends.cudnn, "conv", None)
+    )
+    mode = getattr(node, "fp32_precision", None)
+    if mode in ("tf32", "ieee"):
+        return mode == "tf32"
+    if mode is not None:  # "none": inherits the global setting
+        return getattr(torch.backends, "fp32_precision", "ieee") == "tf32"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        legacy = torch.backends.cuda.matmul if op == "matmul" else torch.backends.cudnn
+        return bool(legacy.allow_tf32)
+
+
+def _phase() -> str:
+    import torch
+
+    task = getattr(torch._C, "_current_graph_task_id", lambda: -1)()
+    return "backward" if task != -1 else "forward"
+
+
+def _dtype_name(t: Any) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def signature(name: str, args: tuple[Any, ...]) -> _Signature | None:
+    """The signature of one ATen call (``name`` is its overload packet), None if untracked."""
+    if name in _GEMMS:
+        biased = name in ("addmm", "baddbmm")
+        a, b = (args[1], args[2]) if biased else (args[0], args[1])
+        if a.dim() != b.dim() or a.dim() not in (2, 3):
+            return None
+        batch = a.shape[0] if a.dim() == 3 else 1
+        dtype = _dtype_name(b)
+        shape: tuple[tuple[str, Any], ...] = (
+            ("batch", batch),
+            ("m", a.shape[-2]),
+            ("n", b.shape[-1]),
+            ("k", a.shape[-1]),
+        )
+        layout = _operand_layout(a) + _operand_layout(b)
+        tf32 = dtype == "float32" and _tf32("matmul")
+        return _Signature("gemm", name, _phase(), dtype, shape, layout, biased, tf32)
+    if name == "convolution":
+        x, w, bias = args[0], args[1], args[2]
+        stride, padding, dilation, transposed, groups = args[3], args[4], args[5], args[6], args[8]
+        phase, has_bias = _phase(), bias is not None
+    elif name == "convolution_backward":
+        x, w = args[1], args[2]
+        stride, padding, dilation, transposed, groups = args[4], args[5], args[6], args[7], args[9]
+        phase, has_bias = "backward", args[3] is not None and bool(args[10][2])
+    else:
+        return None
+    if transposed or x.dim() != 4 or len(stride) != 2:
+        return None
+    dtype = _dtype_name(x)
+    shape = (
+        ("input", tuple(x.shape)),
+        ("weight", tuple(w.shape)),
+        ("stride", tuple(stride)),
+        ("padding", tuple(padding)),
+        ("dilation", tuple(dilation)),
+        ("groups", int(groups)),
+    )
+    tf32 = dtype == "float32" and _tf32("conv")
+    return _Signature("conv2d", name, phase, dtype, shape, _conv_layout(x), has_bias, tf32)
+
+
+def _conv_layout(x: Any) -> str:
+    import torch
+
+    if x.is_contiguous():
+        return "contiguous"
+    if x.is_contiguous(memory_format=torch.channels_last):
+        return "channels_last"
+    return "contiguous"  # torch makes other layouts contiguous before cuDNN sees them
+
+
+def _make_mode(tally: _Tally) -> Any:
+    """The dispatch mode: note each tracked call, run it inside its profiler range."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class GemmConvRecorder(TorchDispatchMode):  # type: ignore[misc]
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            name = func.overloadpacket.__name__
+            sig = signature(name, args) if name in _GEMMS or name in _CONVS else None
+            if sig is None:
+                return func(*args, **kwargs)
+            i = tally.note(sig)
+            with torch.profiler.record_function(f"{RANGE_PREFIX}{i}"):
+                return func(*args, **kwargs)
+
+    return GemmConvRecorder()
+
+
+class Capture:
+    """What :func:`capture` saw. Read it after the ``with`` block ends."""
+
+    def __init__(self) -> None:
+        self._set: CapturedSet | None = None
+
+    @property
+    def captured(self) -> CapturedSet:
+        if self._set is None:
+            raise RuntimeError("the capture is still running: read it after the with block")
+        return self._set
+
+    @property
+    def calls(self) -> tuple[CapturedCall, ...]:
+        """Every signature seen, largest share of the time first."""
+        return self.captured.calls
+
+    def workloads(self, top: int | None = None, min_share: float = 0.0) -> tuple[Workload, ...]:
+        """The workloads that tune these calls (``top`` N, at least ``min_share``)."""
+        return self.captured.workloads(top=top, min_share=min_share)
+
+    def table(self, limit: int | None = None) -> str:
+        return share_table(self.captured, limit)
+
+    def __str__(self) -> str:
+        return self.table() if self._set is not None else "<capture still running>"
+
+    def to_json(self) -> dict[str, Any]:
+        return self.captured.to_json()
+
+    def write(
+        self, path: str | os.PathLike[str], top: int | None = None, min_share: float = 0.0
+    ) -> Path:
+        """``.toml``: ``[[workload]]`` tables (daemon config, ``gpuwatchd workloads add``);
+        anything else: the JSON capture document, calls and workloads. Returns the path."""
+        import json
+
+        p = Path(path)
+        if p.suffix.lower() == ".toml":
+            comment = (
+                f"Captured by gpuwatchd.torch.capture() on {self.captured.device or 'CPU'}, "
+                f"torch {self.captured.torch}.\nAdd with `gpuwatchd workloads add {p.name}`."
+            )
+            text = workloads_toml(self.workloads(top=top, min_share=min_share), comment)
+        else:
+            text = json.dumps(self.to_json(), indent=2) + "\n"
+        p.write_text(text, encoding="utf-8")
+        return p
+
+    def submit(
+        self,
+        top: int | None = None,
+        min_share: float = 0.0,
+        *,
+        socket_path: str | os.PathLike[str] | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+    ) -> Submission:
+        """Hand the workloads to the daemon (``add_workloads``), else to its spool."""
+        workloads = self.workloads(top=top, min_share=min_share)
+        if not workloads:
+            return Submission("failed", "the capture holds no tunable GEMM or convolution")
+        source = {
+            "kind": "capture",
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "torch": self.captured.torch,
+            "device": self.captured.device,
+        }
+        return submit_workloads(workloads, source, socket_path=socket_path, spool_dir=spool_dir)
+
+    def _finish(self, captured: CapturedSet) -> None:
+        self._set = captured
+
+
+@contextmanager
+def capture(model: Any = None, *, timer: str = "auto") -> Iterator[Capture]:
+    """Record the GEMM and convolution calls of the steps run inside the block.
+
+    ``timer``: ``cuda`` (GPU time through torch.profiler), ``cpu`` (CPU time), or
+    ``auto`` (``cuda`` when CUDA is available). ``model``, when given, keeps the capture
+    so that ``apply_winners(model)`` finds its shapes.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if timer not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"timer: expected auto, cuda or cpu, got {timer!r}")
+    use_cuda = torch.cuda.is_available() if timer == "auto" else timer == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+    tally = _Tally()
+    result = Capture()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*Profiler clears events", UserWarning)
+        with profile(activities=activities) as prof:
+            with _make_mode(tally):
+                yield result
+            if use_cuda:
+                torch.cuda.synchronize()
+    times, total = _times(prof, len(tally.counts), use_cuda)
+    device = torch.cuda.get_device_name() if use_cuda else None
+    calls = _calls(tally, times, total)
+    result._finish(
+        CapturedSet(calls, "cuda" if use_cuda else "cpu", total, device, torch.__version__)
+    )
+    if model is not None:
+        setattr(model, MODEL_ATTR, result)
+
+
+def _times(prof: Any, n: int, use_cuda: bool) -> tuple[list[float], float]:
+    """Seconds per signature (its ranges' GPU or CPU time) and all the time seen."""
+    from torch.autograd import DeviceType
+
+    times = [0.0] * n
+    total_us = 0.0
+    for e in prof.events():
+        if e.device_type != DeviceType.CPU:
+            continue  # GPU-side copies of user ranges: their kernels are counted on the op
+        if use_cuda:
+            total_us += _device_us(e, "self_")
+        else:
+            total_us += e.self_cpu_time_total
+        if e.name.startswith(RANGE_PREFIX):
+            i = int(e.name[len(RANGE_PREFIX) :])
+            if i < n:
+                times[i] += (_device_us(e, "") if use_cuda else e.cpu_time_total) / 1e6
+    return times, total_us / 1e6
+
+
+def _device_us(e: Any, prefix: str) -> float:
+    """``device_time_total`` (newer torch) or ``cuda_time_total`` (older), self or not."""
+    for name in (f"{prefix}device_time_total", f"{prefix}cuda_time_total"):
+        v = getattr(e, name, None)
+        if v is not None:
+            return float(v)
+    return 0.0
+
+
+def _calls(tally: _Tally, times: list[float], total: float) -> tuple[CapturedCall, ...]:
+    out = []
+    for sig, i in tally.index.items():
+        shape = {k: list(v) if isinstance(v, tuple) else v for k, v in sig.shape}
+        share = check_share(times[i] / total) if total > 0 else 0.0
+        out.append(
+            CapturedCall(
+                kind=sig.kind,
+                aten=sig.aten,
+                phase=sig.phase,
+                dtype=sig.dtype,
+                shape=shape,
+                layout=sig.layout,
+                bias=sig.bias,
+                tf32=sig.tf32,
+                calls=tally.counts[i],
+                time_s=times[i],
+                share=share,
+            )
+        )
+    out.sort(key=lambda c: -c.time_s)
+    return tuple(out)

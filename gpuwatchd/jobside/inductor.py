@@ -1,0 +1,227 @@
+"""torch.compile with gpuwatchd's winners: record a compiled model's GEMMs, compile them tuned.
+
+Capture: :func:`capture_compiled` is a context manager around the first steps of a
+``torch.compile``'d model. Inductor compiles inside it with gpuwatchd's recording
+handler: every GEMM it lowers is recorded as a :class:`GemmSite` (its lookup keys and
+every choice Inductor generated) and compiled to ATen's kernel, with nothing
+benchmarked. The sites become ``inductor.mm`` workloads the daemon tunes.
+
+Use: :func:`inductor_lookup_table` turns the recorded winners of those workloads into
+Inductor's lookup table; :func:`use_inductor_winners` installs it (one line, before
+``torch.compile``), so ``mode="max-autotune"`` compiles every recorded GEMM straight to
+its winner. GEMMs the table does not know are autotuned by Inductor as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuwatchd.client import Client, Winner
+from gpuwatchd.jobside.requests import Submission
+from gpuwatchd.jobside.winner_plan import latest_by_workload
+from gpuwatchd.jobside.workload_submit import submit_workloads
+from gpuwatchd.tuning.inductor_sites import (
+    EXCLUSIVE_ID,
+    FAMILY,
+    GemmSite,
+    SiteChoice,
+    check_table,
+    entry_label,
+    lookup_table,
+)
+from gpuwatchd.tuning.types import Regime, Workload
+from gpuwatchd.tuning.worker.inductor import (
+    handler_installed,
+    install_globally,
+    recording_handler,
+    require_lookup_table,
+    table_handler,
+)
+from gpuwatchd.tuning.workload_requests import workloads_toml
+
+
+class CompiledCapture:
+    """The GEMM sites Inductor lowered inside :func:`capture_compiled`."""
+
+    def __init__(self) -> None:
+        self._sites: list[GemmSite] | None = None
+
+    @property
+    def sites(self) -> list[GemmSite]:
+        if self._sites is None:
+            raise RuntimeError("the capture is still running: read it after the with block")
+        return self._sites
+
+    def workloads(self) -> tuple[Workload, ...]:
+        """One ``inductor.mm`` workload per distinct site, most frequent first."""
+        ranked = sorted(self.sites, key=lambda s: -s.count)
+        return tuple(s.workload() for s in ranked)
+
+    def table(self) -> str:
+        lines = [f"{'count':>5}  {'op':<8} {'choices':>7}  workload"]
+        for s in sorted(self.sites, key=lambda s: -s.count):
+            lines.append(f"{s.count:5d}  {s.op_name:<8} {len(s.choices()):7d}  {s.workload().name}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table() if self._sites is not None else "<capture still running>"
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """The workloads as TOML ``[[workload]]`` tables (or JSON for other suffixes)."""
+        import json
+
+        p = Path(path)
+        if p.suffix.lower() == ".toml":
+            text = workloads_toml(self.workloads(), "GEMMs of a torch.compile'd model")
+        else:
+            text = json.dumps({"workloads": [w.to_json() for w in self.workloads()]}, indent=2)
+        p.write_text(text + "\n", encoding="utf-8")
+        return p
+
+    def submit(
+        self,
+        *,
+        socket_path: str | os.PathLike[str] | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+    ) -> Submission:
+        """Hand the sites' workloads to the daemon, else to its spool."""
+        import torch
+
+        workloads = self.workloads()
+        if not workloads:
+            return Submission("failed", "Inductor lowered no GEMM inside the capture")
+        source = {
+            "kind": "capture_compiled",
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "torch": torch.__version__,
+        }
+        return submit_workloads(workloads, source, socket_path=socket_path, spool_dir=spool_dir)
+
+
+@contextmanager
+def capture_compiled(*, reset: bool = True) -> Iterator[CompiledCapture]:
+    """Record the GEMMs of everything torch.compile compiles inside the block.
+
+    The graphs compiled inside use ATen for every GEMM (nothing is benchmarked). With
+    ``reset`` (the default) dynamo's caches are cleared after, so the model compiles
+    again, for real, at its next call.
+    """
+    import torch
+
+    require_lookup_table()
+    handler = recording_handler()
+    result = CompiledCapture()
+    with handler_installed(handler, None, max_autotune_gemm=True):
+        yield result
+    result._sites = handler.sites()
+    if reset:
+        torch._dynamo.reset()
+
+
+# -- winners -> lookup table -----------------------------------------------------------------
+
+
+def site_choices(winners: Iterable[Winner], torch_version: str | None) -> list[SiteChoice]:
+    """The lookup choice each ``inductor.mm`` winner records (newest per workload).
+
+    Winners measured under another torch are left out: Inductor's keys and templates are
+    that torch's.
+    """
+    out = []
+    for w in sorted(latest_by_workload(winners).values(), key=lambda w: w.workload):
+        if w.family != FAMILY:
+            continue
+        if torch_version and w.versions.torch and w.versions.torch != torch_version:
+            continue
+        choice = _choice_from_meta(w.meta)
+        if choice is not None:
+            out.append(choice)
+    return out
+
+
+def _choice_from_meta(meta: Mapping[str, Any]) -> SiteChoice | None:
+    keys, key, entry = meta.get("site_keys"), meta.get("lookup_key"), meta.get("lookup_entry")
+    if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
+        return None
+    if not (isinstance(key, str) and key in keys and isinstance(entry, dict)):
+        return None
+    if not isinstance(entry.get("template_id"), str):
+        return None
+    return SiteChoice(tuple(keys), key, dict(entry))
+
+
+def inductor_lookup_table(
+    regime: Regime | str = Regime.SUSTAINED,
+    *,
+    client: Client | None = None,
+    gpu_model: str | None = "auto",
+) -> dict[str, list[dict[str, Any]]]:
+    """Inductor's ``lookup_table.table`` from the winners recorded for this GPU model.
+
+    ``gpu_model="auto"``: the current CUDA device's model (None: any model).
+    """
+    import torch
+
+    client = client if client is not None else Client()
+    if gpu_model == "auto":
+        gpu_model = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    winners = client.winners(regime=regime, gpu_model=gpu_model)
+    return check_table(lookup_table(site_choices(winners, torch.__version__)))
+
+
+@dataclass(frozen=True, slots=True)
+class InductorWinners:
+    """The table installed and the handler reading it (``handler.handed``: what each GEMM
+    was given, so a caller can check that nothing was left to benchmark)."""
+
+    table: dict[str, list[dict[str, Any]]]
+    handler: Any
+    remove: Callable[[], None]  # put back the lookup table and handler that were there
+
+    @property
+    def sites(self) -> int:
+        """GEMM sites the table decides."""
+        return sum(
+            1
+            for entries in self.table.values()
+            for e in entries
+            if e["template_id"] != EXCLUSIVE_ID
+        )
+
+    def describe(self) -> str:
+        picks = [
+            entry_label(e)
+            for entries in self.table.values()
+            for e in entries
+            if e["template_id"] != EXCLUSIVE_ID
+        ]
+        return f"{len(picks)} GEMM site(s): " + ", ".join(picks) if picks else "empty table"
+
+
+def use_inductor_winners(
+    regime: Regime | str = Regime.SUSTAINED,
+    *,
+    table: Mapping[str, list[dict[str, Any]]] | None = None,
+    client: Client | None = None,
+    gpu_model: str | None = "auto",
+) -> InductorWinners:
+    """Install the winners' lookup table for every later ``torch.compile`` in this process.
+
+    ``table`` defaults to :func:`inductor_lookup_table`. Call it before the model's first
+    compiled call.
+    """
+    require_lookup_table()
+    chosen = (
+        check_table(table)
+        if table is not None
+        else inductor_lookup_table(regime, client=client, gpu_model=gpu_model)
+    )
+    handler = table_handler()
+    return InductorWinners(chosen, handler, install_globally(handler, chosen))

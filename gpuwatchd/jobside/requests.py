@@ -1,0 +1,88 @@
+"""File a tuning request: to the daemon over its control socket, else into the spool.
+
+The daemon's answer decides: ``ok`` means queued; "unknown operation" means a daemon
+without user-kernel support, so the request is spooled for a newer one to read at
+start; any other refusal (a module not allowed, a bad request) is final and reported.
+No socket, no permission, a timeout or a request too long for one socket line: spooled.
+The job never fails because of any of this; it gets a :class:`Submission` saying what
+happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwatchd.client.control import MAX_LINE
+from gpuwatchd.client.control import Unreachable as _Unreachable
+from gpuwatchd.client.control import ask as _ask
+from gpuwatchd.client.discovery import default_socket_path, default_spool_dir
+from gpuwatchd.tuning.kernels import KernelRequest
+from gpuwatchd.tuning.spool import write_request
+from gpuwatchd.validate import one_line
+
+#: The control socket's operation for user kernels.
+OP = "tune_kernel"
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What became of a request: ``how`` is ``daemon`` (queued), ``spool`` (written for the
+    daemon's next start), ``rejected`` (the daemon refused it) or ``failed`` (neither
+    reachable nor writable). ``detail`` is one line."""
+
+    how: str
+    detail: str
+
+    @property
+    def filed(self) -> bool:
+        return self.how in ("daemon", "spool")
+
+
+class Submitter:
+    """Sends requests to the daemon (``socket_path``) or spools them (``spool_dir``).
+
+    None picks the defaults (:func:`default_socket_path`, :func:`default_spool_dir`),
+    resolved at each submission so a daemon started later is found.
+    """
+
+    def __init__(
+        self,
+        socket_path: str | os.PathLike[str] | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        timeout: float = 2.0,
+    ) -> None:
+        self.socket_path = Path(socket_path) if socket_path is not None else None
+        self.spool_dir = Path(spool_dir) if spool_dir is not None else None
+        self.timeout = timeout
+
+    def submit(self, request: KernelRequest) -> Submission:
+        """Queue ``request`` with the daemon, else spool it; never raises OSError."""
+        line = json.dumps({"op": OP, "request": request.to_json()}, separators=(",", ":"))
+        sock = self.socket_path or default_socket_path()
+        why_spool: str
+        if len(line.encode()) >= MAX_LINE:
+            why_spool = f"request too long for the control socket ({len(line)} bytes)"
+        else:
+            try:
+                answer = _ask(sock, line, self.timeout)
+            except _Unreachable as e:
+                why_spool = str(e)
+            else:
+                if answer.get("ok") is True:
+                    return Submission("daemon", f"queued with the daemon at {sock}")
+                error = one_line(answer.get("error", "no reason given"))
+                if "unknown operation" not in error:
+                    return Submission("rejected", f"the daemon at {sock} refused it: {error}")
+                why_spool = f"the daemon at {sock} does not take {OP} requests"
+        return self._spool(request, why_spool)
+
+    def _spool(self, request: KernelRequest, why: str) -> Submission:
+        folder = self.spool_dir or default_spool_dir()
+        try:
+            path = write_request(folder, request)
+        except OSError as e:
+            return Submission("failed", f"{why}; cannot spool to {folder}: {one_line(e)}")
+        return Submission("spool", f"{why}; spooled to {path}")

@@ -1,0 +1,137 @@
+"""XID errors: NVML's critical-error events, read on one thread, counted per GPU and code.
+
+An XID is the driver's report of a GPU fault (48: uncorrectable ECC error, 63/64: row
+remapping, 79: fallen off the bus, ...). NVML delivers them only as events, through an
+event set a thread waits on; there is no counter to poll. ``nvmlEventSetWait`` blocks in
+C with the GIL released, and its timeout bounds how long :meth:`XidCounter.close` waits.
+Subscribing to events changes no GPU setting. The NVML functions are injected (bound by
+:mod:`gpuwatchd.telemetry.nvml`), so this module never imports pynvml.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from gpuwatchd.validate import one_line
+
+log = logging.getLogger(__name__)
+
+#: nvmlEventTypeXidCriticalError, fixed by the NVML ABI.
+XID_EVENT = 0x8
+
+
+@dataclass(frozen=True, slots=True)
+class XidApi:
+    """The NVML event functions :class:`XidCounter` calls, bound by the NVML backend.
+
+    ``wait`` returns an event (``device``, ``eventType``, ``eventData``) or raises;
+    ``is_timeout`` tells a plain timeout from a real error; ``key`` maps a device
+    handle to something hashable that is equal for equal handles.
+    """
+
+    create: Callable[[], Any]
+    supported: Callable[[Any], int]
+    register: Callable[[Any, int, Any], None]
+    wait: Callable[[Any, int], Any]
+    free: Callable[[Any], None]
+    errors: tuple[type[BaseException], ...]
+    is_timeout: Callable[[BaseException], bool]
+    key: Callable[[Any], Hashable]
+
+
+class XidCounter:
+    """Counts XID events per GPU from one NVML event set, on its own daemon thread."""
+
+    def __init__(self, api: XidApi, wait_s: float = 1.0) -> None:
+        if not 0 < wait_s <= 60:
+            raise ValueError(f"wait_s must be in (0, 60], got {wait_s!r}")
+        self._api = api
+        self._wait_ms = max(1, round(wait_s * 1000))
+        self._set: Any = None
+        self._gpu_of: dict[Hashable, int] = {}
+        self._counts: dict[int, Mapping[int, int]] = {}  # only GPUs that are watched
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def start(self) -> bool:
+        """Create the event set and the thread; False if this NVML has no events."""
+        try:
+            self._set = self._api.create()
+        except self._api.errors as exc:
+            log.info("XID events unavailable (%s); no gpuwatchd_gpu_xid_errors_total", exc)
+            return False
+        self._thread = threading.Thread(target=self._run, name="gpuwatchd-xid", daemon=True)
+        self._thread.start()
+        return True
+
+    def watch(self, gpu: int, handle: Any) -> bool:
+        """Subscribe to ``gpu``'s XID events (again after a re-acquired handle).
+
+        False if the GPU does not report XIDs; its count then stays absent.
+        """
+        if self._set is None:
+            return False
+        try:
+            if not self._api.supported(handle) & XID_EVENT:
+                return False
+            self._api.register(handle, XID_EVENT, self._set)
+        except self._api.errors as exc:
+            log.info("GPU %d: XID events unavailable: %s", gpu, one_line(exc))
+            return False
+        with self._lock:
+            self._gpu_of[self._api.key(handle)] = gpu
+            self._counts.setdefault(gpu, MappingProxyType({}))
+        return True
+
+    def counts(self, gpu: int) -> Mapping[int, int] | None:
+        """XID code -> events seen since start; None if the GPU's XIDs are not watched."""
+        return self._counts.get(gpu)
+
+    def close(self) -> None:
+        """Stop the thread (within one wait timeout) and free the event set."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(self._wait_ms / 1000.0 + 1.0)
+        if self._set is not None and (thread is None or not thread.is_alive()):
+            try:
+                self._api.free(self._set)
+            except self._api.errors as exc:
+                log.debug("nvmlEventSetFree failed: %s", one_line(exc))
+            self._set = None
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                event = self._api.wait(self._set, self._wait_ms)
+            except self._api.errors as exc:
+                if self._api.is_timeout(exc):
+                    continue
+                if not self._failing:
+                    self._failing = True
+                    log.warning("waiting for XID events failed: %s", one_line(exc))
+                self._stop.wait(self._wait_ms / 1000.0)  # don't spin on a broken set
+                continue
+            self._failing = False
+            if int(event.eventType) & XID_EVENT:
+                self._count(event)
+
+    def _count(self, event: Any) -> None:
+        code = int(event.eventData)
+        with self._lock:
+            gpu = self._gpu_of.get(self._api.key(event.device))
+            if gpu is None:
+                return
+            new = dict(self._counts[gpu])
+            new[code] = new.get(code, 0) + 1
+            self._counts[gpu] = MappingProxyType(new)  # readers see old or new
+        log.warning("GPU %d: XID %d reported by the driver", gpu, code)

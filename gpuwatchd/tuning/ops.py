@@ -1,0 +1,148 @@
+"""The ops the built-in candidate families run, and the shape each op takes.
+
+Checked when a ``[[workload]]`` table is read, so ``op = "fft"`` or ``m = -1`` is a
+one-line error from ``gpuwatchd check-config`` instead of a session failing in the worker
+hours later. Pure Python: the daemon never imports the worker package (torch), so
+:data:`FAMILY_OPS` mirrors what each built-in family accepts (a test holds the two
+together). A family from a plugin (entry point ``gpuwatchd.families``) may run ops of its
+own: with one in the list, an unknown op and unknown shape keys are left to the plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from gpuwatchd.tuning.types import Workload
+from gpuwatchd.validate import fail, need_int
+
+#: The entry-point group third-party families register under (as the worker reads it).
+ENTRY_POINT_GROUP = "gpuwatchd.families"
+
+#: Built-in family -> the ops it runs.
+FAMILY_OPS: dict[str, tuple[str, ...]] = {
+    "cpu.matmul": ("matmul", "gemm"),
+    "cpu.conv2d": ("conv2d", "conv"),
+    "sim": ("gemm", "matmul"),
+    "torch.matmul": ("matmul",),
+    "torch.conv2d": ("conv2d", "conv"),
+    "torch.gemm": ("matmul", "bmm"),
+    "inductor.mm": ("inductor.gemm",),
+    "triton.matmul": ("matmul",),
+    "triton.user": ("triton.user",),
+}
+
+KNOWN_OPS = tuple(sorted({op for ops in FAMILY_OPS.values() for op in ops}))
+
+_CONV_KEYS = ("input", "weight", "stride", "padding", "dilation", "groups")
+
+
+def plugin_families() -> frozenset[str]:
+    """Family names installed as entry points (read from metadata; nothing is imported)."""
+    return frozenset(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def check_workload(w: Workload, where: str, plugins: frozenset[str] | None = None) -> None:
+    """Raise ValueError naming the field when ``w``'s families, op or shape cannot run."""
+    plugins = plugin_families() if plugins is None else plugins
+    for i, fam in enumerate(w.families):
+        if fam not in FAMILY_OPS and fam not in plugins:
+            known = ", ".join(sorted({*FAMILY_OPS, *plugins}))
+            raise fail(f"{where}.families[{i}]", f"unknown family (known: {known})", fam)
+    from_plugin = any(f not in FAMILY_OPS for f in w.families)
+    for fam in w.families:
+        runs = FAMILY_OPS.get(fam)
+        if runs is not None and w.op not in runs:
+            raise fail(f"{where}.op", f"family {fam} runs {', '.join(runs)}", w.op)
+    if w.op not in KNOWN_OPS:
+        if from_plugin:
+            return
+        raise fail(f"{where}.op", f"unknown op (known: {', '.join(KNOWN_OPS)})", w.op)
+    try:
+        _SHAPES[w.op](w, where, not from_plugin)
+    except ValueError as exc:
+        text = str(exc)
+        raise ValueError(text if text.startswith(where) else f"{where}: {text}") from None
+
+
+def _keys(shape: Mapping[str, Any], where: str, known: tuple[str, ...], strict: bool) -> None:
+    if not strict:
+        return
+    for key in shape:
+        if key not in known:
+            raise fail(f"{where}.shape.{key}", f"unknown key for this op ({', '.join(known)})", key)
+
+
+def _positive(shape: Mapping[str, Any], key: str, where: str) -> int:
+    if key not in shape:
+        raise ValueError(f"{where}.shape.{key}: missing")
+    return need_int(shape[key], f"{where}.shape.{key}", minimum=1)
+
+
+def _gemm(keys: tuple[str, ...]) -> Callable[[Workload, str, bool], None]:
+    def check(w: Workload, where: str, strict: bool) -> None:
+        _keys(w.shape, where, keys, strict)
+        for key in keys:
+            _positive(w.shape, key, where)
+
+    return check
+
+
+def _dims(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or len(value) != 4:
+        raise fail(where, "expected a list of 4 positive integers", value)
+    return [need_int(v, f"{where}[{i}]", minimum=1) for i, v in enumerate(value)]
+
+
+def _pair(value: Any, where: str, low: int) -> tuple[int, int]:
+    items = value if isinstance(value, list) else [value, value]
+    if len(items) != 2:
+        raise fail(where, f"expected an integer >= {low} or a list of two", value)
+    a, b = (need_int(v, where, minimum=low) for v in items)
+    return a, b
+
+
+def _conv(w: Workload, where: str, strict: bool) -> None:
+    """Mirrors torch.conv2d's family: NCHW input, KCRS weight, groups, an output >= 1x1."""
+    shape = w.shape
+    _keys(shape, where, _CONV_KEYS, strict)
+    n_c_h_w = _dims(shape.get("input"), f"{where}.shape.input")
+    k_c_r_s = _dims(shape.get("weight"), f"{where}.shape.weight")
+    _pair(shape.get("stride", 1), f"{where}.shape.stride", 1)  # any stride >= 1 fits
+    padding = _pair(shape.get("padding", 0), f"{where}.shape.padding", 0)
+    dilation = _pair(shape.get("dilation", 1), f"{where}.shape.dilation", 1)
+    groups = need_int(shape.get("groups", 1), f"{where}.shape.groups", minimum=1)
+    if n_c_h_w[1] != k_c_r_s[1] * groups:
+        what = f"has {k_c_r_s[1]} input channels per group, input has {n_c_h_w[1]} in {groups}"
+        raise fail(f"{where}.shape.weight", what, k_c_r_s)
+    if k_c_r_s[0] % groups:
+        raise fail(f"{where}.shape.weight", f"output channels not divisible by {groups}", k_c_r_s)
+    for axis in (0, 1):
+        reach = dilation[axis] * (k_c_r_s[2 + axis] - 1) + 1
+        size = n_c_h_w[2 + axis] + 2 * padding[axis]
+        if reach > size:
+            raise fail(f"{where}.shape.weight", "is larger than the padded input", k_c_r_s)
+
+
+def _inductor(w: Workload, where: str, strict: bool) -> None:
+    from gpuwatchd.tuning.inductor_sites import parse_site_workload
+
+    parse_site_workload(w)
+
+
+def _triton_user(w: Workload, where: str, strict: bool) -> None:
+    from gpuwatchd.tuning.kernels import request_from_workload
+
+    request_from_workload(w)
+
+
+_SHAPES: dict[str, Callable[[Workload, str, bool], None]] = {
+    "matmul": _gemm(("m", "n", "k")),
+    "gemm": _gemm(("m", "n", "k")),
+    "bmm": _gemm(("batch", "m", "n", "k")),
+    "conv2d": _conv,
+    "conv": _conv,
+    "inductor.gemm": _inductor,
+    "triton.user": _triton_user,
+}

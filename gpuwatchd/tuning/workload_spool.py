@@ -1,0 +1,127 @@
+"""``add_workloads`` requests that jobs leave for a daemon that is not running.
+
+They live in ``workloads/`` inside the spool directory of :mod:`gpuwatchd.tuning.spool`
+(that module's reader takes only the ``*.json`` files at the top, so the two never
+mix). Each file holds one ``add_workloads`` request document and is written atomically
+(a hidden temporary file, fsync, ``os.replace``): a reader never sees half a file. The
+file name hashes the workload names, so a job that captures the same model at every
+start replaces its file instead of piling up copies. The daemon reads the folder at
+start (:func:`read_workload_spool`), takes the good requests and moves bad files into
+``rejected/`` beside a ``.reason`` file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuwatchd.tuning.workload_requests import MAX_FILE_BYTES, AddRequest, parse_add_request
+from gpuwatchd.validate import one_line
+
+#: The folder, inside the spool directory, that holds ``add_workloads`` requests.
+SUBDIR = "workloads"
+REJECTED_DIR = "rejected"
+SUFFIX = ".json"
+_TMP_PREFIX = ".tmp-"
+
+
+def spool_file_name(doc: dict[str, Any]) -> str:
+    """``<hash of the sorted workload names>.json``: one file per set of workloads."""
+    names = sorted(str(w.get("name")) for w in doc.get("workloads", []) if isinstance(w, dict))
+    digest = hashlib.sha256("\n".join(names).encode("utf-8")).hexdigest()
+    return f"{digest[:24]}{SUFFIX}"
+
+
+def write_workload_request(spool_dir: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
+    """Validate ``doc`` (an ``add_workloads`` request) and write it atomically; its path.
+
+    ValueError for a bad request, OSError when the folder cannot be written.
+    """
+    parse_add_request(doc)
+    folder = Path(spool_dir) / SUBDIR
+    folder.mkdir(mode=0o770, parents=True, exist_ok=True)
+    final = folder / spool_file_name(doc)
+    tmp = folder / f"{_TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
+    data = (json.dumps(doc, sort_keys=True) + "\n").encode("utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o660)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return final
+
+
+@dataclass(frozen=True, slots=True)
+class SpooledRequest:
+    """A good request read from the spool, and the file it came from."""
+
+    path: Path
+    request: AddRequest
+
+
+@dataclass(slots=True)
+class WorkloadSpoolScan:
+    """Good requests (oldest first) and ``(file name, one-line reason)`` for bad files."""
+
+    requests: list[SpooledRequest] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+
+
+def read_workload_spool(spool_dir: str | os.PathLike[str]) -> WorkloadSpoolScan:
+    """Every ``add_workloads`` request spooled; bad files moved into ``rejected/``.
+
+    A missing folder is an empty spool. The daemon deletes a good file
+    (:func:`remove_spooled`) once it has stored its workloads.
+    """
+    folder = Path(spool_dir) / SUBDIR
+    scan = WorkloadSpoolScan()
+    try:
+        names = [n for n in os.listdir(folder) if n.endswith(SUFFIX) and not n.startswith(".")]
+    except FileNotFoundError:
+        return scan
+    dated = []
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            dated.append(((folder / name).lstat().st_mtime, name))
+    for _, name in sorted(dated):
+        path = folder / name
+        try:
+            with path.open("rb") as f:
+                raw = f.read(MAX_FILE_BYTES + 1)
+            if len(raw) > MAX_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
+            request = parse_add_request(json.loads(raw.decode("utf-8")))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            reason = one_line(e)
+            _move_aside(folder, name, reason)
+            scan.rejected.append((name, reason))
+            continue
+        scan.requests.append(SpooledRequest(path, request))
+    return scan
+
+
+def remove_spooled(entry: SpooledRequest) -> None:
+    """Delete a spooled request the daemon has taken (gone already is fine)."""
+    with contextlib.suppress(FileNotFoundError):
+        entry.path.unlink()
+
+
+def _move_aside(folder: Path, name: str, reason: str) -> None:
+    aside = folder / REJECTED_DIR
+    with contextlib.suppress(OSError):
+        aside.mkdir(mode=0o770, exist_ok=True)
+        os.replace(folder / name, aside / name)
+        (aside / (name + ".reason")).write_text(reason + "\n", encoding="utf-8")

@@ -1,0 +1,1078 @@
+"""Build grafana/gpuwatchd.json: the Grafana dashboard, written as code.
+
+Hand-written rather than grafana-foundation-sdk: the SDK is generated per Grafana release
+(a 300 KB wheel whose builders emit this same JSON), while ~400 lines of stdlib Python
+keep the dashboard plain data that tests/test_dashboard.py checks against the metric
+catalogue and tests/test_prometheus_e2e.py runs against a real Prometheus.
+
+Run ``python3 grafana/build_dashboard.py`` after editing; a test fails while the
+committed JSON differs from what this script writes. Every panel reads its data source
+from the ``datasource`` template variable, so the same file works imported through
+Grafana's UI and provisioned from a file or a ConfigMap (no ``__inputs`` to resolve).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+Panel = dict[str, Any]
+
+OUTPUT = Path(__file__).resolve().parent / "gpuwatchd.json"
+GRID_WIDTH = 24
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+GPU_SEL = 'instance=~"$instance", gpu=~"$gpu"'
+INSTANCE_SEL = 'instance=~"$instance"'
+GPU_LEGEND = "{{instance}} GPU {{gpu}}"
+
+#: Gate states in the order of their codes on the gate timeline (1 = cool_stable).
+GATE_CODES = (
+    ("cool_stable", "green"),
+    ("warming", "yellow"),
+    ("throttled", "orange"),
+    ("busy", "purple"),
+    ("unavailable", "red"),
+)
+
+
+def gpu(metric: str) -> str:
+    """``metric`` filtered by both dashboard variables."""
+    return f"{metric}{{{GPU_SEL}}}"
+
+
+def inst(metric: str) -> str:
+    """``metric`` filtered by the instance variable (series without a gpu label)."""
+    return f"{metric}{{{INSTANCE_SEL}}}"
+
+
+# -- targets and field settings -------------------------------------------------------
+
+
+def target(
+    expr: str, legend: str = GPU_LEGEND, *, instant: bool = False, table: bool = False
+) -> dict[str, Any]:
+    """One Prometheus query; its refId is set when the panel is built."""
+    t: dict[str, Any] = {
+        "datasource": DATASOURCE,
+        "refId": "",
+        "editorMode": "code",
+        "expr": expr,
+        "legendFormat": legend,
+        "range": not instant,
+        "instant": instant,
+    }
+    if table:
+        t["format"] = "table"
+    return t
+
+
+def value_mappings(texts: Mapping[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    """Grafana value mappings: value -> (text, colour), in the given order."""
+    options = {
+        value: {"text": text, "color": color, "index": i}
+        for i, (value, (text, color)) in enumerate(texts.items())
+    }
+    return [{"type": "value", "options": options}]
+
+
+def dashed(ref_id: str, color: str) -> dict[str, Any]:
+    """The override drawing one query (a limit: max clock, power limit) as a dashed line."""
+    return {
+        "matcher": {"id": "byFrameRefID", "options": ref_id},
+        "properties": [
+            {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+            {"id": "custom.lineWidth", "value": 2},
+            {"id": "color", "value": {"mode": "fixed", "fixedColor": color}},
+        ],
+    }
+
+
+def _thresholds(*steps: tuple[str, float | None]) -> dict[str, Any]:
+    return {"mode": "absolute", "steps": [{"color": c, "value": v} for c, v in steps]}
+
+
+def _panel(
+    kind: str,
+    title: str,
+    description: str,
+    targets: Sequence[dict[str, Any]],
+    defaults: dict[str, Any],
+    options: dict[str, Any],
+    overrides: Sequence[dict[str, Any]] = (),
+) -> Panel:
+    numbered = [{**t, "refId": chr(ord("A") + i)} for i, t in enumerate(targets)]
+    return {
+        "id": 0,  # numbered by layout()
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "gridPos": {},
+        "fieldConfig": {"defaults": defaults, "overrides": list(overrides)},
+        "options": options,
+        "targets": numbered,
+    }
+
+
+# -- panel kinds ----------------------------------------------------------------------
+
+
+def timeseries(
+    title: str,
+    description: str,
+    targets: Sequence[dict[str, Any]],
+    unit: str,
+    *,
+    limits: Mapping[str, str] | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> Panel:
+    """Lines over time; ``limits`` maps a refId to the colour of its dashed line."""
+    defaults: dict[str, Any] = {
+        "unit": unit,
+        "color": {"mode": "palette-classic"},
+        "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 0,
+            "showPoints": "never",
+            "spanNulls": False,
+        },
+    }
+    if minimum is not None:
+        defaults["min"] = minimum
+    if maximum is not None:
+        defaults["max"] = maximum
+    options = {
+        "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+        "tooltip": {"mode": "multi", "sort": "desc"},
+    }
+    overrides = [dashed(ref, color) for ref, color in (limits or {}).items()]
+    return _panel("timeseries", title, description, targets, defaults, options, overrides)
+
+
+def state_timeline(
+    title: str,
+    description: str,
+    targets: Sequence[dict[str, Any]],
+    mappings: Mapping[str, tuple[str, str]],
+) -> Panel:
+    """Coded states over time; ``mappings``: code -> (text, colour)."""
+    defaults = {
+        "color": {"mode": "thresholds"},
+        "thresholds": _thresholds(("text", None)),
+        "mappings": value_mappings(mappings),
+        "custom": {
+            "fillOpacity": 80,
+            "lineWidth": 0,
+            "hideFrom": {"legend": False, "tooltip": False, "viz": False},
+        },
+    }
+    options = {
+        "mergeValues": True,
+        "showValue": "auto",
+        "alignValue": "left",
+        "rowHeight": 0.9,
+        "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
+        "tooltip": {"mode": "single", "sort": "none"},
+    }
+    return _panel("state-timeline", title, description, targets, defaults, options)
+
+
+def bargauge(
+    title: str,
+    description: str,
+    targets: Sequence[dict[str, Any]],
+    unit: str,
+    *,
+    maximum: float | None = None,
+    decimals: int | None = None,
+) -> Panel:
+    """One bar per series: the value at the end of the range (instant queries)."""
+    defaults: dict[str, Any] = {
+        "unit": unit,
+        "min": 0,
+        "color": {"mode": "palette-classic"},
+        "thresholds": _thresholds(("green", None)),
+    }
+    if maximum is not None:
+        defaults["max"] = maximum
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    options = {
+        "orientation": "horizontal",
+        "displayMode": "basic",
+        "showUnfilled": True,
+        "valueMode": "color",
+        "namePlacement": "auto",
+        "sizing": "auto",
+        "minVizHeight": 16,
+        "minVizWidth": 8,
+        "maxVizHeight": 300,
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+    }
+    return _panel("bargauge", title, description, targets, defaults, options)
+
+
+def stat(
+    title: str,
+    description: str,
+    targets: Sequence[dict[str, Any]],
+    unit: str,
+    steps: Sequence[tuple[str, float | None]],
+) -> Panel:
+    """Big numbers, coloured by ``steps`` (colour from value)."""
+    defaults = {"unit": unit, "color": {"mode": "thresholds"}, "thresholds": _thresholds(*steps)}
+    options = {
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "colorMode": "value",
+        "graphMode": "none",
+        "justifyMode": "auto",
+        "textMode": "value_and_name",
+        "orientation": "auto",
+        "wideLayout": True,
+        "showPercentChange": False,
+    }
+    return _panel("stat", title, description, targets, defaults, options)
+
+
+def row(title: str) -> Panel:
+    return {
+        "id": 0,
+        "type": "row",
+        "title": title,
+        "collapsed": False,
+        "gridPos": {},
+        "panels": [],
+    }
+
+
+# -- the panels -----------------------------------------------------------------------
+
+
+def _gate_state_query() -> str:
+    lines = [
+        f'gpuwatchd_gate_state{{{GPU_SEL}, state="{state}"}} * {code}'
+        for code, (state, _) in enumerate(GATE_CODES, 1)
+    ]
+    return "sum without (state) (\n    " + "\n  or ".join(lines) + "\n)"
+
+
+def _winners_query() -> str:
+    joined = (
+        f"(gpuwatchd_winner_seconds{{{INSTANCE_SEL}}}\n"
+        "  * on (instance, job, gpu_model, workload, regime) group_left (candidate, tie)\n"
+        f"  gpuwatchd_winner_info{{{INSTANCE_SEL}}})"
+    )
+    differ = f"(gpuwatchd_regime_winners_differ{{{INSTANCE_SEL}}} == 1)"
+    branches = [
+        f"label_replace(\n  {joined}\n  {op} on (instance, job, gpu_model, workload) {differ},\n"
+        f'  "winners_differ", "{flag}", "", ""\n)'
+        for op, flag in (("and", "yes"), ("unless", "no"))
+    ]
+    return "\nor\n".join(branches)
+
+
+def tuning_seen(window: str, window_s: str) -> str:
+    """1 where a worker ran or a session completed within ``window``, else 0, per GPU.
+
+    A simulated session lasts well under a second, less than a scrape interval, so
+    ``tune_running`` alone may never be scraped at 1; the GPU's last-tune time (the unix
+    time a session completed) falling within the window shows the session all the same,
+    its first ever included (when the series only appears). ``window_s``: the window in
+    seconds, as a PromQL expression.
+    """
+    return (
+        "max by (instance, gpu) (\n"
+        f"  label_replace(max_over_time({gpu('gpuwatchd_tune_running')}[{window}]),"
+        ' "seen", "running", "", "")\n'
+        f"  or label_replace({gpu('gpuwatchd_last_tune_timestamp_seconds')}"
+        f' > bool (time() - {window_s}), "seen", "ended", "", "")\n'
+        ")"
+    )
+
+
+def telemetry_panels() -> list[tuple[Panel, int, int]]:
+    return [
+        (
+            timeseries(
+                "Temperature vs slowdown threshold",
+                "GPU core temperature (and HBM temperature where the GPU reports it); the "
+                "dashed line is the temperature at which the GPU starts thermal slowdown.",
+                [
+                    target(gpu("gpuwatchd_gpu_temperature_celsius")),
+                    target(
+                        gpu("gpuwatchd_gpu_slowdown_temperature_celsius"),
+                        f"{GPU_LEGEND} slowdown",
+                    ),
+                    target(gpu("gpuwatchd_gpu_memory_temperature_celsius"), f"{GPU_LEGEND} HBM"),
+                ],
+                "celsius",
+                limits={"B": "red"},
+            ),
+            12,
+            8,
+        ),
+        (
+            timeseries(
+                "Power vs limit",
+                "Board power draw; the dashed line is the enforced power limit. Draw at the "
+                "limit means sw_power_cap.",
+                [
+                    target(gpu("gpuwatchd_gpu_power_watts")),
+                    target(gpu("gpuwatchd_gpu_power_limit_watts"), f"{GPU_LEGEND} limit"),
+                ],
+                "watt",
+                limits={"B": "orange"},
+            ),
+            12,
+            8,
+        ),
+        (
+            timeseries(
+                "SM clock vs max",
+                "Current SM clock; the dashed line is the maximum. A clock under the max with "
+                "load means throttling.",
+                [
+                    target(gpu("gpuwatchd_gpu_sm_clock_hertz")),
+                    target(gpu("gpuwatchd_gpu_max_sm_clock_hertz"), f"{GPU_LEGEND} max"),
+                ],
+                "hertz",
+                limits={"B": "blue"},
+            ),
+            12,
+            8,
+        ),
+        (
+            timeseries(
+                "Utilization",
+                "Fraction of time a kernel ran on the GPU (solid) and the memory controller "
+                "was busy. Context for the clocks: throttling only matters under load.",
+                [
+                    target(gpu("gpuwatchd_gpu_utilization_ratio")),
+                    target(gpu("gpuwatchd_gpu_memory_utilization_ratio"), f"{GPU_LEGEND} memory"),
+                ],
+                "percentunit",
+                minimum=0,
+                maximum=1,
+            ),
+            12,
+            8,
+        ),
+    ]
+
+
+def memory_energy_panels() -> list[tuple[Panel, int, int]]:
+    return [
+        (
+            timeseries(
+                "GPU memory used vs total",
+                "Framebuffer memory in use; the dashed line is the GPU's total.",
+                [
+                    target(gpu("gpuwatchd_gpu_memory_used_bytes")),
+                    target(gpu("gpuwatchd_gpu_memory_total_bytes"), f"{GPU_LEGEND} total"),
+                ],
+                "bytes",
+                limits={"B": "purple"},
+                minimum=0,
+            ),
+            12,
+            8,
+        ),
+        (
+            timeseries(
+                "Memory per compute process",
+                "GPU memory of the compute processes using the most (gpuwatchd exports the "
+                "top 8 per GPU).",
+                [
+                    target(
+                        gpu("gpuwatchd_gpu_process_memory_bytes"), f"{GPU_LEGEND} pid {{{{pid}}}}"
+                    )
+                ],
+                "bytes",
+                minimum=0,
+            ),
+            12,
+            8,
+        ),
+        (
+            timeseries(
+                "Compute processes",
+                "Processes holding a CUDA context on the GPU; any that is not gpuwatchd's "
+                "own worker shuts the gate (busy).",
+                [target(gpu("gpuwatchd_gpu_compute_processes"))],
+                "short",
+                minimum=0,
+            ),
+            16,
+            8,
+        ),
+        (
+            bargauge(
+                "Energy in range",
+                "Energy each GPU drew over the selected time range (the NVML total energy "
+                "counter, read off the fast poll).",
+                [
+                    target(
+                        f"increase({gpu('gpuwatchd_gpu_energy_joules_total')}[$__range])",
+                        instant=True,
+                    )
+                ],
+                "joule",
+            ),
+            8,
+            8,
+        ),
+    ]
+
+
+def health_panels() -> list[tuple[Panel, int, int]]:
+    return [
+        (
+            bargauge(
+                "XID errors in range",
+                "XID errors the driver reported in the selected range, by XID code "
+                "(e.g. 79: fell off the bus, 48: double-bit ECC, 13/31/43: application "
+                "faults). Empty while no XID has occurred.",
+                [
+                    target(
+                        "sum by (instance, gpu, xid) (increase("
+                        f"{gpu('gpuwatchd_gpu_xid_errors_total')}[$__range]))",
+                        f"{GPU_LEGEND} XID {{{{xid}}}}",
+                        instant=True,
+                    )
+                ],
+                "short",
+                decimals=0,
+            ),
+            8,
+            8,
+        ),
+        (
+            bargauge(
+                "ECC errors in range",
+                "ECC errors in GPU memory counted in the selected range (the volatile "
+                "counters), corrected (single-bit) and uncorrected (double-bit). Absent on "
+                "GPUs without ECC.",
+                [
+                    target(
+                        "increase(gpuwatchd_gpu_ecc_errors_total"
+                        f'{{{GPU_SEL}, scope="volatile"}}[$__range])',
+                        f"{GPU_LEGEND} {{{{type}}}}",
+                        instant=True,
+                    )
+                ],
+                "short",
+                decimals=0,
+            ),
+            8,
+            8,
+        ),
+        (
+            timeseries(
+                "Remapped rows",
+                "HBM rows remapped over the GPU's life, by the kind of error that caused "
+                "it; a pending remap (1) needs a GPU reset, a failed one (1) means the GPU "
+                "should be replaced.",
+                [
+                    target(gpu("gpuwatchd_gpu_remapped_rows"), f"{GPU_LEGEND} {{{{cause}}}}"),
+                    target(gpu("gpuwatchd_gpu_row_remap_pending"), f"{GPU_LEGEND} pending"),
+                    target(gpu("gpuwatchd_gpu_row_remap_failed"), f"{GPU_LEGEND} failed"),
+                ],
+                "short",
+                minimum=0,
+            ),
+            8,
+            8,
+        ),
+        (
+            timeseries(
+                "PCIe throughput",
+                "Bytes per second over PCIe, to (TX) and from (RX) the GPU.",
+                [
+                    target(
+                        f"rate({gpu('gpuwatchd_gpu_pcie_tx_bytes_total')}[$__rate_interval])",
+                        f"{GPU_LEGEND} TX",
+                    ),
+                    target(
+                        f"rate({gpu('gpuwatchd_gpu_pcie_rx_bytes_total')}[$__rate_interval])",
+                        f"{GPU_LEGEND} RX",
+                    ),
+                ],
+                "Bps",
+                minimum=0,
+            ),
+            12,
+            8,
+        ),
+        (
+            timeseries(
+                "PCIe replays",
+                "PCIe packets replayed per second: a rising rate points at a bad link or riser.",
+                [
+                    target(
+                        f"rate({gpu('gpuwatchd_gpu_pcie_replay_errors_total')}[$__rate_interval])"
+                    )
+                ],
+                "short",
+                minimum=0,
+            ),
+            12,
+            8,
+        ),
+        (
+            timeseries(
+                "NVLink throughput",
+                "Bytes per second over all NVLinks of the GPU. Absent on GPUs without NVLink.",
+                [
+                    target(
+                        f"rate({gpu('gpuwatchd_gpu_nvlink_tx_bytes_total')}[$__rate_interval])",
+                        f"{GPU_LEGEND} TX",
+                    ),
+                    target(
+                        f"rate({gpu('gpuwatchd_gpu_nvlink_rx_bytes_total')}[$__rate_interval])",
+                        f"{GPU_LEGEND} RX",
+                    ),
+                ],
+                "Bps",
+                minimum=0,
+            ),
+            16,
+            8,
+        ),
+        (
+            timeseries(
+                "Fan speed",
+                "Fan speed as a fraction of its maximum. Absent on passively cooled GPUs "
+                "(most data-centre boards).",
+                [target(gpu("gpuwatchd_gpu_fan_speed_ratio"))],
+                "percentunit",
+                minimum=0,
+                maximum=1,
+            ),
+            8,
+            8,
+        ),
+    ]
+
+
+def gate_panels() -> list[tuple[Panel, int, int]]:
+    return [
+        (
+            state_timeline(
+                "Throttle reasons",
+                "NVML clocks-event (throttle) reasons per GPU. sw_power_cap: the power limit; "
+                "*_thermal_slowdown and hw_slowdown: heat.",
+                [target(gpu("gpuwatchd_gpu_throttle_active"), f"{GPU_LEGEND} {{{{reason}}}}")],
+                {"0": ("off", "transparent"), "1": ("active", "red")},
+            ),
+            18,
+            10,
+        ),
+        (
+            bargauge(
+                "Time throttled in range",
+                "Seconds each throttle reason was active in the selected range, per GPU "
+                "(the reasons' accumulated time, so no short episode is lost between "
+                "scrapes).",
+                [
+                    target(
+                        "sum by (instance, gpu, reason) (increase("
+                        f"{gpu('gpuwatchd_gpu_throttle_seconds_total')}[$__range])) > 0",
+                        f"{GPU_LEGEND} {{{{reason}}}}",
+                        instant=True,
+                    )
+                ],
+                "s",
+            ),
+            6,
+            10,
+        ),
+        (
+            state_timeline(
+                "Gate state",
+                "Tuning gate per GPU. Only cool_stable (idle, cool and stable) lets gated "
+                "tuning run.",
+                [target(_gate_state_query())],
+                {str(code): state for code, state in enumerate(GATE_CODES, 1)},
+            ),
+            18,
+            7,
+        ),
+        (
+            bargauge(
+                "Gate open (share of range)",
+                "Fraction of the selected time range each GPU's gate was open (cool_stable).",
+                [target(f"avg_over_time({gpu('gpuwatchd_gate_open')}[$__range])", instant=True)],
+                "percentunit",
+                maximum=1,
+            ),
+            6,
+            7,
+        ),
+    ]
+
+
+def tuning_panels() -> list[tuple[Panel, int, int]]:
+    return [
+        (
+            state_timeline(
+                "Tuning running",
+                "When a tuning worker ran on each GPU, or a session completed there, within "
+                "the rate interval: a session shorter than a scrape still shows.",
+                [target(tuning_seen("$__rate_interval", "$__rate_interval_ms / 1000"))],
+                {"0": ("idle", "transparent"), "1": ("tuning", "blue")},
+            ),
+            16,
+            6,
+        ),
+        (
+            timeseries(
+                "Workloads waiting for the gate",
+                "Tuning work queued per GPU (first tuning, re-tunes, manual requests), "
+                "waiting for its gate to open.",
+                [target(gpu("gpuwatchd_tune_pending_workloads"))],
+                "short",
+                minimum=0,
+            ),
+            8,
+            6,
+        ),
+        (
+            bargauge(
+                "Tune sessions in range",
+                "Tuning sessions this daemon ran that ended in the selected range, by status "
+                "(completed, failed, preempted, deferred).",
+                [
+                    target(
+                        "sum by (status) (increase("
+                        f"{inst('gpuwatchd_tune_sessions_total')}[$__range]))",
+                        "{{status}}",
+                        instant=True,
+                    )
+                ],
+                "short",
+                decimals=0,
+            ),
+            8,
+            8,
+        ),
+        (
+            bargauge(
+                "Tune deferrals in range",
+                "Tune jobs deferred in the selected range, by reason (gate shut, outside "
+                "the time window, ...).",
+                [
+                    target(
+                        "sum by (reason) (increase("
+                        f"{inst('gpuwatchd_tune_deferred_total')}[$__range]))",
+                        "{{reason}}",
+                        instant=True,
+                    )
+                ],
+                "short",
+                decimals=0,
+            ),
+            8,
+            8,
+        ),
+        (
+            stat(
+                "Time since last tune",
+                "Time since the last completed tuning session on each GPU.",
+                [
+                    target(
+                        f"time() - {gpu('gpuwatchd_last_tune_timestamp_seconds')}",
+                        instant=True,
+                    )
+                ],
+                "s",
+                [("green", None), ("yellow", 604800)],
+            ),
+            8,
+            8,
+        ),
+        (_winners_table(), 24, 9),
+    ]
+
+
+def _winners_table() -> Panel:
+    p = _panel(
+        "table",
+        "Winners per regime",
+        "The winning candidate of each workload in each thermal regime and its time per "
+        "call. 'winners differ' is yes when the unthrottled and the sustained regime picked "
+        "different candidates.",
+        [target(_winners_query(), "__auto", instant=True, table=True)],
+        {
+            "custom": {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False},
+            "thresholds": _thresholds(("green", None)),
+            "color": {"mode": "thresholds"},
+        },
+        {
+            "showHeader": True,
+            "cellHeight": "sm",
+            "footer": {"show": False, "reducer": ["sum"], "fields": "", "countRows": False},
+            "sortBy": [{"displayName": "workload", "desc": False}],
+        },
+        [
+            {
+                "matcher": {"id": "byName", "options": "time per call"},
+                "properties": [{"id": "unit", "value": "s"}, {"id": "decimals", "value": 3}],
+            },
+            {
+                "matcher": {"id": "byName", "options": "winners differ"},
+                "properties": [
+                    {
+                        "id": "mappings",
+                        "value": value_mappings(
+                            {"yes": ("DIFFER", "orange"), "no": ("same", "green")}
+                        ),
+                    },
+                    {"id": "custom.cellOptions", "value": {"type": "color-background"}},
+                ],
+            },
+        ],
+    )
+    p["transformations"] = [
+        {
+            "id": "organize",
+            "options": {
+                "excludeByName": {"Time": True, "job": True, "__name__": True},
+                "indexByName": {
+                    "instance": 0,
+                    "workload": 1,
+                    "regime": 2,
+                    "candidate": 3,
+                    "Value": 4,
+                    "winners_differ": 5,
+                },
+                "renameByName": {"Value": "time per call", "winners_differ": "winners differ"},
+            },
+        }
+    ]
+    return p
+
+
+def drift_panels() -> list[tuple[Panel, int, int]]:
+    return [
+        (
+            timeseries(
+                "Clock drift vs winners' clock",
+                "Signed relative difference between the sustained-load SM clock now and the "
+                "clock the current winners were measured at. Beyond ±3% for long, a re-tune "
+                "is scheduled. Shown once the GPU has winners and the daemon has seen a few "
+                "minutes of sustained load (drift.settle_s + drift.min_load_s).",
+                [target(gpu("gpuwatchd_clock_drift_ratio"))],
+                "percentunit",
+            ),
+            16,
+            8,
+        ),
+        (
+            state_timeline(
+                "Re-tune pending",
+                "Re-tunes waiting for the next open gate, by trigger (never tuned, clock "
+                "drift, power limit, versions, age).",
+                [target(gpu("gpuwatchd_retune_pending"), f"{GPU_LEGEND} {{{{reason}}}}")],
+                {"0": ("no", "transparent"), "1": ("pending", "orange")},
+            ),
+            8,
+            8,
+        ),
+    ]
+
+
+def health_of_gpuwatchd_panels() -> list[tuple[Panel, int, int]]:
+    poll_state = (
+        f"(gpuwatchd_gpu_lost{{{GPU_SEL}}} == 1) * 3\n"
+        f"or (gpuwatchd_poll_stalled{{{GPU_SEL}}} == 1) * 2\n"
+        f"or (gpuwatchd_poll_success{{{GPU_SEL}}} == 0) + 1\n"
+        f"or gpuwatchd_poll_success{{{GPU_SEL}}} * 0"
+    )
+    stamp = gpu("gpuwatchd_last_poll_timestamp_seconds")
+    return [
+        (
+            state_timeline(
+                "Poll state",
+                "Telemetry polling per GPU: ok, failing (the last poll failed), stalled (a "
+                "read hung for more than two periods) or lost (fell off the bus).",
+                [target(poll_state)],
+                {
+                    "0": ("ok", "green"),
+                    "1": ("failing", "orange"),
+                    "2": ("stalled", "red"),
+                    "3": ("lost", "dark-red"),
+                },
+            ),
+            12,
+            7,
+        ),
+        (
+            timeseries(
+                "Age of last successful poll",
+                "How old the last successful poll was when Prometheus scraped; the stale "
+                "alert fires above 60 s.",
+                [target(f"timestamp({stamp}) - {stamp}")],
+                "s",
+                minimum=0,
+            ),
+            12,
+            7,
+        ),
+        (
+            timeseries(
+                "Poll duration",
+                "Wall time of the last completed telemetry read per GPU.",
+                [target(gpu("gpuwatchd_poll_duration_seconds"))],
+                "s",
+            ),
+            6,
+            7,
+        ),
+        (
+            timeseries(
+                "Field read errors",
+                "NVML reads of one field that failed per second (only that field's series "
+                "is missing meanwhile), by field.",
+                [
+                    target(
+                        f"rate({gpu('gpuwatchd_gpu_field_errors_total')}[$__rate_interval])",
+                        f"{GPU_LEGEND} {{{{field}}}}",
+                    )
+                ],
+                "short",
+                minimum=0,
+            ),
+            6,
+            7,
+        ),
+        (
+            state_timeline(
+                "Scrape collectors",
+                "Whether each gpuwatchd sub-collector (gpu, tuning, ...) succeeded in the "
+                "scrape; a failing one drops only its own metrics.",
+                [
+                    target(
+                        inst("gpuwatchd_scrape_collector_success"),
+                        "{{instance}} {{collector}}",
+                    )
+                ],
+                {"0": ("failing", "red"), "1": ("ok", "green")},
+            ),
+            6,
+            7,
+        ),
+        (
+            timeseries(
+                "Scrape collector duration",
+                "Time each gpuwatchd sub-collector took during the scrape.",
+                [
+                    target(
+                        inst("gpuwatchd_scrape_collector_duration_seconds"),
+                        "{{instance}} {{collector}}",
+                    )
+                ],
+                "s",
+            ),
+            6,
+            7,
+        ),
+    ]
+
+
+def sections() -> list[tuple[str, list[tuple[Panel, int, int]]]]:
+    """Rows top to bottom, each with its panels and their (width, height)."""
+    return [
+        ("Temperature, power and clocks", telemetry_panels()),
+        ("Memory and energy", memory_energy_panels()),
+        ("Throttling and gate", gate_panels()),
+        ("Tuning", tuning_panels()),
+        ("Clock drift", drift_panels()),
+        ("GPU health: XID, ECC, PCIe, NVLink, fan", health_panels()),
+        ("Collector health", health_of_gpuwatchd_panels()),
+    ]
+
+
+# -- layout and the dashboard ---------------------------------------------------------
+
+
+def layout(rows: Iterable[tuple[str, list[tuple[Panel, int, int]]]]) -> list[Panel]:
+    """Number the panels and place them left to right, wrapping at the grid's width."""
+    placed: list[Panel] = []
+    y = 0
+    for title, panels in rows:
+        header = row(title)
+        header["gridPos"] = {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y}
+        placed.append(header)
+        y += 1
+        x, line_h = 0, 0
+        for panel, w, h in panels:
+            if x + w > GRID_WIDTH:
+                y, x, line_h = y + line_h, 0, 0
+            panel["gridPos"] = {"h": h, "w": w, "x": x, "y": y}
+            placed.append(panel)
+            x, line_h = x + w, max(line_h, h)
+        y += line_h
+    for i, panel in enumerate(placed, 1):
+        panel["id"] = i
+    return placed
+
+
+def variables() -> list[dict[str, Any]]:
+    datasource = {
+        "name": "datasource",
+        "label": "Data source",
+        "description": "The Prometheus that scrapes gpuwatchd",
+        "type": "datasource",
+        "query": "prometheus",
+        "regex": "",
+        "current": {},
+        "options": [],
+        "refresh": 1,
+        "multi": False,
+        "includeAll": False,
+        "hide": 0,
+        "skipUrlSync": False,
+    }
+
+    def label_values(name: str, label: str, description: str, query: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "label": label,
+            "description": description,
+            "type": "query",
+            "datasource": DATASOURCE,
+            "definition": query,
+            "query": {
+                "qryType": 1,
+                "query": query,
+                "refId": "PrometheusVariableQueryEditor-VariableQuery",
+            },
+            "refresh": 2,
+            "regex": "",
+            "sort": 3,
+            "multi": True,
+            "includeAll": True,
+            "allValue": ".*",
+            "current": {},
+            "options": [],
+            "hide": 0,
+            "skipUrlSync": False,
+        }
+
+    return [
+        datasource,
+        label_values(
+            "instance",
+            "Instance",
+            "gpuwatchd daemons (scrape targets)",
+            "label_values(gpuwatchd_build_info, instance)",
+        ),
+        label_values(
+            "gpu",
+            "GPU",
+            "GPU indices on the selected daemons",
+            'label_values(gpuwatchd_gpu_info{instance=~"$instance"}, gpu)',
+        ),
+    ]
+
+
+def annotation_list() -> list[dict[str, Any]]:
+    return [
+        {
+            "builtIn": 1,
+            "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+            "enable": True,
+            "hide": True,
+            "iconColor": "rgba(0, 211, 255, 1)",
+            "name": "Annotations & Alerts",
+            "type": "dashboard",
+        },
+        {
+            "datasource": DATASOURCE,
+            "enable": True,
+            "hide": False,
+            "iconColor": "blue",
+            "name": "Tuning",
+            "expr": tuning_seen("1m", "60") + " == 1",
+            "step": "1m",
+            "titleFormat": "Tuning GPU {{gpu}}",
+            "textFormat": "{{instance}}",
+            "tagKeys": "gpu",
+            "useValueForTime": False,
+        },
+    ]
+
+
+def requires(panels: Iterable[Panel]) -> list[dict[str, str]]:
+    names = {
+        "bargauge": "Bar gauge",
+        "stat": "Stat",
+        "state-timeline": "State timeline",
+        "table": "Table",
+        "timeseries": "Time series",
+    }
+    kinds = sorted({p["type"] for p in panels if p["type"] != "row"})
+    return [
+        {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
+        {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+        *({"type": "panel", "id": k, "name": names[k], "version": ""} for k in kinds),
+    ]
+
+
+def build() -> dict[str, Any]:
+    """The whole dashboard as a JSON-ready dict."""
+    panels = layout(sections())
+    return {
+        "__elements": {},
+        "__requires": requires(panels),
+        "annotations": {"list": annotation_list()},
+        "description": (
+            "gpuwatchd: GPU temperature, power, clocks, memory, energy and health (XID, "
+            "ECC, PCIe, NVLink), throttling, the tuning gate, gated tuning and its winners "
+            "per thermal regime, clock drift and the daemon's own health."
+        ),
+        "editable": True,
+        "fiscalYearStartMonth": 0,
+        "graphTooltip": 1,
+        "id": None,
+        "links": [],
+        "liveNow": False,
+        "panels": panels,
+        "refresh": "30s",
+        "schemaVersion": 39,
+        "tags": ["gpu", "nvidia", "gpuwatchd"],
+        "templating": {"list": variables()},
+        "time": {"from": "now-6h", "to": "now"},
+        "timepicker": {},
+        "timezone": "",
+        "title": "gpuwatchd",
+        "uid": "gpuwatchd",
+        "version": 1,
+        "weekStart": "",
+    }
+
+
+def render() -> str:
+    """The file's exact text: 2-space indented JSON, non-ASCII kept, final newline."""
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: Sequence[str]) -> int:
+    """Write the dashboard (``--check``: only say whether the committed file is current)."""
+    text = render()
+    if "--check" in argv:
+        current = OUTPUT.read_text(encoding="utf-8") == text
+        print(f"{OUTPUT}: {'up to date' if current else 'stale: run grafana/build_dashboard.py'}")
+        return 0 if current else 1
+    OUTPUT.write_text(text, encoding="utf-8")
+    print(f"wrote {OUTPUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,27 @@
+"""Fixtures shared by the test files; the builders they use are in ``builders.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from builders import DAEMON_INFO
+
+from gpuwatchd.exporter import HttpServer, build_registry
+from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.store import Store
+
+
+@pytest.fixture
+def server(board: StateBoard) -> Iterator[HttpServer]:
+    """The exporter's HTTP server on a free port, serving the test module's ``board``."""
+    with HttpServer(board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0)) as srv:
+        yield srv
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """An empty tuning store in the test's directory, on the real clock."""
+    with Store(tmp_path / "tune.db") as s:
+        yield s

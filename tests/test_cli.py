@@ -1,0 +1,112 @@
+"""The command line's shape: one module per command, no loop back to ``cli.main``."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuwatchd.cli import main as cli_main
+from gpuwatchd.cli.common import EXIT_CONFIG, EXIT_RUNTIME, CliError
+from gpuwatchd.cli.status import local_url
+
+CLI_DIR = Path(cli_main.__file__).parent
+BURN = Path(__file__).parent / "data" / "h200-matmul-burn.jsonl"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_no_cli_module_imports_main() -> None:
+    offenders = [
+        p.name
+        for p in sorted(CLI_DIR.glob("*.py"))
+        if p.name != "main.py" and "gpuwatchd.cli.main" in _imported_modules(p)
+    ]
+    assert offenders == []
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_commands_are_listed_in_order_and_dispatch_to_their_module() -> None:
+    subs = _subcommands(cli_main.build_parser())
+    assert list(subs) == [
+        "run", "status", "record", "tune", "report", "plot-timeline", "retune", "workloads",
+        "check-config",
+    ]  # fmt: skip
+    for module, (name, sub) in zip(cli_main.COMMANDS, subs.items(), strict=True):
+        assert sub.get_default("func") is module.run, name
+
+
+def test_a_cli_error_is_one_line_with_its_exit_code(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fail(args: argparse.Namespace) -> int:
+        raise CliError("broken\u2009thing", EXIT_CONFIG)
+
+    parser = cli_main.build_parser()
+    monkeypatch.setattr(cli_main, "build_parser", lambda: parser)
+    _subcommands(parser)["check-config"].set_defaults(func=fail)
+    assert cli_main.main(["check-config"]) == EXIT_CONFIG
+    assert capsys.readouterr().err == "gpuwatchd: broken\u2009thing\n"
+
+
+def test_check_config_of_the_defaults(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("")
+    assert cli_main.main(["check-config", "--config", str(cfg)]) == 0
+    assert capsys.readouterr().out.strip().endswith(": OK")
+
+
+def test_plot_timeline_bad_header_t0_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = BURN.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["t0_unix"] = "yesterday"
+    trace = tmp_path / "bad-t0.jsonl"
+    trace.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    rc = cli_main.main(["plot-timeline", "--trace", str(trace), "--out", str(tmp_path / "t.png")])
+    err = capsys.readouterr().err
+    assert rc == EXIT_RUNTIME
+    assert err.count("\n") == 1 and "bad-t0.jsonl:1: field 't0_unix'" in err
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_plot_timeline_unknown_gpu_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = cli_main.main(
+        ["plot-timeline", "--trace", str(BURN), "--gpu", "4", "--out", str(tmp_path / "t.png")]
+    )
+    assert rc == EXIT_CONFIG
+    assert "--gpu 4: not in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("listen", "https", "url"),
+    [
+        (":9844", False, "http://127.0.0.1:9844"),
+        ("0.0.0.0:9000", True, "https://127.0.0.1:9000"),
+        ("[::1]:9844", False, "http://[::1]:9844"),
+        ("[::]:9844", False, "http://127.0.0.1:9844"),
+        ("gpu-host:80", False, "http://gpu-host:80"),
+    ],
+)
+def test_status_finds_a_local_daemon(listen: str, https: bool, url: str) -> None:
+    assert local_url(listen, https=https) == url

@@ -1,0 +1,218 @@
+"""Fault injection on the store: kills during writes, a full disk, a read-only store.
+
+Issue 11 items 5 (sessions of a killed process stay ``running``) and 6 (``gpuwatchd
+tune`` on a full disk or a read-only store: a traceback), and the minor item (a
+directory as ``--store``; missing parent directories: gpuwatchd creates them and says so
+in one line). ``bench/faults_store.py`` repeats the kills 50+ times.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakes_backend import FakeBackend
+from fault_cases import child_env, kill_meta, writer_command
+from store_faults import (
+    KillReport,
+    MountUnavailable,
+    check_after_kill,
+    kill_holder,
+    kill_writer_once,
+    kill_writers,
+    remount,
+    tmpfs,
+)
+
+from gpuwatchd.config import Config, DaemonConfig
+from gpuwatchd.store import Store, StoreError
+from gpuwatchd.tuning.types import SessionStatus
+
+
+def _gpuwatchd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwatchd", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+    )
+
+
+def _one_line(res: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in res.stderr.splitlines() if line.startswith("gpuwatchd: ")]
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    try:
+        with tmpfs(tmp_path / "fs", "4m") as mnt:
+            yield mnt
+    except MountUnavailable as exc:
+        pytest.skip(f"no size-limited file system to fill: {exc}")
+
+
+# -- kills ------------------------------------------------------------------------------------
+
+
+def test_ten_sigkills_during_writes_lose_no_committed_session(tmp_path: Path) -> None:
+    report = kill_writers(tmp_path / "kill.db", kills=10, seed=11)
+    assert report.problems == []
+    assert report.kills == 10 and report.committed > 0
+
+
+def test_the_daemon_fails_sessions_a_killed_process_left_and_counts_them(tmp_path: Path) -> None:
+    from gpuwatchd.daemon.process import Daemon
+
+    state = tmp_path / "state"
+    state.mkdir()
+    left = kill_holder(state / "gpuwatchd.db")
+    cfg = Config(
+        daemon=DaemonConfig(
+            listen="127.0.0.1:0", state_dir=str(state), control_socket=str(tmp_path / "c.sock")
+        )
+    )
+    daemon = Daemon(cfg, backend=FakeBackend(gpus=1))
+    try:
+        assert daemon.store.session(left).status is SessionStatus.FAILED  # type: ignore[union-attr]
+        assert daemon.tuner.snapshot.sessions_total["failed"] == 1
+        assert daemon.tuner.snapshot.sessions_total["completed"] == 0  # not this daemon's
+    finally:
+        daemon.store.close()
+        daemon.backend.close()
+
+
+def test_tune_fails_sessions_a_killed_process_left(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    kill_holder(path)
+    res = _gpuwatchd("tune", "--backend", "sim", "--wait-timeout", "0.01",
+                     "--store", str(path), "--workload", "sim-gemm")  # fmt: skip
+    assert res.returncode == 1 and "gate still shut" in _one_line(res)  # cleaned up first
+    assert "1 session(s) left running by a process that is gone marked failed" in res.stderr
+    with Store(path) as store:
+        assert store.running_count() == 0
+        assert store.session_totals()[SessionStatus.FAILED] == 1
+
+
+def test_a_live_process_keeps_its_running_session(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    holder = subprocess.Popen(
+        writer_command(path, "store_holder_main"),
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert holder.stdout is not None
+        sid = int(holder.stdout.readline())
+        with Store(path) as store:  # a daemon starting while `tune` runs a session
+            assert store.abandon_running() == 0
+            assert store.session(sid).status is SessionStatus.RUNNING  # type: ignore[union-attr]
+    finally:
+        holder.kill()
+        holder.wait()
+    with Store(path) as store:  # and once that process is gone, the next start fails it
+        assert store.abandon_running() == 1
+
+
+# -- directories ------------------------------------------------------------------------------
+
+
+def test_a_directory_as_store_is_named_as_such(tmp_path: Path) -> None:
+    for readonly in (False, True):
+        with pytest.raises(StoreError, match=r"is a directory; give the store's file"):
+            Store(tmp_path, readonly=readonly)
+    res = _gpuwatchd("report", "--store", str(tmp_path))
+    assert res.returncode == 1 and "is a directory" in _one_line(res)
+
+
+def test_a_missing_store_directory_is_created_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "a" / "b" / "tune.db"
+    with caplog.at_level(logging.WARNING, logger="gpuwatchd.store"), Store(path):
+        pass
+    (record,) = caplog.records
+    assert record.getMessage() == f"created the missing directory {path.parent} for store tune.db"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StoreError, match=r"cannot create .*file.* for store tune.db"):
+        Store(tmp_path / "file" / "tune.db")
+
+
+# -- a full disk ------------------------------------------------------------------------------
+
+
+def _fill(directory: Path, leave_bytes: int) -> Path:
+    """A file that takes all but about ``leave_bytes`` of the file system's free space."""
+    filler = directory / "filler"
+    free = shutil.disk_usage(directory).free
+    with filler.open("wb") as fh:
+        fh.write(b"\0" * max(0, free - leave_bytes))
+    return filler
+
+
+def test_a_full_disk_is_one_line_and_loses_nothing_committed(small_fs: Path) -> None:
+    path = small_fs / "tune.db"
+    store = Store(path)
+    filler = _fill(small_fs, 400_000)
+    committed: list[int] = []
+    with pytest.raises(StoreError) as exc:
+        for _ in range(10_000):
+            sid = store.start_session(kill_meta())
+            store.finish_session(sid, SessionStatus.FAILED, "x" * 1000)
+            committed.append(sid)
+    assert "database or disk is full" in str(exc.value) and "\n" not in str(exc.value)
+    assert len(committed) > 5
+    store.close()
+
+    res = _gpuwatchd("tune", "--backend", "sim", "--no-wait", "--store", str(path),
+                     "--workload", "sim-gemm")  # fmt: skip
+    assert res.returncode == 1 and str(path) in _one_line(res)
+
+    filler.unlink()
+    with Store(path) as reopened:
+        assert not list(small_fs.glob("*.corrupt-*"))
+        found = {s.id: s.status for s in reopened.sessions(limit=100_000)}
+        assert all(found.get(sid) is SessionStatus.FAILED for sid in committed)
+        assert reopened.abandon_running() <= 1  # the one cut off by the full disk, if any
+
+
+def test_tune_on_a_full_disk_exits_1_in_one_line(small_fs: Path) -> None:
+    Store(small_fs / "tune.db").close()
+    _fill(small_fs, 0)
+    res = _gpuwatchd("tune", "--backend", "sim", "--no-wait", "--store",
+                     str(small_fs / "tune.db"), "--workload", "sim-gemm")  # fmt: skip
+    assert res.returncode == 1
+    assert "no space left" in _one_line(res) or "disk is full" in _one_line(res)
+
+
+# -- a read-only store left with its -wal/-shm --------------------------------------------------
+
+
+def test_a_read_only_store_with_wal_and_shm_is_one_line_and_still_readable(
+    small_fs: Path,
+) -> None:
+    path = small_fs / "tune.db"
+    report_before = kill_writer_once(path, 0.2)[0]
+    assert Path(f"{path}-wal").exists() and Path(f"{path}-shm").exists()
+    remount(small_fs, "ro")
+    try:
+        with pytest.raises(StoreError, match="is not writable: attempt to write a readonly"):
+            Store(path)
+        res = _gpuwatchd("tune", "--backend", "sim", "--no-wait", "--store", str(path),
+                         "--workload", "sim-gemm")  # fmt: skip
+        assert res.returncode == 1 and "is not writable" in _one_line(res)
+        with Store(path, readonly=True) as ro:
+            assert {s.id for s in ro.sessions(limit=100_000)} >= set(report_before)
+    finally:
+        remount(small_fs, "rw")
+    after = KillReport()
+    check_after_kill(path, report_before, after)  # writable again: all there, leftovers failed
+    assert after.problems == [] and after.abandoned <= 1
