@@ -239,7 +239,7 @@ def test_submit_spools_when_no_daemon_answers(
 ) -> None:
     _, cap = captured
     sub = cap.submit(socket_path=sock_path, spool_dir=tmp_path / "spool")
-    assert sub.how == "spool" and "no daemon" in sub.detail
+    assert sub.how == "spool" and "cannot reach gpuwatchd" in sub.detail
     scan = read_workload_spool(tmp_path / "spool")
     (entry,) = scan.requests
     assert entry.request.workloads == cap.workloads() and scan.rejected == []

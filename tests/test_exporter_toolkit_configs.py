@@ -145,8 +145,8 @@ def get(
         response = conn.getresponse()
         response.read()
         sock = conn.sock
-        cipher = sock.cipher()[0] if isinstance(sock, ssl.SSLSocket) and sock.cipher() else None
-        return response.status, response.headers, cipher
+        negotiated = sock.cipher() if isinstance(sock, ssl.SSLSocket) else None
+        return response.status, response.headers, negotiated[0] if negotiated else None
     finally:
         conn.close()
 

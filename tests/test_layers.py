@@ -39,6 +39,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 JOB_SIDE = ("client", "jobside", "torch", "triton", "triton_configs")
 #: Layers the job side may not import: the daemon's process and command line.
 JOB_SIDE_FORBIDDEN = ("daemon", "cli", "__main__")
+#: The command line sits above everything: it is a client of the daemon like a job is.
+TOP = ("cli", "__main__")
 #: Modules allowed to import torch or triton.
 HEAVY_OK = ("tuning.worker", "jobside", "torch", "triton", "triton_configs")
 HEAVY = ("torch", "triton")
@@ -124,7 +126,8 @@ def test_no_import_points_up_a_layer() -> None:
                 upward.append(f"{src} -> {dst} (job side imports the daemon)")
             continue
         if d in JOB_SIDE:
-            upward.append(f"{src} -> {dst} (daemon side imports the job side)")
+            if s not in TOP:
+                upward.append(f"{src} -> {dst} (daemon side imports the job side)")
         elif RANK[d] > RANK[s]:
             upward.append(f"{src} ({s}) -> {dst} ({d})")
     assert upward == [], "imports from a lower layer to a higher one:\n" + "\n".join(upward)

@@ -8,86 +8,13 @@ daemon's socket module is imported when the command runs (see :mod:`gpuwatchd.cl
 from __future__ import annotations
 
 import argparse
-import errno
 import json
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
 from gpuwatchd.cli.common import EXIT_CONFIG, EXIT_RUNTIME, CliError, Subparsers, add_command
 
 EXIT_REJECTED = EXIT_CONFIG  # 2
-
-
-class Unreachable(Exception):
-    """No daemon answered on the socket (one line)."""
-
-
-def client_socket_path() -> Path:
-    """The daemon's default socket for this user if it exists; else the system daemon's
-    (/run/gpuwatchd, systemd's RuntimeDirectory) when that directory exists."""
-    from gpuwatchd.daemon.control_server import SOCKET_NAME, SYSTEM_SOCKET_DIR, default_socket_path
-
-    own = default_socket_path()
-    if own.exists() or not SYSTEM_SOCKET_DIR.is_dir():
-        return own
-    return SYSTEM_SOCKET_DIR / SOCKET_NAME
-
-
-def send_request(
-    path: str | os.PathLike[str], request: dict[str, Any], timeout: float = 5.0
-) -> dict[str, Any]:
-    """Send one request line, return the decoded response; :class:`Unreachable` otherwise."""
-    where = os.fspath(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        try:
-            sock.connect(where)
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            line = _read_line(sock)
-        except OSError as exc:
-            raise Unreachable(_unreachable(where, exc)) from None
-    finally:
-        sock.close()
-    try:
-        doc = json.loads(line)
-    except ValueError:
-        raise Unreachable(f"{where}: the daemon's response is not JSON") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("ok"), bool):
-        raise Unreachable(f"{where}: not a gpuwatchd control response")
-    return doc
-
-
-def _read_line(sock: socket.socket) -> bytes:
-    from gpuwatchd.daemon.control_server import MAX_LINE
-
-    buf = bytearray()
-    while b"\n" not in buf:
-        if len(buf) > MAX_LINE:
-            raise OSError(errno.EMSGSIZE, "response line too long")
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:
-            chunk = b""  # the server closed after answering while we were still sending
-        if not chunk:
-            if buf:
-                break
-            raise OSError(errno.ECONNRESET, "connection closed without a response")
-        buf += chunk
-    return bytes(buf.split(b"\n", 1)[0])
-
-
-def _unreachable(where: str, exc: OSError) -> str:
-    reason = exc.strerror or str(exc) or type(exc).__name__
-    if isinstance(exc, TimeoutError):
-        reason = "timed out"
-    if isinstance(exc, PermissionError):
-        hint = "are you root, the daemon's user or in its control_group?"
-    else:
-        hint = "is the daemon running?"
-    return f"cannot reach gpuwatchd at {where}: {reason} ({hint})"
 
 
 def format_queued(queued: dict[str, list[str]]) -> str:
@@ -143,13 +70,16 @@ def add_retune_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``gpuwatchd retune``; CliError(1) unreachable, CliError(2) rejected."""
-    path = Path(args.socket) if args.socket else client_socket_path()
+    from gpuwatchd.client.control import Unreachable, ask_doc
+    from gpuwatchd.client.discovery import default_socket_path
+
+    path = Path(args.socket) if args.socket else default_socket_path()
     if args.pending:
         request: dict[str, Any] = {"op": "status"}
     else:
         request = {"op": "retune", "gpu": args.gpu, "workloads": args.workload or None}
     try:
-        response = send_request(path, request, timeout=args.timeout)
+        response = ask_doc(path, request, timeout=args.timeout)
     except Unreachable as exc:
         raise CliError(str(exc), EXIT_RUNTIME) from None
     if args.json:

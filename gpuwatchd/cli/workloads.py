@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.cli.common import EXIT_CONFIG, EXIT_RUNTIME, CliError, Subparsers, add_command
-from gpuwatchd.cli.retune import Unreachable, client_socket_path, send_request
+from gpuwatchd.client.control import Unreachable, ask_doc
+from gpuwatchd.client.discovery import default_socket_path
 from gpuwatchd.tuning.workload_requests import (
     add_request,
     check_workload_name,
@@ -55,9 +56,9 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Build the request (exit 2 on bad input), send it (exit 1 on no daemon), print."""
     request = _request(args)
-    path = Path(args.socket) if args.socket else client_socket_path()
+    path = Path(args.socket) if args.socket else default_socket_path()
     try:
-        response = send_request(path, request, timeout=args.timeout)
+        response = ask_doc(path, request, timeout=args.timeout)
     except Unreachable as exc:
         raise CliError(str(exc), EXIT_RUNTIME) from None
     if args.json:

@@ -36,16 +36,15 @@ def ask(path: str | os.PathLike[str], line: str, timeout: float) -> dict[str, An
         sock.sendall(line.encode() + b"\n")
         data = _read_line(sock)
     except OSError as e:
-        reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or one_line(e))
-        raise Unreachable(f"no daemon at {where}: {reason}") from None
+        raise Unreachable(_unreachable(where, e)) from None
     finally:
         sock.close()
     try:
         doc = json.loads(data)
     except ValueError:
-        raise Unreachable(f"{where}: the answer is not JSON") from None
+        raise Unreachable(f"{where}: the daemon's response is not JSON") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("ok"), bool):
-        raise Unreachable(f"{where}: not a gpuwatchd control answer")
+        raise Unreachable(f"{where}: not a gpuwatchd control response")
     return doc
 
 
@@ -59,10 +58,22 @@ def _read_line(sock: socket.socket) -> bytes:
     while b"\n" not in buf:
         if len(buf) > MAX_LINE:
             raise OSError(errno.EMSGSIZE, "answer line too long")
-        chunk = sock.recv(65536)
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            chunk = b""  # the server closed after answering while we were still sending
         if not chunk:
             if buf:
                 break
             raise OSError(errno.ECONNRESET, "connection closed without an answer")
         buf += chunk
     return bytes(buf.split(b"\n", 1)[0])
+
+
+def _unreachable(where: Path, exc: OSError) -> str:
+    reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or one_line(exc))
+    if isinstance(exc, PermissionError):
+        hint = "are you root, the daemon's user or in its control_group?"
+    else:
+        hint = "is the daemon running?"
+    return f"cannot reach gpuwatchd at {where}: {reason or type(exc).__name__} ({hint})"

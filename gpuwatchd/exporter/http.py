@@ -1,5 +1,4 @@
-# Hand-written on asyncio, chosen by measurement (bench/http_servers.py, bench/RESULTS.md):
-# cheroot holds a worker thread per slow client and waitress has no TLS; this holds 1000.
+# asyncio, not cheroot/waitress: only it kept /metrics up under 1000 slow clients (bench/RESULTS.md)
 """The read-only HTTP server: /metrics, the /api/v1 JSON documents, /healthz, an index.
 
 Three layers, so TLS and basic auth wrap the socket side without touching routing:

@@ -1,3 +1,4 @@
+# asyncio, not cheroot/waitress: only it kept /metrics up under 1000 slow clients (bench/RESULTS.md)
 """The HTTP server's event loop: accepting, the connection cap, deadlines, TLS, framing.
 
 One asyncio loop in one thread holds every connection, so an idle or dripping client

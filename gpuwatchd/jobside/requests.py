@@ -15,9 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwatchd.client.control import MAX_LINE
-from gpuwatchd.client.control import Unreachable as _Unreachable
-from gpuwatchd.client.control import ask as _ask
+from gpuwatchd.client.control import MAX_LINE, Unreachable, ask
 from gpuwatchd.client.discovery import default_socket_path, default_spool_dir
 from gpuwatchd.tuning.kernels import KernelRequest
 from gpuwatchd.tuning.spool import write_request
@@ -67,8 +65,8 @@ class Submitter:
             why_spool = f"request too long for the control socket ({len(line)} bytes)"
         else:
             try:
-                answer = _ask(sock, line, self.timeout)
-            except _Unreachable as e:
+                answer = ask(sock, line, self.timeout)
+            except Unreachable as e:
                 why_spool = str(e)
             else:
                 if answer.get("ok") is True:

@@ -15,11 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.client.control import Unreachable, ask
 from gpuwatchd.jobside.requests import (
     MAX_LINE,
     Submission,
-    _ask,
-    _Unreachable,
     default_socket_path,
     default_spool_dir,
 )
@@ -48,8 +47,8 @@ def submit_workloads(
         why = f"request too long for the control socket ({len(line)} bytes)"
     else:
         try:
-            answer = _ask(sock, line, timeout)
-        except _Unreachable as e:
+            answer = ask(sock, line, timeout)
+        except Unreachable as e:
             why = str(e)
         else:
             if answer.get("ok") is True:
