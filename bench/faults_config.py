@@ -19,7 +19,6 @@ import contextlib
 import io
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from fault_cases import bad_configs, child_env, write_case  # noqa: E402
+from builders import free_port  # noqa: E402
+from fault_cases import (  # noqa: E402
+    bad_configs,
+    child_env,
+    refused_in_one_line,
+    run_daemon_on,
+    run_gpuwatchd,
+    write_case,
+)
 
 from gpuwatchd.cli.main import main  # noqa: E402
 
@@ -45,30 +52,9 @@ def _in_process(path: Path) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def _cli(args: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuwatchd", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=child_env(),
-    )
-
-
-def _one_line_2(res: subprocess.CompletedProcess[str]) -> bool:
-    lines = res.stderr.splitlines()
-    return res.returncode == 2 and len(lines) == 1 and lines[0].startswith("gpuwatchd: ")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _runs(path: Path, scratch: Path) -> str | None:
     """Start the daemon on ``path``; None when it serves and stops cleanly, else why not."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuwatchd", "run", "--config", str(path), "--backend", "sim",
          "--listen", f"127.0.0.1:{port}", "--state-dir", str(scratch / "state"),
@@ -130,13 +116,14 @@ def main_bench() -> int:
     cli_ok = 0
     t0 = time.monotonic()
     for name in sample:
-        checked = _cli(["check-config", "--config", str(paths[name])])
-        ran = _cli(["run", "--config", str(paths[name]), "--backend", "sim", "--listen",
-                    "127.0.0.1:0", "--state-dir", str(scratch / "never"), "--control-socket",
-                    str(scratch / "never.sock")])  # fmt: skip
-        if not _one_line_2(checked):
+        checked = run_gpuwatchd(["check-config", "--config", str(paths[name])])
+        ran = run_daemon_on(
+            ["--config", str(paths[name]), "--backend", "sim"], scratch / "never",
+            scratch / "never.sock",
+        )  # fmt: skip
+        if not refused_in_one_line(checked):
             problems.append(f"{name}: check-config exit {checked.returncode}: {checked.stderr!r}")
-        elif not _one_line_2(ran) or ran.stderr != checked.stderr:
+        elif not refused_in_one_line(ran) or ran.stderr != checked.stderr:
             problems.append(f"{name}: run exit {ran.returncode}: {ran.stderr.strip()[-200:]!r}")
         else:
             cli_ok += 1

@@ -7,7 +7,6 @@ nothing started (no state directory created).
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from fault_cases import bad_traces, child_env, write_case  # noqa: E402
+from fault_cases import bad_traces, refused_in_one_line, run_daemon_on, write_case  # noqa: E402
 
 
 def main() -> int:
@@ -27,14 +26,10 @@ def main() -> int:
     t0 = time.monotonic()
     for name, content in cases.items():
         path = write_case(scratch, name, content, ".jsonl")
-        res = subprocess.run(
-            [sys.executable, "-m", "gpuwatchd", "run", "--trace", str(path), "--listen",
-             "127.0.0.1:0", "--state-dir", str(scratch / "never"), "--control-socket",
-             str(scratch / "never.sock")],
-            capture_output=True, text=True, timeout=60, env=child_env(),
-        )  # fmt: skip
-        lines = res.stderr.splitlines()
-        if res.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"gpuwatchd: {path}"):
+        res = run_daemon_on(
+            ["--trace", str(path)], scratch / "never", scratch / "never.sock", timeout=60
+        )
+        if refused_in_one_line(res, f"gpuwatchd: {path}"):
             ok += 1
         else:
             problems.append(f"{name}: exit {res.returncode}: {res.stderr.strip()[-300:]!r}")

@@ -170,6 +170,26 @@ def need_text(
     return typing.cast(str, value)
 
 
+def need_object(
+    value: Any,
+    where: str,
+    required: tuple[str, ...],
+    optional: tuple[str, ...] = (),
+    *,
+    error: ErrorType = ValueError,
+) -> dict[str, Any]:
+    """A JSON object with every required key and no key outside required + optional."""
+    require(isinstance(value, dict), where, "expected an object", value, error)
+    for key in value:
+        if key not in required and key not in optional:
+            known = ", ".join((*required, *optional))
+            raise error(f"{where}.{key}: unknown key (known: {known})")
+    for key in required:
+        if key not in value:
+            raise error(f"{where}.{key}: missing")
+    return typing.cast(dict[str, Any], value)
+
+
 # -- config sections: a TOML table -> a frozen dataclass ------------------------------------
 
 #: Per-field checks: ``metadata={"check": (predicate, "must be > 0")}``.

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from builders import DAEMON_INFO
+from pg_server import PostgresServer, start_server
 
 from gpuwatchd.exporter import HttpServer, build_registry
 from gpuwatchd.monitor.board import StateBoard
@@ -25,3 +26,11 @@ def store(tmp_path: Path) -> Iterator[Store]:
     """An empty tuning store in the test's directory, on the real clock."""
     with Store(tmp_path / "tune.db") as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One throwaway PostgreSQL server for the whole run (see ``pg_server.py``)."""
+    server = start_server()
+    yield server
+    server.stop()

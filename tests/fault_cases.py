@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import time
 import typing
@@ -21,7 +22,7 @@ from pathlib import Path
 from gpuwatchd.config.loader import DaemonConfig
 from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.gate import GateConfig
-from gpuwatchd.store import SessionMeta, Store
+from gpuwatchd.store import SessionMeta, Store, open_store
 from gpuwatchd.telemetry.settings import ReplayConfig
 from gpuwatchd.telemetry.sim.settings import SimConfig
 from gpuwatchd.tuning.settings import ProtocolConfig, TuningConfig
@@ -323,7 +324,7 @@ def store_writer_main(path: str) -> None:
         return RegimeResult("gemm", regime, cands, "cand0", False, 0.09, 0.01)
 
     results = [result(Regime.UNTHROTTLED), result(Regime.SUSTAINED)]
-    store = Store(path)
+    store = open_store(path)  # a file or a postgresql:// URL
     print("ready", flush=True)
     while True:
         sid = store.start_session(meta)
@@ -354,3 +355,31 @@ def child_env() -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     path = os.environ.get("PYTHONPATH", "")
     return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{root}:{path}".rstrip(":")}
+
+
+def run_gpuwatchd(args: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """``python -m gpuwatchd ARGS`` as a child (:func:`child_env`), its output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwatchd", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+    )
+
+
+def run_daemon_on(
+    source: list[str], state_dir: Path, control_socket: Path, timeout: float = 30.0
+) -> subprocess.CompletedProcess[str]:
+    """``gpuwatchd run SOURCE`` on an ephemeral port, expected to refuse and exit."""
+    return run_gpuwatchd(
+        ["run", *source, "--listen", "127.0.0.1:0", "--state-dir", str(state_dir),
+         "--control-socket", str(control_socket)],
+        timeout,
+    )  # fmt: skip
+
+
+def refused_in_one_line(res: subprocess.CompletedProcess[str], prefix: str = "gpuwatchd: ") -> bool:
+    """Exit 2 with exactly one stderr line, starting with ``prefix``."""
+    lines = res.stderr.splitlines()
+    return res.returncode == 2 and len(lines) == 1 and lines[0].startswith(prefix)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fault_cases import child_env, writer_command
 
-from gpuwatchd.store import Store
+from gpuwatchd.store import open_store
 from gpuwatchd.tuning.types import SessionStatus
 
 
@@ -66,7 +66,7 @@ def _committed_ids(out: str) -> list[int]:
     return [int(line) for line in out.split() if line.isdigit()]
 
 
-def kill_writer_once(path: Path, delay_s: float) -> tuple[list[int], int]:
+def kill_writer_once(path: Path | str, delay_s: float) -> tuple[list[int], int]:
     """Start the store writer, SIGKILL it ``delay_s`` after it is ready; its committed ids."""
     proc = subprocess.Popen(
         writer_command(path),
@@ -102,15 +102,16 @@ def kill_holder(path: Path) -> int:
     return sid
 
 
-def check_after_kill(path: Path, committed: list[int], report: KillReport) -> None:
+def check_after_kill(path: Path | str, committed: list[int], report: KillReport) -> None:
     """The store opens, nothing was moved aside, every committed session is there whole."""
     try:
-        store = Store(path)
+        store = open_store(path)
     except Exception as exc:  # any failure to open is the finding
         report.problems.append(f"kill {report.kills}: store does not open: {exc}")
         return
     with store:
-        corrupt = [p.name for p in path.parent.iterdir() if ".corrupt-" in p.name]
+        files = path.parent.iterdir() if isinstance(path, Path) else ()
+        corrupt = [p.name for p in files if ".corrupt-" in p.name]
         if corrupt:
             report.problems.append(f"kill {report.kills}: store moved aside: {corrupt}")
         for sid in committed:
@@ -124,7 +125,7 @@ def check_after_kill(path: Path, committed: list[int], report: KillReport) -> No
             report.problems.append(f"kill {report.kills}: sessions still running after abandon")
 
 
-def kill_writers(path: Path, kills: int, seed: int = 0) -> KillReport:
+def kill_writers(path: Path | str, kills: int, seed: int = 0) -> KillReport:
     """SIGKILL the store writer ``kills`` times at random moments; check after each kill."""
     rng = random.Random(seed)
     report = KillReport()
@@ -133,7 +134,7 @@ def kill_writers(path: Path, kills: int, seed: int = 0) -> KillReport:
         report.kills += 1
         report.committed += len(committed)
         check_after_kill(path, committed, report)
-    with Store(path) as store:
+    with open_store(path) as store:
         totals = store.session_totals()
         done = totals[SessionStatus.COMPLETED]
         if done < report.committed:

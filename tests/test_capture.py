@@ -5,13 +5,12 @@ submission to a daemon or its spool."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from control_fakes import ControlServer
 
 torch = pytest.importorskip("torch")
 
@@ -180,38 +179,6 @@ def test_bad_timer_is_refused() -> None:
 # -- submission ------------------------------------------------------------------------------
 
 
-class FakeDaemon:
-    """A control socket that answers each request line with a canned JSON answer."""
-
-    def __init__(self, path: Path, answer: dict[str, Any]) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self._answer = answer
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(str(path))
-        self._sock.listen(4)
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                self.requests.append(json.loads(data))
-                conn.sendall(json.dumps(self._answer).encode() + b"\n")
-
-    def close(self) -> None:
-        self._sock.close()
-
-
 @pytest.fixture
 def sock_path(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "control.sock"
@@ -222,7 +189,7 @@ def test_submit_goes_to_a_daemon_that_takes_it(
 ) -> None:
     _, cap = captured
     names = [w.name for w in cap.workloads(top=3)]
-    daemon = FakeDaemon(sock_path, {"ok": True, "added": names, "replaced": []})
+    daemon = ControlServer(sock_path, {"ok": True, "added": names, "replaced": []})
     try:
         sub = cap.submit(top=3, socket_path=sock_path, spool_dir=tmp_path / "spool")
     finally:
@@ -249,7 +216,9 @@ def test_submit_spools_for_a_daemon_without_the_operation(
     captured: Any, sock_path: Path, tmp_path: Path
 ) -> None:
     _, cap = captured
-    daemon = FakeDaemon(sock_path, {"ok": False, "error": "op: unknown operation 'add_workloads'"})
+    daemon = ControlServer(
+        sock_path, {"ok": False, "error": "op: unknown operation 'add_workloads'"}
+    )
     try:
         sub = cap.submit(socket_path=sock_path, spool_dir=tmp_path / "spool")
     finally:
@@ -259,7 +228,7 @@ def test_submit_spools_for_a_daemon_without_the_operation(
 
 def test_a_refusal_is_reported_not_spooled(captured: Any, sock_path: Path, tmp_path: Path) -> None:
     _, cap = captured
-    daemon = FakeDaemon(sock_path, {"ok": False, "error": "families: unknown family 'x'"})
+    daemon = ControlServer(sock_path, {"ok": False, "error": "families: unknown family 'x'"})
     try:
         sub = cap.submit(socket_path=sock_path, spool_dir=tmp_path / "spool")
     finally:

@@ -4,48 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from control_fakes import ControlServer
 
 from gpuwatchd.cli import workloads as command
 from gpuwatchd.cli.common import CliError
 from gpuwatchd.tuning.captured import CapturedCall, CapturedSet
 from gpuwatchd.tuning.workload_requests import workloads_toml
-
-
-class ControlServer:
-    """A control socket answering one canned JSON line per request, recording requests."""
-
-    def __init__(self, path: Path, answer: dict[str, Any]) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.answer = answer
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(str(path))
-        self._sock.listen(2)
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                self.requests.append(json.loads(data))
-                conn.sendall(json.dumps(self.answer).encode() + b"\n")
-
-    def close(self) -> None:
-        self._sock.close()
 
 
 def run(argv: list[str]) -> int:

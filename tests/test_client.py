@@ -466,6 +466,23 @@ def test_defaults_follow_the_daemon_config(monkeypatch: pytest.MonkeyPatch, tmp_
     assert Client().url == "http://10.0.0.7:9844"
 
 
+def test_winners_fall_back_to_the_daemon_configs_store_url(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = make_store(tmp_path / "elsewhere" / "tuning.db")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[store]\nurl = "{path}"\n')
+    monkeypatch.setattr(gpuwatchd.config, "DEFAULT_CONFIG_PATH", cfg)
+    assert client_mod.default_store_paths()[0] == path
+    assert gpuwatchd.client.discovery.default_store_url() is None  # a file, not PostgreSQL
+    w = Client(closed_url(), timeout=0.5).winner("gemm", "unthrottled")
+    assert w is not None and w.candidate == BIG and w.source == str(path)
+    pw = tmp_path / "pw"
+    url = "postgresql://gpuwatchd@db.example/gw"
+    cfg.write_text(f'[store]\nurl = "{url}"\npassword_file = "{pw}"\n')
+    assert gpuwatchd.client.discovery.default_store_url() == (url, pw)
+
+
 def test_module_shortcuts_use_the_environment(
     fake: FakeDaemon, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatchd.config import Config, ConfigError, parse_config, resolve_state_dir
+from gpuwatchd.config import (
+    Config,
+    ConfigError,
+    check_store_access,
+    parse_config,
+    resolve_state_dir,
+    store_location,
+    store_password_file,
+    store_path,
+)
 from gpuwatchd.tuning.windows import in_windows, parse_windows
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "config.toml"
@@ -17,7 +26,7 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "config.toml"
 def test_example_config_documents_exactly_the_defaults():
     cfg = parse_config(tomllib.loads(EXAMPLE.read_text()))
     defaults = Config()
-    for section in ("daemon", "sim", "replay", "gate", "tuning", "drift"):
+    for section in ("daemon", "sim", "replay", "gate", "tuning", "drift", "store"):
         assert getattr(cfg, section) == getattr(defaults, section), section
     names = [w.name for w in cfg.workloads]
     assert "attention-proj-fp16" in names and "sim-gemm" in names
@@ -128,3 +137,56 @@ def test_section_types_defined_by_components_keep_their_messages(doc, message):
     with pytest.raises(ConfigError) as exc:
         parse_config(doc, source="c.toml")
     assert str(exc.value).startswith(message)
+
+
+def test_example_documents_every_store_key():
+    assert set(tomllib.loads(EXAMPLE.read_text())["store"]) == {"url", "password_file"}
+
+
+def test_store_location_is_the_state_file_a_sqlite_path_or_the_url():
+    state = {"daemon": {"state_dir": "/srv/state"}}
+    assert store_location(parse_config(state)) == store_path("/srv/state")
+    sqlite = parse_config({**state, "store": {"url": "/data/tuning.db"}})
+    assert store_location(sqlite) == Path("/data/tuning.db")
+    assert store_password_file(sqlite) is None
+    url = "postgresql://gpuwatchd@db:5432/gpuwatchd?sslmode=verify-full"
+    pg = parse_config({"store": {"url": url, "password_file": "/run/secrets/pw"}})
+    assert store_location(pg) == url and store_password_file(pg) == Path("/run/secrets/pw")
+
+
+@pytest.mark.parametrize(
+    ("store", "message"),
+    [
+        (
+            {"url": "postgresql://fleet:hunter2@db/gw"},
+            "c.toml: store.url: the URL holds a password; put it in [store] password_file",
+        ),
+        ({"url": "postgresql://fleet@db/gw?password=hunter2"}, "c.toml: store.url: the URL holds"),
+        ({"url": "mysql://fleet:hunter2@db/gw"}, "c.toml: store.url: expected a postgresql://"),
+        ({"url": "state/gpuwatchd.db"}, "c.toml: store.url: a SQLite file must be an absolute"),
+        ({"url": 5}, "c.toml: store.url: expected a string, got 5"),
+        ({"password_file": "pw"}, "c.toml: store.password_file: must be an absolute path"),
+        ({"password_file": "/pw"}, "c.toml: store.password_file: only a postgresql:// store.url"),
+        ({"uri": "postgresql://db/gw"}, "c.toml: store.uri: unknown key (known keys: password_"),
+    ],
+)
+def test_bad_store_keys_are_one_line_and_never_show_a_password(store, message):
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"store": store}, source="c.toml")
+    text = str(exc.value)
+    assert text.startswith(message) and "\n" not in text
+    assert "hunter2" not in text
+
+
+def test_the_password_file_must_be_readable_and_not_empty_on_this_host(tmp_path: Path):
+    pw = tmp_path / "password"
+    url = "postgresql://gpuwatchd@db/gw"
+    cfg = parse_config({"store": {"url": url, "password_file": str(pw)}}, source="c.toml")
+    with pytest.raises(ConfigError, match=f"^c.toml: store.password_file: cannot read {pw}: "):
+        check_store_access(cfg)
+    pw.write_text("\n")
+    with pytest.raises(ConfigError, match=f"^c.toml: store.password_file: {pw} is empty$"):
+        check_store_access(cfg)
+    pw.write_text("s3cret\n")
+    check_store_access(cfg)
+    check_store_access(parse_config({}))  # the state-dir file needs nothing

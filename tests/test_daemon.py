@@ -14,6 +14,7 @@ import pytest
 from builders import free_port, wait_until
 from daemon_helpers import NotifySocket, http_get, start_daemon, wait_http
 from fakes_backend import FakeBackend
+from pg_server import PASSWORD, PostgresServer
 
 from gpuwatchd.config import Config, DaemonConfig
 from gpuwatchd.daemon.process import Daemon
@@ -303,3 +304,66 @@ def test_warns_when_fast_simulated_time_starves_the_gate(tmp_path: Path, caplog)
     assert not [r for r in caplog.records if "never open" in r.message]
     daemon(10.0)._check_sampling()  # one sample per 5 simulated s, 5 needed in a 5 s window
     assert [r for r in caplog.records if "never open" in r.message]
+
+
+# -- [store] url: the fleet's PostgreSQL store -----------------------------------------------
+
+
+def test_check_config_takes_a_store_url_with_a_password_file_never_one_holding_it(
+    tmp_path: Path,
+):
+    pw = tmp_path / "password"
+    pw.write_text("hunter2\n")
+    cfg = tmp_path / "c.toml"
+    url = "postgresql://gpuwatchd@db.example:5432/gpuwatchd?sslmode=verify-full"
+    cfg.write_text(f'[store]\nurl = "{url}"\npassword_file = "{pw}"\n')
+    ok = gpuwatchd("check-config", "--config", str(cfg))
+    assert ok.returncode == 0 and ok.stdout.strip() == f"{cfg}: OK", ok
+    pw.unlink()
+    gone = gpuwatchd("check-config", "--config", str(cfg))
+    assert gone.returncode == 2 and f"store.password_file: cannot read {pw}" in gone.stderr
+    cfg.write_text('[store]\nurl = "postgresql://gpuwatchd:hunter2@db.example/gpuwatchd"\n')
+    for cmd in (["check-config"], ["run", "--backend", "sim"]):
+        res = gpuwatchd(*cmd, "--config", str(cfg))
+        assert res.returncode == 2, res
+        (err,) = res.stderr.strip().splitlines()
+        assert f"{cfg}: store.url: the URL holds a password" in err
+        assert "gpuwatchd:***@db.example" in err and "hunter2" not in err
+
+
+def test_the_daemon_records_a_sim_tuning_session_in_postgresql(
+    tmp_path: Path, postgres_server: PostgresServer
+):
+    db = postgres_server.new_database()
+    pw = tmp_path / "password"
+    pw.write_text(PASSWORD + "\n")
+    port = free_port()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[daemon]\nbackend = "sim"\nlisten = "127.0.0.1:{port}"\npoll_interval_s = 0.1\n'
+        f'state_dir = "{tmp_path / "state"}"\ncontrol_socket = "{tmp_path / "c.sock"}"\n'
+        "[sim]\nspeed = 30.0\n[gate]\nwindow_s = 20.0\n"  # the gate opens within a second
+        '[tuning]\ncheck_interval_s = 0.5\nworkloads = ["sim-gemm"]\n'
+        f'[store]\nurl = "{postgres_server.tcp_url(db)}"\npassword_file = "{pw}"\n'
+    )
+
+    def completed() -> list[tuple[object, ...]]:
+        import psycopg
+
+        try:
+            return postgres_server.sql(db, "SELECT id FROM sessions WHERE status = 'completed'")
+        except psycopg.errors.UndefinedTable:  # the daemon has not created the schema yet
+            return []
+
+    proc = start_daemon(["--config", str(cfg)])
+    try:
+        done = wait_until(completed, timeout=60, interval=0.5)
+        assert done, "no completed session in PostgreSQL"
+        winners = postgres_server.sql(db, "SELECT DISTINCT workload FROM winners")
+        assert winners == [("sim-gemm",)]
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0, out
+    assert f"tuning store: postgresql://fleet@127.0.0.1:{postgres_server.port}/{db}" in out
+    assert not (tmp_path / "state" / "gpuwatchd.db").exists()  # nothing went to SQLite

@@ -11,15 +11,13 @@ runs every case through the real command line and starts the daemon on the valid
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from builders import free_port
 from daemon_helpers import http_get, start_daemon, wait_http
-from fault_cases import bad_configs, child_env, write_case
+from fault_cases import bad_configs, run_daemon_on, run_gpuwatchd, write_case
 
 from gpuwatchd.cli.main import main
 from gpuwatchd.config import Config, ConfigError, DaemonConfig, load_config, parse_config
@@ -112,16 +110,6 @@ def test_every_duration_key_of_every_section_has_the_finite_sane_range() -> None
             parse_config(table)
 
 
-def _cli(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuwatchd", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=child_env(),
-    )
-
-
 @pytest.mark.parametrize(
     "name",
     [
@@ -138,12 +126,11 @@ def _cli(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess[st
 )
 def test_run_refuses_what_check_config_refuses_before_serving(name: str, tmp_path: Path) -> None:
     path = write_case(tmp_path, "c", CASES[name], ".toml")
-    checked = _cli(["check-config", "--config", str(path)])
+    checked = run_gpuwatchd(["check-config", "--config", str(path)])
     assert checked.returncode == 2 and len(checked.stderr.splitlines()) == 1, checked.stderr
-    ran = _cli(
-        ["run", "--config", str(path), "--backend", "sim", "--listen", "127.0.0.1:0",
-         "--state-dir", str(tmp_path / "state"), "--control-socket", str(tmp_path / "c.sock")]
-    )  # fmt: skip
+    ran = run_daemon_on(
+        ["--config", str(path), "--backend", "sim"], tmp_path / "state", tmp_path / "c.sock"
+    )
     assert ran.returncode == 2, ran.stderr
     assert ran.stderr.splitlines() == checked.stderr.splitlines()
     assert not (tmp_path / "state").exists()  # refused before the store, HTTP or socket

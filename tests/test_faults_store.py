@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from fakes_backend import FakeBackend
 from fault_cases import child_env, kill_meta, writer_command
+from pg_server import PostgresServer
 from store_faults import (
     KillReport,
     MountUnavailable,
@@ -66,6 +67,16 @@ def test_ten_sigkills_during_writes_lose_no_committed_session(tmp_path: Path) ->
     report = kill_writers(tmp_path / "kill.db", kills=10, seed=11)
     assert report.problems == []
     assert report.kills == 10 and report.committed > 0
+
+
+def test_sigkills_during_postgres_writes_lose_no_committed_session(
+    postgres_server: PostgresServer,
+) -> None:
+    """The same kills against the shared store: a killed client's open transaction rolls back."""
+    url = postgres_server.url(postgres_server.new_database())
+    report = kill_writers(url, kills=6, seed=12)
+    assert report.problems == []
+    assert report.kills == 6 and report.committed > 0
 
 
 def test_the_daemon_fails_sessions_a_killed_process_left_and_counts_them(tmp_path: Path) -> None:

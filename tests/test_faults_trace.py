@@ -8,12 +8,10 @@ runs every case through the real command line.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from fault_cases import bad_traces, child_env, write_case
+from fault_cases import bad_traces, run_daemon_on, write_case
 
 from gpuwatchd.telemetry.replay import ReplayBackend
 from gpuwatchd.telemetry.trace import TraceError, load_trace
@@ -61,12 +59,7 @@ def test_gpuwatchd_run_with_a_malformed_trace_exits_2_in_one_line(
     name: str, tmp_path: Path
 ) -> None:
     path = write_case(tmp_path, name, CASES[name], ".jsonl")
-    res = subprocess.run(
-        [sys.executable, "-m", "gpuwatchd", "run", "--trace", str(path), "--listen",
-         "127.0.0.1:0", "--state-dir", str(tmp_path / "s"), "--control-socket",
-         str(tmp_path / "c.sock")],
-        capture_output=True, text=True, timeout=60, env=child_env(),
-    )  # fmt: skip
+    res = run_daemon_on(["--trace", str(path)], tmp_path / "s", tmp_path / "c.sock", timeout=60)
     lines = res.stderr.splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith(f"gpuwatchd: {path}")

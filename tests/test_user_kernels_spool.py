@@ -15,8 +15,8 @@ from gpuwatchd.tuning.spool import (
     REJECTED_DIR,
     STALE_TMP_S,
     TMP_PREFIX,
-    _reject,
     read_spool,
+    reject_file,
     remove_entry,
     spool_file_name,
     write_request,
@@ -107,7 +107,7 @@ def test_a_rejection_racing_a_new_write_keeps_the_new_request(tmp_path: Path) ->
     (tmp_path / name).write_text("{")
     stale_inode = os.stat(tmp_path / name).st_ino
     write_request(tmp_path, _key(1))  # a writer replaced the bad file after it was read
-    rejected = _reject(tmp_path, name, stale_inode, "not valid JSON")
+    rejected = reject_file(tmp_path, name, stale_inode, "not valid JSON")
     assert rejected.moved_to is None and "newer write was kept" in rejected.reason
     assert [e.request for e in read_spool(tmp_path).entries] == [_key(1)]
 

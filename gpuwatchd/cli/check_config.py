@@ -1,4 +1,5 @@
-"""``gpuwatchd check-config``: validate the config (and its web config) and exit.
+"""``gpuwatchd check-config``: validate the config (its web config, the store's password
+file) and exit.
 
 Exit 0 and ``FILE: OK`` when the daemon would start with it; otherwise the one-line
 error the daemon would give, exit 2.
@@ -37,12 +38,13 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuwatchd.config import ConfigError
+    from gpuwatchd.config import ConfigError, check_store_access
     from gpuwatchd.daemon.process import read_web_config
 
     cfg, _ = load_with_overrides(args)
     try:
         read_web_config(cfg)
+        check_store_access(cfg)
     except ConfigError as exc:
         raise CliError(str(exc), EXIT_CONFIG) from None
     print(f"{cfg.source or 'built-in defaults'}: OK")

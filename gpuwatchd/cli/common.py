@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     from gpuwatchd.config import Config
-    from gpuwatchd.store import Store
+    from gpuwatchd.store import TuningStore
 
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
@@ -149,11 +149,41 @@ def load_with_overrides(args: argparse.Namespace) -> tuple[Config, dict[str, dic
     return cfg, overrides
 
 
-def open_store(path: Path, readonly: bool = False) -> Store:
-    """The tuning store at ``path``; a writable one creates its missing directory, saying so."""
-    from gpuwatchd.store import Store, StoreError
+def open_store(
+    location: Path | str, readonly: bool = False, password_file: Path | None = None
+) -> TuningStore:
+    """The tuning store at ``location``: a SQLite file (``--store PATH`` always is one), or
+    the daemon config's PostgreSQL URL. A writable SQLite one creates its missing directory."""
+    from gpuwatchd.store import StoreError
+    from gpuwatchd.store import open_store as open_location
 
     try:
-        return Store(path, readonly=readonly)
+        return open_location(location, readonly=readonly, password_file=password_file)
     except StoreError as exc:
         raise CliError(str(exc)) from None
+
+
+def open_configured_store(cfg: Config, readonly: bool = False) -> TuningStore:
+    """The daemon's store as ``cfg`` names it: ``[store] url``, else the state directory's."""
+    from gpuwatchd.config import store_location, store_password_file
+
+    return open_store(store_location(cfg), readonly, store_password_file(cfg))
+
+
+def control_socket(args: argparse.Namespace) -> Path:
+    """``args.socket``, or the daemon's default control socket."""
+    from gpuwatchd.client.discovery import default_socket_path
+
+    return Path(args.socket) if args.socket else default_socket_path()
+
+
+def ask_daemon(args: argparse.Namespace, request: dict[str, Any]) -> dict[str, Any]:
+    """Send ``request`` to :func:`control_socket` within ``args.timeout`` seconds; its
+    answer, or CliError (exit 1) when none comes."""
+    from gpuwatchd.client.control import Unreachable, ask_doc
+
+    path = control_socket(args)
+    try:
+        return ask_doc(path, request, timeout=args.timeout)
+    except Unreachable as exc:
+        raise CliError(str(exc), EXIT_RUNTIME) from None

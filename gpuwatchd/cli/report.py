@@ -19,6 +19,7 @@ from gpuwatchd.cli.common import (
     Subparsers,
     add_command,
     load_with_overrides,
+    open_configured_store,
     open_store,
 )
 
@@ -38,7 +39,11 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
-    p.add_argument("--store", metavar="PATH", help="SQLite store (default STATE_DIR/gpuwatchd.db)")
+    p.add_argument(
+        "--store",
+        metavar="PATH",
+        help="SQLite store file (default: [store] url, else STATE_DIR/gpuwatchd.db)",
+    )
     p.add_argument("--state-dir", metavar="DIR", help="state directory holding the store")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output")
     p.add_argument("--gpu-model", metavar="NAME", help="only this GPU model")
@@ -53,16 +58,14 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    from gpuwatchd.config import store_path
     from gpuwatchd.report.text import build_report, format_report
     from gpuwatchd.store import StoreError
 
     if args.store:
-        path = Path(args.store)
+        store = open_store(Path(args.store), readonly=True)
     else:
         cfg, _ = load_with_overrides(args)
-        path = store_path(cfg.daemon.state_dir)
-    store = open_store(path, readonly=True)
+        store = open_configured_store(cfg, readonly=True)
     try:
         doc = build_report(store, gpu_model=args.gpu_model)
     except StoreError as exc:

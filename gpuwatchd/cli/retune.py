@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from gpuwatchd.cli.common import EXIT_CONFIG, EXIT_RUNTIME, CliError, Subparsers, add_command
+from gpuwatchd.cli.common import (
+    EXIT_CONFIG,
+    CliError,
+    Subparsers,
+    add_command,
+    ask_daemon,
+)
 
 EXIT_REJECTED = EXIT_CONFIG  # 2
 
@@ -70,18 +75,11 @@ def add_retune_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``gpuwatchd retune``; CliError(1) unreachable, CliError(2) rejected."""
-    from gpuwatchd.client.control import Unreachable, ask_doc
-    from gpuwatchd.client.discovery import default_socket_path
-
-    path = Path(args.socket) if args.socket else default_socket_path()
     if args.pending:
         request: dict[str, Any] = {"op": "status"}
     else:
         request = {"op": "retune", "gpu": args.gpu, "workloads": args.workload or None}
-    try:
-        response = ask_doc(path, request, timeout=args.timeout)
-    except Unreachable as exc:
-        raise CliError(str(exc), EXIT_RUNTIME) from None
+    response = ask_daemon(args, request)
     if args.json:
         print(json.dumps(response, indent=2, sort_keys=True))
         return 0 if response["ok"] else EXIT_REJECTED

@@ -51,7 +51,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Start the daemon; a config, backend, store or socket problem is one line."""
-    from gpuwatchd.config import ConfigError
+    from gpuwatchd.config import ConfigError, check_store_access
     from gpuwatchd.daemon.control_server import ControlError
     from gpuwatchd.daemon.process import Daemon, read_web_config, setup_logging
     from gpuwatchd.store import StoreError
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(cfg.daemon.log_level)
     try:
         read_web_config(cfg)  # as check-config does: refused before anything is created
+        check_store_access(cfg)
         daemon = Daemon(cfg, config_path=args.config, overrides=overrides)
     except (ConfigError, TraceError) as exc:  # a bad --trace is a bad argument
         raise CliError(str(exc), EXIT_CONFIG) from None

@@ -28,6 +28,7 @@ from gpuwatchd.cli.common import (
     add_backend_args,
     add_command,
     load_with_overrides,
+    open_configured_store,
     open_store,
 )
 from gpuwatchd.cli.progress import GateWait, ProgressDisplay, make_progress
@@ -185,7 +186,11 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         default="both",
         help="thermal regime(s) to measure",
     )
-    p.add_argument("--store", metavar="PATH", help="SQLite store (default STATE_DIR/gpuwatchd.db)")
+    p.add_argument(
+        "--store",
+        metavar="PATH",
+        help="SQLite store file (default: [store] url, else STATE_DIR/gpuwatchd.db)",
+    )
     p.add_argument("--state-dir", metavar="DIR", help="state directory holding the store")
     p.add_argument(
         "--poll-interval",
@@ -260,7 +265,6 @@ def _tune(
     ff: FastForwardClock | None,
     out: TextIO,
 ) -> int:
-    from gpuwatchd.config import store_path
     from gpuwatchd.monitor.board import StateBoard
     from gpuwatchd.monitor.poller import Poller
     from gpuwatchd.report.text import format_report, report_from
@@ -271,7 +275,7 @@ def _tune(
     gpus = backend.devices()
     if args.gpu not in gpus:
         raise CliError(f"--gpu {args.gpu}: no such GPU (have {gpus})", EXIT_CONFIG)
-    store = open_store(Path(args.store) if args.store else store_path(cfg.daemon.state_dir))
+    store = open_store(Path(args.store)) if args.store else open_configured_store(cfg)
     try:
         store.abandon_running()  # sessions a killed `tune` or daemon left running
     except BaseException:

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from gpuwatchd.cli.common import EXIT_CONFIG, EXIT_RUNTIME, CliError, Subparsers, add_command
-from gpuwatchd.client.control import Unreachable, ask_doc
-from gpuwatchd.client.discovery import default_socket_path
+from gpuwatchd.cli.common import (
+    EXIT_CONFIG,
+    EXIT_RUNTIME,
+    CliError,
+    Subparsers,
+    add_command,
+    ask_daemon,
+    control_socket,
+)
 from gpuwatchd.tuning.workload_requests import (
     add_request,
     check_workload_name,
@@ -56,18 +61,15 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Build the request (exit 2 on bad input), send it (exit 1 on no daemon), print."""
     request = _request(args)
-    path = Path(args.socket) if args.socket else default_socket_path()
-    try:
-        response = ask_doc(path, request, timeout=args.timeout)
-    except Unreachable as exc:
-        raise CliError(str(exc), EXIT_RUNTIME) from None
+    response = ask_daemon(args, request)
     if args.json:
         print(json.dumps(response, indent=2, sort_keys=True))
     if not response["ok"]:
         error = " ".join(str(response.get("error", "no reason given")).split())
         if "unknown operation" in error:
             raise CliError(
-                f"the daemon at {path} does not support {request['op']} (upgrade it)",
+                f"the daemon at {control_socket(args)} does not support {request['op']} "
+                "(upgrade it)",
                 EXIT_RUNTIME,
             )
         raise CliError(f"request rejected: {error}", EXIT_CONFIG)

@@ -1,8 +1,9 @@
 """The job-side client: is my GPU ready to tune on, and which kernel won?
 
 Talks to a running daemon's read-only JSON endpoints (``/api/v1/state``,
-``/api/v1/winners``) and, for winners, falls back to reading the store file directly
-(read-only). Importable without torch: a training job can ask before it touches CUDA.
+``/api/v1/winners``) and, for winners, falls back to reading the store directly
+(read-only): the store file, or the fleet's PostgreSQL store the daemon config names.
+Importable without torch: a training job can ask before it touches CUDA.
 Both documents are parsed by :mod:`gpuwatchd.api`, the same code ``gpuwatchd status``
 uses; the defaults come from :mod:`gpuwatchd.client.discovery`.
 """
@@ -25,11 +26,12 @@ from gpuwatchd.client.discovery import (
     URL_ENV,
     default_socket_path,
     default_store_paths,
+    default_store_url,
     default_url,
 )
 from gpuwatchd.client.errors import GpuwatchdError, GpuwatchdUnavailable, NotServed
 from gpuwatchd.client.own_gate import _DaemonJobGate, _OwnProcessGate
-from gpuwatchd.store import Store, StoreError
+from gpuwatchd.store import StoreError, open_store
 from gpuwatchd.telemetry.types import normalize_uuid
 from gpuwatchd.tuning.types import Regime
 from gpuwatchd.validate import field_error, is_finite, is_number
@@ -40,7 +42,8 @@ class Client:
 
     ``url=None``/``store=None`` pick the defaults (:mod:`gpuwatchd.client.discovery`).
     Winners come from the daemon when it serves ``/api/v1/winners``, else from the store
-    file; with ``store`` given (or ``$GPUWATCHD_STORE`` set) the file is read directly.
+    (file, or the daemon config's PostgreSQL URL); with ``store`` given (or
+    ``$GPUWATCHD_STORE`` set) the file is read directly.
     ``control_socket`` (default: discovered) is where :meth:`wait_until_stable` asks the
     daemon to judge the GPU for this job; ``control_socket=False`` never asks.
     """
@@ -198,10 +201,13 @@ class Client:
             except GpuwatchdError as exc:  # down, too old to serve winners, or garbage
                 problems.append(str(exc))
         try:
-            path = self._store_path()
-            with Store(path, readonly=True) as store:
+            location, password_file = self._store_location()
+            store = open_store(location, readonly=True, password_file=password_file)
+            try:
                 doc = winners_json(store, **filters)
-            return parse_winners(doc, str(path))
+            finally:
+                store.close()
+            return parse_winners(doc, store.where)
         except StoreError as exc:
             problems.append(str(exc))
         raise GpuwatchdUnavailable("no winners source: " + "; ".join(problems))
@@ -220,6 +226,16 @@ class Client:
             raise ValueError("regime: expected one of unthrottled, sustained, got None")
         rows = self.winners(workload=workload, regime=regime, gpu_model=gpu_model)
         return max(rows, key=lambda w: w.measured_at) if rows else None
+
+    def _store_location(self) -> tuple[Path | str, Path | None]:
+        """The store to read and its password file: the file given, else the daemon
+        config's PostgreSQL URL, else the first store file found."""
+        if self._store is not None:
+            return self._store, None
+        shared = default_store_url()
+        if shared is not None:
+            return shared
+        return self._store_path(), None
 
     def _store_path(self) -> Path:
         if self._store is not None:

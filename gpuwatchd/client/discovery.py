@@ -1,14 +1,15 @@
 """Where a job finds the daemon, its store, its control socket and its spool when not told.
 
 ``$GPUWATCHD_URL``, else the daemon config's listen address, else
-``http://127.0.0.1:9844``; ``$GPUWATCHD_STORE``, else ``gpuwatchd.db`` in the daemon's
-state directory (config ``state_dir``, ``$STATE_DIRECTORY``, ``/var/lib/gpuwatchd``,
-``~/.local/state/gpuwatchd``: the first that holds a store); ``$GPUWATCHD_CONTROL_SOCKET``,
-else the config's ``control_socket``, else this user's daemon socket if it exists, else
-the system daemon's; ``$GPUWATCHD_SPOOL``, else the config's ``[tuning] spool_dir``, else
-``spool/`` beside the store. The daemon resolves the same settings with the same rules
-(:mod:`gpuwatchd.config`). The config is read only when asked, so importing the client
-stays cheap.
+``http://127.0.0.1:9844``; ``$GPUWATCHD_STORE``, else the config's ``[store] url`` (a
+PostgreSQL URL, read with its ``password_file``, or a SQLite file), else ``gpuwatchd.db``
+in the daemon's state directory (config ``state_dir``, ``$STATE_DIRECTORY``,
+``/var/lib/gpuwatchd``, ``~/.local/state/gpuwatchd``: the first that holds a store);
+``$GPUWATCHD_CONTROL_SOCKET``, else the config's ``control_socket``, else this user's
+daemon socket if it exists, else the system daemon's; ``$GPUWATCHD_SPOOL``, else the
+config's ``[tuning] spool_dir``, else ``spool/`` beside the store. The daemon resolves
+the same settings with the same rules (:mod:`gpuwatchd.config`). The config is read only
+when asked, so importing the client stays cheap.
 """
 
 from __future__ import annotations
@@ -58,14 +59,28 @@ def default_url() -> str:
 
 
 def default_store_paths() -> list[Path]:
-    """Where the daemon keeps its store, most likely first (the client uses the first that
-    exists): the state-dir rule of :func:`gpuwatchd.config.resolve_state_dir` for the
-    configured ``state_dir``, then the system daemon's ``/var/lib/gpuwatchd``."""
+    """Where the daemon keeps its store file, most likely first (the client uses the first
+    that exists): the config's SQLite ``[store] url``, the state-dir rule of
+    :func:`gpuwatchd.config.resolve_state_dir` for the configured ``state_dir``, then the
+    system daemon's ``/var/lib/gpuwatchd``."""
     from gpuwatchd.config import STORE_NAME, store_path
 
     cfg = _daemon_config()
     paths = [store_path(cfg.daemon.state_dir if cfg else ""), _SYSTEM_STATE_DIR / STORE_NAME]
+    if cfg is not None and cfg.store.url and not cfg.store.is_postgres:
+        paths.insert(0, Path(cfg.store.url))
     return list(dict.fromkeys(paths))
+
+
+def default_store_url() -> tuple[str, Path | None] | None:
+    """The daemon config's PostgreSQL ``[store] url`` and its password file, or None when
+    the daemon keeps a SQLite file. The URL is never shown unredacted."""
+    from gpuwatchd.config import store_password_file
+
+    cfg = _daemon_config()
+    if cfg is None or not cfg.store.is_postgres:
+        return None
+    return cfg.store.url, store_password_file(cfg)
 
 
 def default_socket_path() -> Path:

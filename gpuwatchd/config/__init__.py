@@ -12,13 +12,17 @@ from gpuwatchd.config.loader import (
     ReplayConfig,
     SimConfig,
     TuningConfig,
+    check_store_access,
     load_config,
     parse_config,
     resolve_control_socket,
     resolve_state_dir,
     spool_path,
+    store_location,
+    store_password_file,
     store_path,
 )
+from gpuwatchd.config.store import StoreConfig
 
 __all__ = [
     "CONTROL_SOCKET_NAME",
@@ -31,11 +35,15 @@ __all__ = [
     "DaemonConfig",
     "ReplayConfig",
     "SimConfig",
+    "StoreConfig",
     "TuningConfig",
+    "check_store_access",
     "load_config",
     "parse_config",
     "resolve_control_socket",
     "resolve_state_dir",
     "spool_path",
+    "store_location",
+    "store_password_file",
     "store_path",
 ]

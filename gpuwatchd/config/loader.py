@@ -1,7 +1,7 @@
 """Load and validate ``config.toml`` into one :class:`Config` of section dataclasses.
 
 Tables: ``[daemon]``, ``[sim]``, ``[replay]``, ``[gate]``, ``[tuning]`` (with
-``[tuning.protocol]``), ``[drift]`` and ``[[workload]]``. Anything unknown is an error:
+``[tuning.protocol]``), ``[drift]``, ``[store]`` and ``[[workload]]``. Anything unknown is an error:
 a typo in a threshold must not silently fall back to a default on a production host.
 Each component defines its own section type (telemetry the sim and replay ones, the gate
 its thresholds, tuning its own, drift its own) and never imports this package; the
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.config.store import StoreConfig, parse_store
 from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.gate import GateConfig
 from gpuwatchd.telemetry.settings import BACKENDS, BackendSpec, ReplayConfig
@@ -131,6 +132,31 @@ def store_path(configured_state_dir: str) -> Path:
     return resolve_state_dir(configured_state_dir) / STORE_NAME
 
 
+def store_location(cfg: Config) -> str | Path:
+    """The daemon's store for :func:`gpuwatchd.store.open_store`: ``[store] url`` (a
+    PostgreSQL URL or a SQLite file) when set, else :func:`store_path`."""
+    if cfg.store.is_postgres:
+        return cfg.store.url
+    if cfg.store.url:
+        return Path(cfg.store.url)
+    return store_path(cfg.daemon.state_dir)
+
+
+def store_password_file(cfg: Config) -> Path | None:
+    """``[store] password_file``, or None for libpq's environment."""
+    return Path(cfg.store.password_file) if cfg.store.password_file else None
+
+
+def check_store_access(cfg: Config) -> None:
+    """ConfigError unless this host can reach the configured store: psycopg for a
+    PostgreSQL URL, a readable password file. check-config and run ask before starting."""
+    try:
+        cfg.store.check_host()
+    except ValueError as exc:
+        where = f"{cfg.source}: " if cfg.source else ""
+        raise ConfigError(f"{where}{exc}") from None
+
+
 #: Where jobs leave tuning requests for the daemon, inside the state directory.
 SPOOL_NAME = "spool"
 
@@ -175,6 +201,7 @@ class Config:
     gate: GateConfig = field(default_factory=GateConfig)
     tuning: TuningConfig = field(default_factory=TuningConfig)
     drift: DriftConfig = field(default_factory=DriftConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
     workloads: tuple[Workload, ...] = DEFAULT_WORKLOADS
     source: str | None = None  # the file it came from, for logs
 
@@ -227,6 +254,7 @@ _SECTIONS = {
     "gate": _gate,
     "tuning": _tuning,
     "drift": DriftConfig.from_mapping,
+    "store": parse_store,
 }
 
 

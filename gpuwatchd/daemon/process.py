@@ -27,7 +27,8 @@ from gpuwatchd.config import (
     load_config,
     resolve_state_dir,
     spool_path,
-    store_path,
+    store_location,
+    store_password_file,
 )
 from gpuwatchd.daemon.added_workloads import FILE_NAME as ADDED_FILE
 from gpuwatchd.daemon.added_workloads import AddedWorkloads
@@ -56,7 +57,7 @@ from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.sessions.scheduler import TuneScheduler
-from gpuwatchd.store import Store
+from gpuwatchd.store import TuningStore, open_store
 from gpuwatchd.telemetry.backend import Backend, FeelsSessionLoad, GpuLost
 from gpuwatchd.telemetry.factory import open_backend
 from gpuwatchd.tuning.types import Workload
@@ -89,12 +90,15 @@ def read_web_config(cfg: Config) -> WebConfig | None:
         raise ConfigError(str(exc)) from None
 
 
-def open_state_store(cfg: Config) -> Store:
-    """The tuning store under the state directory, created (with a log line) if needed.
+def open_state_store(cfg: Config) -> TuningStore:
+    """The configured tuning store (``[store] url``, else the SQLite file in the state
+    directory), created or migrated if needed.
 
     Raises StoreError. The tuning scheduler marks sessions a killed process left running.
     """
-    return Store(store_path(cfg.daemon.state_dir))
+    store = open_store(store_location(cfg), password_file=store_password_file(cfg))
+    log.info("tuning store: %s", store.where)  # a URL's password never shows
+    return store
 
 
 class Daemon:
@@ -384,6 +388,8 @@ class Daemon:
         ]
         if new.sim != self.cfg.sim or new.replay != self.cfg.replay:
             restart_needed.append("[sim]/[replay]")
+        if new.store != self.cfg.store:
+            restart_needed.append("[store]")
         restart_needed += [
             f"tuning.{key}"
             for key in ("worker_python", "spool_dir")

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 
 from gpuwatchd.drift.detector import DriftDetector, Reference
 from gpuwatchd.sessions.events import SessionFinished
-from gpuwatchd.store import SessionRow, Store, StoredResult, StoreError
+from gpuwatchd.store import SessionRow, StoredResult, StoreError, TuningStore
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Regime, SessionStatus
 from gpuwatchd.tuning.winners import pick_winner
@@ -50,7 +50,7 @@ def _same_limits(a: SessionRow, b: SessionRow) -> bool:
     )
 
 
-def reference_from_store(store: Store, info: DeviceInfo) -> Reference | None:
+def reference_from_store(store: TuningStore, info: DeviceInfo) -> Reference | None:
     """The reference for GPU ``info``, or None when no GPU of its model was ever tuned.
 
     Raises :class:`StoreError` when the store cannot be read.
@@ -84,7 +84,9 @@ def reference_from_store(store: Store, info: DeviceInfo) -> Reference | None:
     )
 
 
-def seed_reference(detector: DriftDetector, store: Store, info: DeviceInfo) -> Reference | None:
+def seed_reference(
+    detector: DriftDetector, store: TuningStore, info: DeviceInfo
+) -> Reference | None:
     """Look up ``info``'s reference and give it to ``detector``; returns it (None: none yet)."""
     ref = reference_from_store(store, info)
     if ref is not None:
@@ -111,7 +113,7 @@ class ReferenceSync:
     lookup retried next call.
     """
 
-    def __init__(self, detector: DriftDetector, store: Store) -> None:
+    def __init__(self, detector: DriftDetector, store: TuningStore) -> None:
         self._detector = detector
         self._store = store
         self._completed = threading.Event()  # set by the session thread, cleared by sync

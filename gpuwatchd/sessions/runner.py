@@ -30,7 +30,7 @@ from typing import IO, Any
 
 import gpuwatchd
 from gpuwatchd.sessions.events import SessionFinished, SessionListener
-from gpuwatchd.store import SessionMeta, Store, StoreError
+from gpuwatchd.store import SessionMeta, StoreError, TuningStore
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.jobspec import (
     MAX_LINE_BYTES,
@@ -249,7 +249,7 @@ class TuneRunner:
 
     def __init__(
         self,
-        store: Store,
+        store: TuningStore,
         python: str = sys.executable,
         env: dict[str, str] | None = None,
         *,

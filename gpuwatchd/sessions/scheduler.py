@@ -27,7 +27,7 @@ from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.sessions.events import SessionEvents, SessionFinished, SessionListener
 from gpuwatchd.sessions.plan import build_jobs, preempt_reason
 from gpuwatchd.sessions.runner import TuneRunner
-from gpuwatchd.store import FINAL_STATUSES, Store
+from gpuwatchd.store import FINAL_STATUSES, TuningStore
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.telemetry.backend import FeelsSessionLoad
 from gpuwatchd.tuning.settings import TuningSetup
@@ -73,7 +73,7 @@ class TuningSnapshot:
 class RunnerFactory(Protocol):
     """Makes the runner of one GPU; ``on_finished`` must hear of every session it ends."""
 
-    def __call__(self, store: Store, *, on_finished: SessionListener) -> TuneRunner: ...
+    def __call__(self, store: TuningStore, *, on_finished: SessionListener) -> TuneRunner: ...
 
 
 class TuneScheduler:
@@ -87,7 +87,7 @@ class TuneScheduler:
         self,
         cfg: TuningSetup,
         board: StateBoard,
-        store: Store,
+        store: TuningStore,
         backend_name: str,
         sim_time: Callable[[], float] = lambda: 0.0,
         runner_factory: RunnerFactory = TuneRunner,

@@ -1,9 +1,17 @@
-"""The tuning store: SQLite (WAL) holding sessions, candidate statistics and per-regime winners."""
+"""The tuning store: sessions, candidate statistics and per-regime winners.
 
+SQLite (one file, WAL) is the embedded default; PostgreSQL is the fleet's shared store,
+imported only when a ``postgresql://`` URL asks for it (:func:`open_store`).
+"""
+
+from gpuwatchd.store.base import TuningStore
 from gpuwatchd.store.errors import StoreError
+from gpuwatchd.store.location import open_store
 from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, WinnerRow
 from gpuwatchd.store.schema import MIGRATIONS, Migration, sql_migration
-from gpuwatchd.store.store import FINAL_STATUSES, Store
+from gpuwatchd.store.sqlite import Store
+from gpuwatchd.store.store import FINAL_STATUSES, SqlStore
+from gpuwatchd.store.urls import is_postgres_url, redact_url
 
 __all__ = [
     "FINAL_STATUSES",
@@ -11,9 +19,14 @@ __all__ = [
     "Migration",
     "SessionMeta",
     "SessionRow",
+    "SqlStore",
     "Store",
     "StoreError",
     "StoredResult",
+    "TuningStore",
     "WinnerRow",
+    "is_postgres_url",
+    "open_store",
+    "redact_url",
     "sql_migration",
 ]

@@ -1,16 +1,19 @@
-"""The store's schema as an ordered list of migrations, tracked in ``PRAGMA user_version``.
+"""The store's schema as one ordered list of migrations, for every back end.
 
-Migration N takes a database at version N-1 to N inside one transaction, so a crash
-mid-migration leaves the file at N-1. To change the schema, append a migration; never
-edit one that has shipped.
+Statements are written in SQLite's spelling; each engine turns column types into its
+own (:meth:`Conn.ddl`). The version is tracked by the engine (SQLite's ``PRAGMA
+user_version``, a one-row table on PostgreSQL). Migration N takes a database at version
+N-1 to N inside one transaction, so a crash mid-migration leaves it at N-1, and the
+engine makes the step exclusive, so two daemons migrating at once apply it once. To
+change the schema, append a migration; never edit one that has shipped.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.errors import StoreError
 
 
@@ -20,15 +23,15 @@ class Migration:
 
     version: int
     name: str
-    apply: Callable[[sqlite3.Connection], None]
+    apply: Callable[[Conn], None]
 
 
 def sql_migration(version: int, name: str, *statements: str) -> Migration:
-    """A migration made of SQL statements, run one at a time (no implicit COMMIT)."""
+    """A migration made of SQL statements, run one at a time in the engine's types."""
 
-    def apply(conn: sqlite3.Connection) -> None:
+    def apply(conn: Conn) -> None:
         for stmt in statements:
-            conn.execute(stmt)
+            conn.execute(conn.ddl(stmt))
 
     return Migration(version, name, apply)
 
@@ -161,10 +164,6 @@ def check_migrations(migrations: Sequence[Migration]) -> None:
             raise StoreError(f"migration {m.name!r} has version {m.version}, expected {i}")
 
 
-def schema_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-
 def refuse_newer(version: int, migrations: Sequence[Migration], where: str) -> None:
     """Raise when the file was written by a newer gpuwatchd than this one."""
     latest = latest_version(migrations)
@@ -173,33 +172,3 @@ def refuse_newer(version: int, migrations: Sequence[Migration], where: str) -> N
             f"store {where} has schema version {version}, newer than this gpuwatchd knows"
             f" ({latest}); upgrade gpuwatchd or point --store elsewhere"
         )
-
-
-def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration], where: str) -> int:
-    """Apply every migration past the file's version; returns the version reached.
-
-    Each step runs in its own ``BEGIN IMMEDIATE`` transaction and re-reads the version
-    inside it, so two processes opening the same new file do not both apply a step.
-    ``conn`` must be in autocommit mode (``isolation_level=None``).
-    """
-    check_migrations(migrations)
-    refuse_newer(schema_version(conn), migrations, where)
-    for m in migrations:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            current = schema_version(conn)
-            refuse_newer(current, migrations, where)
-            if current >= m.version:
-                conn.execute("COMMIT")
-                continue
-            m.apply(conn)
-            conn.execute(f"PRAGMA user_version = {int(m.version)}")
-            conn.execute("COMMIT")
-        except BaseException as e:
-            conn.execute("ROLLBACK")
-            if isinstance(e, sqlite3.Error):
-                raise StoreError(
-                    f"store {where}: migration {m.version} ({m.name}) failed: {e}"
-                ) from e
-            raise
-    return schema_version(conn)

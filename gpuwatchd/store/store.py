@@ -1,9 +1,11 @@
-"""The tuning store: sessions, per-candidate statistics, results and winners in one SQLite file.
+"""The tuning store's logic: sessions, per-candidate statistics, results and winners.
 
-Thread-safe: each call borrows a connection from a small pool, so the scheduler
-thread can write while HTTP threads read (WAL lets readers run beside a writer).
-Every write is one transaction; a failure mid-write rolls back and loses nothing
-already stored. Reads skip rows they cannot parse, with a warning, instead of failing.
+Written once for every back end (:mod:`gpuwatchd.store.sqlite`, the embedded default,
+and :mod:`gpuwatchd.store.postgres`, the fleet's shared store); an
+:class:`~gpuwatchd.store.engine.Engine` supplies what differs. Thread-safe: each call
+borrows a connection from a small pool, so the scheduler thread can write while HTTP
+threads read. Every write is one transaction; a failure mid-write rolls back and loses
+nothing already stored. Reads skip rows they cannot parse, with a warning.
 """
 
 from __future__ import annotations
@@ -11,36 +13,20 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sqlite3
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
-from os import PathLike
-from pathlib import Path
 from typing import Any
 
 from gpuwatchd.store import codec
+from gpuwatchd.store.conn import Conn
+from gpuwatchd.store.engine import Engine
 from gpuwatchd.store.errors import StoreError
-from gpuwatchd.store.files import (
-    check_writable,
-    connect,
-    is_damage,
-    make_parent,
-    quarantine_if_damaged,
-    refuse_directory,
-)
 from gpuwatchd.store.owner import Alive, orphaned, pid_alive
 from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, WinnerRow
-from gpuwatchd.store.schema import (
-    MIGRATIONS,
-    Migration,
-    check_migrations,
-    latest_version,
-    migrate,
-    refuse_newer,
-    schema_version,
-)
+from gpuwatchd.store.schema import MIGRATIONS, Migration, check_migrations, latest_version
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
 from gpuwatchd.tuning.winners import clear_winner, pick_winner, winners_differ
 
@@ -51,48 +37,42 @@ FINAL_STATUSES = tuple(s for s in SessionStatus if s is not SessionStatus.RUNNIN
 
 _VERSION_COLUMNS = ("driver", "cuda", "torch", "triton", "cudnn")
 
-#: Why :meth:`Store.abandon_running` fails a session whose process is gone.
+#: Why :meth:`SqlStore.abandon_running` fails a session whose process is gone.
 ABANDONED_WHY = "abandoned: the process running it ended without finishing it"
 
 
-class Store:
-    """One store file. ``Store(path)`` opens (creating and migrating) it read-write.
-
-    ``readonly=True`` (the client API, ``gpuwatchd report``) opens with SQLite's
-    ``mode=ro``: the file must exist at the current schema version and is never
-    created, migrated or moved aside.
+class SqlStore:
+    """The store over one engine. ``readonly=True`` (the client API, ``gpuwatchd report``)
+    needs the database at the current schema version and never creates or migrates it.
     """
 
     def __init__(
         self,
-        path: str | PathLike[str],
+        engine: Engine,
         *,
         readonly: bool = False,
         migrations: Sequence[Migration] = MIGRATIONS,
         now: Callable[[], float] = time.time,
-        busy_timeout_s: float = 10.0,
         keep_connections: int = 4,
     ) -> None:
-        self.path = Path(path)
         self.readonly = readonly
+        self._engine = engine
         self._migrations = tuple(migrations)
         self._now = now
-        self._busy_timeout_s = busy_timeout_s
         self._keep = keep_connections
         self._lock = threading.Lock()
-        self._idle: list[sqlite3.Connection] = []
+        self._idle: list[Conn] = []
         self._closed = False
         self._warned: set[str] = set()
         check_migrations(self._migrations)
-        first = self._open_readonly() if readonly else self._open_readwrite()
-        self._idle.append(first)
+        self._idle.append(engine.open(self._migrations, readonly=readonly))
 
-    @classmethod
-    def open(cls, path: str | PathLike[str], **kwargs: Any) -> Store:
-        """Same as ``Store(path, ...)``; reads better at call sites."""
-        return cls(path, **kwargs)
+    @property
+    def where(self) -> str:
+        """The store as messages name it: a file's path, or a URL without its password."""
+        return self._engine.where
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Any:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -106,104 +86,69 @@ class Store:
         for conn in idle:
             conn.close()
 
-    # -- opening ---------------------------------------------------------------------------
-
-    def _open_readwrite(self) -> sqlite3.Connection:
-        refuse_directory(self.path)
-        make_parent(self.path, log)
-        quarantine_if_damaged(self.path, self._now(), self._busy_timeout_s, log)
-        conn = connect(self.path, readonly=False, busy_timeout_s=self._busy_timeout_s)
-        try:
-            # Before anything writes: a newer or foreign file must be left exactly as it is.
-            version = schema_version(conn)
-            refuse_newer(version, self._migrations, str(self.path))
-            if version == 0 and conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
-                raise StoreError(
-                    f"store {self.path} is an SQLite database but not a gpuwatchd store"
-                    " (schema version 0 with tables); point --store elsewhere"
-                )
-            mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
-            if mode.lower() != "wal":
-                raise StoreError(f"store {self.path} cannot use WAL mode (journal_mode={mode})")
-            migrate(conn, self._migrations, str(self.path))
-            check_writable(conn, self.path)
-        except sqlite3.Error as e:
-            conn.close()
-            raise StoreError(f"cannot open store {self.path}: {e}") from e
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _open_readonly(self) -> sqlite3.Connection:
-        refuse_directory(self.path)
-        if not self.path.is_file():
-            raise StoreError(f"store {self.path} does not exist")
-        conn = connect(self.path, readonly=True, busy_timeout_s=self._busy_timeout_s)
-        try:
-            version = schema_version(conn)
-            latest = latest_version(self._migrations)
-            if version == 0:
-                raise StoreError(f"store {self.path} is not a gpuwatchd store (schema version 0)")
-            refuse_newer(version, self._migrations, str(self.path))
-            if version < latest:
-                raise StoreError(
-                    f"store {self.path} has schema version {version}, older than {latest};"
-                    " open it read-write once (start the daemon) to migrate it"
-                )
-        except sqlite3.Error as e:
-            conn.close()
-            state = "is damaged" if is_damage(e) else "cannot be read"
-            raise StoreError(f"store {self.path} {state}: {e}") from e
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
     # -- connections and transactions ------------------------------------------------------
 
     @contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
+    def _connection(self) -> Iterator[Conn]:
         with self._lock:
             if self._closed:
-                raise StoreError(f"store {self.path} is closed")
+                raise StoreError(f"store {self.where} is closed")
             conn = self._idle.pop() if self._idle else None
         if conn is None:
-            conn = connect(self.path, readonly=self.readonly, busy_timeout_s=self._busy_timeout_s)
+            conn = self._engine.connect(readonly=self.readonly)
+        broken = False
         try:
             yield conn
+        except self._engine.error:
+            broken = True
+            raise
         finally:
             with self._lock:
-                keep = not self._closed and len(self._idle) < self._keep
+                keep = not broken and not self._closed and len(self._idle) < self._keep
                 if keep:
                     self._idle.append(conn)
             if not keep:
-                conn.close()
+                with suppress(Exception):
+                    conn.close()
 
     @contextmanager
-    def _transaction(self, begin: str, what: str) -> Iterator[sqlite3.Connection]:
-        with self._connection() as conn:
-            try:
-                conn.execute(begin)
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as e:
-                if conn.in_transaction:
-                    with suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                if isinstance(e, sqlite3.Error):
-                    raise StoreError(f"store {self.path}: cannot {what}: {e}") from e
-                raise
+    def _transaction(self, write: bool, what: str) -> Iterator[Conn]:
+        engine = self._engine
+        try:
+            with self._connection() as conn:
+                try:
+                    engine.begin(conn, write=write)
+                    if write:
+                        self._refuse_newer_schema(conn, what)
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        with suppress(engine.error):
+                            conn.execute("ROLLBACK")
+                    raise
+        except engine.error as e:
+            raise engine.fail(what, e) from e
 
-    def _write(self, what: str) -> AbstractContextManager[sqlite3.Connection]:
-        """A write transaction that takes the write lock up front (no upgrade deadlocks)."""
+    def _refuse_newer_schema(self, conn: Conn, what: str) -> None:
+        """A newer gpuwatchd migrated the database since it was opened: stop writing."""
+        version = self._engine.version(conn)
+        latest = latest_version(self._migrations)
+        if version > latest:
+            raise StoreError(
+                f"store {self.where} has schema version {version}, newer than this gpuwatchd"
+                f" knows ({latest}); this host refuses to {what} until gpuwatchd is upgraded"
+            )
+
+    def _write(self, what: str) -> AbstractContextManager[Conn]:
+        """A write transaction, serialised with every other writer (no upgrade deadlocks)."""
         if self.readonly:
-            raise StoreError(f"store {self.path} is open read-only; cannot {what}")
-        return self._transaction("BEGIN IMMEDIATE", what)
+            raise StoreError(f"store {self.where} is open read-only; cannot {what}")
+        return self._transaction(True, what)
 
-    def _read(self, what: str) -> AbstractContextManager[sqlite3.Connection]:
+    def _read(self, what: str) -> AbstractContextManager[Conn]:
         """A read transaction: every query inside sees one snapshot."""
-        return self._transaction("BEGIN", what)
+        return self._transaction(False, what)
 
     def _skip(self, table: str, key: object, err: Exception) -> None:
         """Warn (once per row and problem) about a stored row that cannot be parsed."""
@@ -212,11 +157,11 @@ class Store:
             if msg in self._warned:
                 return
             self._warned.add(msg)
-        log.warning("store %s: skipping unreadable %s", self.path, msg)
+        log.warning("store %s: skipping unreadable %s", self.where, msg)
 
     def schema_version(self) -> int:
         with self._read("read the schema version") as conn:
-            return schema_version(conn)
+            return self._engine.version(conn)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -233,7 +178,8 @@ class Store:
                        started_at, status, max_sm_clock_hz, power_limit_w,
                        sm_clock_at_start_hz, temp_at_start_c, power_at_start_w, extra_json,
                        owner_pid)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   RETURNING id""",
                 (
                     meta.gpu_uuid,
                     meta.gpu_index,
@@ -255,7 +201,7 @@ class Store:
                     os.getpid(),
                 ),
             )
-            return int(cur.lastrowid or 0)
+            return int(cur.fetchone()[0])
 
     def set_session_versions(self, session_id: int, versions: Versions) -> None:
         """Replace a running session's versions (the worker reports torch/Triton/cuDNN)."""
@@ -307,15 +253,18 @@ class Store:
 
         Call when a process starts tuning with this store (the daemon, ``gpuwatchd
         tune``), before it starts a session of its own: sessions another live process
-        is running are left alone (see :mod:`gpuwatchd.store.owner`). They count in
+        is running are left alone (see :mod:`gpuwatchd.store.owner`), and so, on a
+        shared store, are other hosts' sessions. They count in
         :meth:`session_totals` as failed. Returns how many were marked, with a WARNING.
         """
         codec.check_text(why, "why")
+        # On a store shared by hosts only this host's sessions have PIDs it can ask about.
+        where, args = _filters(
+            status=SessionStatus.RUNNING.value,
+            host=socket.gethostname() if self._engine.shared else None,
+        )
         with self._write("abandon running sessions") as conn:
-            rows = conn.execute(
-                "SELECT id, owner_pid FROM sessions WHERE status = ?",
-                (SessionStatus.RUNNING.value,),
-            ).fetchall()
+            rows = conn.execute(f"SELECT id, owner_pid FROM sessions {where}", args).fetchall()
             gone = [int(r["id"]) for r in rows if orphaned(_pid(r["owner_pid"]), alive)]
             now = self._now()
             conn.executemany(
@@ -328,13 +277,13 @@ class Store:
             shown = ", ".join(map(str, gone[:10])) + (", ..." if len(gone) > 10 else "")
             log.warning(
                 "store %s: %d session(s) left running by a process that is gone marked failed (%s)",
-                self.path,
+                self.where,
                 len(gone),
                 shown,
             )
         return len(gone)
 
-    def _require_running(self, conn: sqlite3.Connection, session_id: int, what: str) -> None:
+    def _require_running(self, conn: Conn, session_id: int, what: str) -> None:
         if isinstance(session_id, bool) or not isinstance(session_id, int):
             raise StoreError(f"session_id must be an integer, got {session_id!r}")
         row = conn.execute("SELECT status FROM sessions WHERE id = ?", (session_id,)).fetchone()
@@ -366,7 +315,7 @@ class Store:
             ).fetchall()
         return [s for s in map(self._parse_session, rows) if s is not None]
 
-    def _parse_session(self, row: sqlite3.Row) -> SessionRow | None:
+    def _parse_session(self, row: Any) -> SessionRow | None:
         try:
             return codec.session_from_row(row)
         except (ValueError, TypeError) as e:
@@ -427,7 +376,8 @@ class Store:
             cur = conn.execute(
                 """INSERT INTO results (session_id, workload, regime, winner, tie, margin,
                        noise, recorded_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                   RETURNING id""",
                 (
                     session_id,
                     result.workload,
@@ -439,7 +389,7 @@ class Store:
                     self._now(),
                 ),
             )
-            result_id = cur.lastrowid
+            result_id = int(cur.fetchone()[0])
             conn.executemany(
                 """INSERT INTO candidate_stats (result_id, candidate, family, median_s, spread,
                        samples, rejected, sm_clock_hz, power_w, temp_c, energy_j_per_call,
@@ -499,20 +449,16 @@ class Store:
                             ROW_NUMBER() OVER (
                                 PARTITION BY s.gpu_model, r.workload, r.regime
                                 ORDER BY r.recorded_at DESC, r.id DESC) AS rn
-                        FROM results r JOIN sessions s ON s.id = r.session_id {where})
+                        FROM results r JOIN sessions s ON s.id = r.session_id {where}) AS latest
                     WHERE rn = 1 ORDER BY gpu_model, workload, regime""",
                 args,
             ).fetchall()
             return self._load_results(conn, rows)
 
-    def _load_results(
-        self, conn: sqlite3.Connection, rows: list[sqlite3.Row]
-    ) -> list[StoredResult]:
+    def _load_results(self, conn: Conn, rows: list[Any]) -> list[StoredResult]:
         return [stored for _, stored in self._parse_results(conn, rows)]
 
-    def _parse_results(
-        self, conn: sqlite3.Connection, rows: list[sqlite3.Row]
-    ) -> list[tuple[int, StoredResult]]:
+    def _parse_results(self, conn: Conn, rows: list[Any]) -> list[tuple[int, StoredResult]]:
         """Results with their candidates and row ids; unparsable rows skipped with a warning."""
         out: list[tuple[int, StoredResult]] = []
         for row in rows:
@@ -537,7 +483,7 @@ class Store:
 
     # -- winners ---------------------------------------------------------------------------
 
-    def _commit_winners(self, conn: sqlite3.Connection, session_id: int) -> None:
+    def _commit_winners(self, conn: Conn, session_id: int) -> None:
         rows = conn.execute(f"{_RESULT_SELECT} WHERE r.session_id = ?", (session_id,)).fetchall()
         for result_id, stored in self._parse_results(conn, rows):
             res = stored.result
@@ -603,7 +549,7 @@ class Store:
                         SELECT *, ROW_NUMBER() OVER (
                             PARTITION BY gpu_model, workload, regime
                             ORDER BY measured_at DESC, session_id DESC) AS rn
-                        FROM winners {where})
+                        FROM winners {where}) AS picks
                     {"WHERE rn = 1" if latest else ""}
                     ORDER BY gpu_model, workload, regime, measured_at DESC""",
                 args,
@@ -658,8 +604,10 @@ class Store:
                      AND id NOT IN (SELECT session_id FROM winners)
                      AND id NOT IN (
                          SELECT id FROM (
-                             SELECT id, MAX(ended_at) FROM sessions
-                             WHERE status = ? GROUP BY gpu_uuid))""",
+                             SELECT id, ROW_NUMBER() OVER (
+                                 PARTITION BY gpu_uuid ORDER BY ended_at DESC, id DESC) AS rn
+                             FROM sessions WHERE status = ?) AS newest
+                         WHERE rn = 1)""",
                 (SessionStatus.RUNNING.value, cutoff, SessionStatus.COMPLETED.value),
             )
             return int(cur.rowcount)
@@ -669,10 +617,10 @@ _RESULT_SELECT = """SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json
     FROM results r JOIN sessions s ON s.id = r.session_id"""
 
 
-def _bump_total(conn: sqlite3.Connection, status: SessionStatus, by: int = 1) -> None:
+def _bump_total(conn: Conn, status: SessionStatus, by: int = 1) -> None:
     conn.execute(
         """INSERT INTO session_totals (status, n) VALUES (?, ?)
-           ON CONFLICT (status) DO UPDATE SET n = n + excluded.n""",
+           ON CONFLICT (status) DO UPDATE SET n = session_totals.n + excluded.n""",
         (status.value, by),
     )
 

@@ -20,7 +20,15 @@ from typing import Any
 
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, Versions, Workload
-from gpuwatchd.validate import field_error, need_bool, need_int, need_number, need_text, one_line
+from gpuwatchd.validate import (
+    field_error,
+    need_bool,
+    need_int,
+    need_number,
+    need_object,
+    need_text,
+    one_line,
+)
 
 #: Where the worker's candidates run: a CUDA GPU, the host CPU, or a simulated GPU.
 DEVICES = ("cuda", "cpu", "sim")
@@ -43,17 +51,7 @@ def _fail(where: str, what: str, value: Any) -> JobSpecError:
 def _obj(
     value: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """A JSON object with every required key and no key outside required + optional."""
-    if not isinstance(value, dict):
-        raise _fail(where, "expected an object", value)
-    for key in value:
-        if key not in required and key not in optional:
-            known = ", ".join((*required, *optional))
-            raise JobSpecError(f"{where}.{key}: unknown key (known: {known})")
-    for key in required:
-        if key not in value:
-            raise JobSpecError(f"{where}.{key}: missing")
-    return value
+    return need_object(value, where, required, optional, error=JobSpecError)
 
 
 def _str(value: Any, where: str) -> str:

@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatchd.tuning.types import Regime, Versions, Workload
-from gpuwatchd.validate import field_error, is_number
+from gpuwatchd.validate import (
+    field_error,
+    is_number,
+    need_int,
+    need_object,
+    need_text,
+    require,
+)
 
 #: Identifies the request document shape; bump on an incompatible change.
 REQUEST_FORMAT = "gpuwatchd-kernel-request/1"
@@ -61,31 +68,19 @@ def _fail(where: str, what: str, value: Any) -> KernelRequestError:
 def _obj(
     value: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(where, "expected an object", value)
-    for key in value:
-        if key not in required and key not in optional:
-            raise KernelRequestError(
-                f"{where}.{key}: unknown key (known: {', '.join((*required, *optional))})"
-            )
-    for key in required:
-        if key not in value:
-            raise KernelRequestError(f"{where}.{key}: missing")
-    return value
+    return need_object(value, where, required, optional, error=KernelRequestError)
 
 
 def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _fail(where, "expected a non-empty string", value)
-    return value
+    return need_text(value, where, error=KernelRequestError)
 
 
 def _int(value: Any, where: str, minimum: int | None = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(where, "expected an integer", value)
-    if minimum is not None and value < minimum:
-        raise _fail(where, f"expected an integer >= {minimum}", value)
-    return value
+    number = need_int(value, where, error=KernelRequestError)
+    if minimum is not None:
+        ok = number >= minimum
+        require(ok, where, f"expected an integer >= {minimum}", value, KernelRequestError)
+    return number
 
 
 def _opt_int(value: Any, where: str, minimum: int = 1) -> int | None:

@@ -48,10 +48,18 @@ def write_request(directory: str | os.PathLike[str], request: KernelRequest) -> 
     Creates the directory (mode 0o770 less the umask) when missing. OSError when it
     cannot be written.
     """
-    folder = Path(directory)
-    folder.mkdir(mode=0o770, parents=True, exist_ok=True)
-    final = folder / spool_file_name(request)
     data = (request.dumps() + "\n").encode("utf-8")
+    return write_atomically(Path(directory), spool_file_name(request), data)
+
+
+def write_atomically(folder: Path, name: str, data: bytes) -> Path:
+    """Write ``folder/name`` so that a reader sees the old file or the whole new one.
+
+    A hidden temporary file in ``folder`` (created mode 0o770 less the umask when
+    missing), fsync, ``os.replace``, fsync of the folder. OSError when it cannot.
+    """
+    folder.mkdir(mode=0o770, parents=True, exist_ok=True)
+    final = folder / name
     tmp = folder / f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o660)
     try:
@@ -117,11 +125,23 @@ def read_spool(
     """
     folder = Path(directory)
     scan = SpoolScan()
+    names = request_files(folder, time.time() if now is None else now)
+    scan.left = max(0, len(names) - max_files)
+    for name in names[:max_files]:
+        _read_one(folder, name, scan)
+    return scan
+
+
+def request_files(folder: Path, now: float) -> list[str]:
+    """The ``*.json`` files directly in ``folder``, oldest first (none: no folder).
+
+    Hidden files are writers' temporaries: left alone, or removed once older than
+    :data:`STALE_TMP_S`.
+    """
     try:
         names = sorted(os.listdir(folder))
     except FileNotFoundError:
-        return scan
-    now = time.time() if now is None else now
+        return []
     files: list[tuple[float, str]] = []
     for name in names:
         path = folder / name
@@ -138,10 +158,7 @@ def read_spool(
             continue
         files.append((st.st_mtime, name))
     files.sort()
-    scan.left = max(0, len(files) - max_files)
-    for _, name in files[:max_files]:
-        _read_one(folder, name, scan)
-    return scan
+    return [name for _, name in files]
 
 
 def _read_one(folder: Path, name: str, scan: SpoolScan) -> None:
@@ -151,7 +168,7 @@ def _read_one(folder: Path, name: str, scan: SpoolScan) -> None:
     except FileNotFoundError:
         return  # taken by another reader
     except OSError as e:
-        scan.rejected.append(_reject(folder, name, None, f"cannot open: {one_line(e)}"))
+        scan.rejected.append(reject_file(folder, name, None, f"cannot open: {one_line(e)}"))
         return
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
@@ -167,10 +184,10 @@ def _read_one(folder: Path, name: str, scan: SpoolScan) -> None:
             else:
                 scan.entries.append(SpoolEntry(path, request, st.st_ino))
                 return
-    scan.rejected.append(_reject(folder, name, st.st_ino, reason))
+    scan.rejected.append(reject_file(folder, name, st.st_ino, reason))
 
 
-def _reject(folder: Path, name: str, inode: int | None, reason: str) -> Rejected:
+def reject_file(folder: Path, name: str, inode: int | None, reason: str) -> Rejected:
     """Move a bad file into ``rejected/`` with its reason; undo if a writer got in between."""
     aside = folder / REJECTED_DIR
     target = aside / name

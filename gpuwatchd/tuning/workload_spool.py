@@ -16,18 +16,18 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.tuning.spool import REJECTED_DIR as REJECTED_DIR
+from gpuwatchd.tuning.spool import SUFFIX, reject_file, request_files, write_atomically
 from gpuwatchd.tuning.workload_requests import MAX_FILE_BYTES, AddRequest, parse_add_request
 from gpuwatchd.validate import one_line
 
 #: The folder, inside the spool directory, that holds ``add_workloads`` requests.
 SUBDIR = "workloads"
-REJECTED_DIR = "rejected"
-SUFFIX = ".json"
-_TMP_PREFIX = ".tmp-"
 
 
 def spool_file_name(doc: dict[str, Any]) -> str:
@@ -43,23 +43,8 @@ def write_workload_request(spool_dir: str | os.PathLike[str], doc: dict[str, Any
     ValueError for a bad request, OSError when the folder cannot be written.
     """
     parse_add_request(doc)
-    folder = Path(spool_dir) / SUBDIR
-    folder.mkdir(mode=0o770, parents=True, exist_ok=True)
-    final = folder / spool_file_name(doc)
-    tmp = folder / f"{_TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
     data = (json.dumps(doc, sort_keys=True) + "\n").encode("utf-8")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o660)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    return final
+    return write_atomically(Path(spool_dir) / SUBDIR, spool_file_name(doc), data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,15 +71,7 @@ def read_workload_spool(spool_dir: str | os.PathLike[str]) -> WorkloadSpoolScan:
     """
     folder = Path(spool_dir) / SUBDIR
     scan = WorkloadSpoolScan()
-    try:
-        names = [n for n in os.listdir(folder) if n.endswith(SUFFIX) and not n.startswith(".")]
-    except FileNotFoundError:
-        return scan
-    dated = []
-    for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            dated.append(((folder / name).lstat().st_mtime, name))
-    for _, name in sorted(dated):
+    for name in request_files(folder, time.time()):
         path = folder / name
         try:
             with path.open("rb") as f:
@@ -106,7 +83,7 @@ def read_workload_spool(spool_dir: str | os.PathLike[str]) -> WorkloadSpoolScan:
             continue
         except (OSError, ValueError) as e:
             reason = one_line(e)
-            _move_aside(folder, name, reason)
+            reject_file(folder, name, None, reason)
             scan.rejected.append((name, reason))
             continue
         scan.requests.append(SpooledRequest(path, request))
@@ -117,11 +94,3 @@ def remove_spooled(entry: SpooledRequest) -> None:
     """Delete a spooled request the daemon has taken (gone already is fine)."""
     with contextlib.suppress(FileNotFoundError):
         entry.path.unlink()
-
-
-def _move_aside(folder: Path, name: str, reason: str) -> None:
-    aside = folder / REJECTED_DIR
-    with contextlib.suppress(OSError):
-        aside.mkdir(mode=0o770, exist_ok=True)
-        os.replace(folder / name, aside / name)
-        (aside / (name + ".reason")).write_text(reason + "\n", encoding="utf-8")

@@ -7,7 +7,7 @@ index and ``uuid`` labels.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -158,30 +158,49 @@ def _fill(
 ) -> GaugeMetricFamily:
     """One gauge family with a series for every GPU whose source has the field (None: absent)."""
     family = GaugeMetricFamily(spec.name, spec.help, labels=GPU_LABELS, unit=spec.unit)
-    for snap in snaps:
-        obj = source(snap)
-        value = None if obj is None else spec.value(obj)
-        if value is not None:
-            family.add_metric(gpu_labels(snap), float(value))
+    add_per_gpu(family, ((snap, source(snap)) for snap in snaps), spec.value)
     return family
+
+
+def add_per_gpu(
+    family: GaugeMetricFamily | CounterMetricFamily,
+    sources: Iterable[tuple[GpuSnapshot, T | None]],
+    value: Callable[[T], float | int | None],
+) -> None:
+    """Add a series to ``family`` for every GPU whose source has the field (None: absent)."""
+    for snap, obj in sources:
+        v = None if obj is None else value(obj)
+        if v is not None:
+            family.add_metric(gpu_labels(snap), float(v))
 
 
 def _info_of(snap: GpuSnapshot) -> DeviceInfo | None:
     return snap.info
 
 
-class GpuCollector:
-    """Per-GPU telemetry, gate and poll-health families, read from the state board only."""
+class BoardCollector:
+    """A sub-collector that reads the state board only and drops families without series.
 
-    name = "gpu"
+    Like client_golang: a field no GPU supports should not leave a bare HELP/TYPE
+    header behind.
+    """
+
+    name: str
 
     def __init__(self, board: StateBoard) -> None:
         self._board = board
 
     def collect(self) -> Iterator[Metric]:
-        # Like client_golang, drop families without series: a field no GPU supports
-        # should not leave a bare HELP/TYPE header behind.
         return (family for family in self._families() if family.samples)
+
+    def _families(self) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class GpuCollector(BoardCollector):
+    """Per-GPU telemetry, gate and poll-health families, read from the state board only."""
+
+    name = "gpu"
 
     def _families(self) -> Iterator[Metric]:
         snaps = self._board.all()

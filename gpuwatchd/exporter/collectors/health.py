@@ -15,8 +15,14 @@ from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuwatchd.exporter.collectors.gpu import GPU_LABELS, gpu_labels, live_sample
-from gpuwatchd.monitor.board import GpuSnapshot, StateBoard
+from gpuwatchd.exporter.collectors.gpu import (
+    GPU_LABELS,
+    BoardCollector,
+    add_per_gpu,
+    gpu_labels,
+    live_sample,
+)
+from gpuwatchd.monitor.board import GpuSnapshot
 from gpuwatchd.telemetry.types import ECC_SCOPES, ECC_TYPES, SlowReading
 
 
@@ -116,16 +122,10 @@ def _slow(snap: GpuSnapshot) -> SlowReading | None:
     return None if sample is None else sample.slow
 
 
-class HealthCollector:
+class HealthCollector(BoardCollector):
     """GPU health families from the state board's samples; never calls NVML."""
 
     name = "gpu_health"
-
-    def __init__(self, board: StateBoard) -> None:
-        self._board = board
-
-    def collect(self) -> Iterator[Metric]:
-        return (family for family in self._families() if family.samples)
 
     def _families(self) -> Iterator[Metric]:
         snaps = self._board.all()
@@ -143,10 +143,7 @@ class HealthCollector:
     def _fill(spec: _Value, readings: Sequence[tuple[GpuSnapshot, SlowReading | None]]) -> Metric:
         family_type = CounterMetricFamily if spec.counter else GaugeMetricFamily
         family = family_type(spec.name, spec.help, labels=GPU_LABELS, unit=spec.unit)
-        for snap, reading in readings:
-            value = None if reading is None else spec.value(reading)
-            if value is not None:
-                family.add_metric(gpu_labels(snap), float(value))
+        add_per_gpu(family, readings, spec.value)
         return family
 
     @staticmethod

@@ -42,6 +42,13 @@ from gpuwatchd.tuning.worker.cuda_session import (
     require_cuda_device,
 )
 from gpuwatchd.tuning.worker.families.base import CandidateBase
+from gpuwatchd.tuning.worker.families.common import (
+    bool_param,
+    choices_param,
+    float_tolerance,
+    fp32_precision_label,
+    seed_param,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -93,9 +100,7 @@ class ConvSpec:
 
     @property
     def tolerance(self) -> float:
-        if self.dtype == "float32":
-            return 1e-2 if self.tf32 else 1e-4
-        return 1e-2 if self.dtype == "float16" else 2e-2
+        return float_tolerance(self.dtype, self.tf32)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -131,30 +136,13 @@ def parse_conv(workload: Workload) -> ConvSpec:
     if w[0] % groups:
         raise ValueError(f"{where}: shape.weight output channels {w[0]} not divisible by groups")
     dtype = canonical_dtype(workload.dtype, tuple(_ELEM_BYTES), where)
-    params = workload.params
-    tf32 = params.get("tf32", False)
-    bias = params.get("bias", False)
-    for key, v in (("tf32", tf32), ("bias", bias)):
-        if not isinstance(v, bool):
-            raise ValueError(f"{where}: params.{key} must be true or false, got {v!r}")
-    seed = params.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"{where}: params.seed must be an integer, got {seed!r}")
+    tf32 = bool_param(workload, "tf32", where)
+    bias = bool_param(workload, "bias", where)
+    seed = seed_param(workload, where)
     spec = ConvSpec(x, w, stride, padding, dilation, groups, dtype, tf32, bias, seed)
     if min(spec.output[2:]) < 1:
         raise ValueError(f"{where}: shape.weight (dilated) is larger than the padded input")
     return spec
-
-
-def _choices(workload: Workload, key: str, allowed: tuple[str, ...]) -> list[str]:
-    raw = workload.params.get(key, list(allowed))
-    where = f"workload {workload.name!r}: params.{key}"
-    if not isinstance(raw, list | tuple) or not raw:
-        raise ValueError(f"{where} must be a non-empty list, got {raw!r}")
-    for v in raw:
-        if v not in allowed:
-            raise ValueError(f"{where} entries must be one of {', '.join(allowed)}, got {v!r}")
-    return list(dict.fromkeys(raw))
 
 
 class _OwnThread:
@@ -228,7 +216,7 @@ class CudnnConv(CandidateBase):
             "bytes": s.bytes,
             "working_set_bytes": s.bytes,
             "rel_error": err,
-            "fp32_precision": ("tf32" if s.tf32 else "ieee") if s.dtype == "float32" else None,
+            "fp32_precision": fp32_precision_label(s.dtype, s.tf32),
             "cudnn_version": torch.backends.cudnn.version(),
             "cudnn_benchmark_limit": torch.backends.cudnn.benchmark_limit,
             "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
@@ -324,8 +312,8 @@ def _v8_api_disabled() -> bool:
 def build(workload: Workload, session: DeviceSession) -> list[CudnnConv]:
     """``params.picks`` x ``params.memory_formats`` candidates (default: all four)."""
     spec = parse_conv(workload)
-    picks = _choices(workload, "picks", PICKS)
-    formats = _choices(workload, "memory_formats", MEMORY_FORMATS)
+    picks = choices_param(workload, "picks", PICKS)
+    formats = choices_param(workload, "memory_formats", MEMORY_FORMATS)
     device = require_cuda_device(session, FAMILY)
     if _v8_api_disabled():
         raise CandidateError(

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
@@ -26,6 +26,14 @@ from gpuwatchd.tuning.worker.cuda_session import (
     require_cuda_device,
 )
 from gpuwatchd.tuning.worker.families.base import CandidateBase
+from gpuwatchd.tuning.worker.families.common import (
+    bool_param,
+    choices_param,
+    float_tolerance,
+    fp32_precision_label,
+    positive_dims,
+    seed_param,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -65,9 +73,7 @@ class GemmSpec:
     @property
     def tolerance(self) -> float:
         """Largest relative Frobenius error accepted against the float64 reference."""
-        if self.dtype == "float32":
-            return 1e-2 if self.tf32 else 1e-4
-        return 1e-2 if self.dtype == "float16" else 2e-2
+        return float_tolerance(self.dtype, self.tf32)
 
     def describe(self) -> dict[str, Any]:
         return {"m": self.m, "n": self.n, "k": self.k, "dtype": self.dtype}
@@ -78,30 +84,36 @@ def parse_gemm(workload: Workload, dtypes: tuple[str, ...]) -> GemmSpec:
     where = f"workload {workload.name!r}"
     if workload.op != "matmul":
         raise ValueError(f"{where}: op must be 'matmul' for a GEMM family, got {workload.op!r}")
-    dims = {}
-    for key in ("m", "n", "k"):
-        v = workload.shape.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{where}: shape.{key} must be a positive integer, got {v!r}")
-        dims[key] = v
+    dims = positive_dims(workload, ("m", "n", "k"), where)
     dtype = canonical_dtype(workload.dtype, dtypes, where)
-    tf32 = workload.params.get("tf32", False)
-    if not isinstance(tf32, bool):
-        raise ValueError(f"{where}: params.tf32 must be true or false, got {tf32!r}")
-    seed = workload.params.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"{where}: params.seed must be an integer, got {seed!r}")
+    tf32 = bool_param(workload, "tf32", where)
+    seed = seed_param(workload, where)
     return GemmSpec(dims["m"], dims["n"], dims["k"], dtype, tf32, seed)
 
 
-class GemmData:
+class _SampledSpec(Protocol):
+    """What :class:`SharedGemmOperands` needs of a GEMM spec."""
+
+    @property
+    def m(self) -> int: ...
+
+    @property
+    def tolerance(self) -> float: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+S = TypeVar("S", bound=_SampledSpec)
+
+
+class SharedGemmOperands(Generic[S]):
     """Inputs, output and reference rows shared by one family's candidates.
 
     Allocated at the first ``acquire`` and freed when the last holder releases, so a
     family of a dozen candidates holds one copy of an 8192^3 GEMM's operands.
     """
 
-    def __init__(self, spec: GemmSpec, device: torch.device) -> None:
+    def __init__(self, spec: S, device: torch.device) -> None:
         self.spec = spec
         self.device = device
         self._holders = 0
@@ -113,14 +125,7 @@ class GemmData:
 
     def acquire(self) -> None:
         if self._holders == 0:
-            import torch
-
-            s = self.spec
-            dt = getattr(torch, s.dtype)
-            g = torch.Generator(device=self.device).manual_seed(s.seed)
-            self.a = torch.randn(s.m, s.k, dtype=dt, device=self.device, generator=g)
-            self.b = torch.randn(s.k, s.n, dtype=dt, device=self.device, generator=g)
-            self.c = torch.empty(s.m, s.n, dtype=dt, device=self.device)
+            self.a, self.b, self.c = self._allocate()
         self._holders += 1
 
     def release(self) -> None:
@@ -133,11 +138,12 @@ class GemmData:
         import torch
 
         s = self.spec
+        a, b, c = self._checked_matrices()
         if self._ref is None:
             rows = torch.linspace(0, s.m - 1, min(s.m, _CHECK_ROWS), device=self.device)
             self._rows = rows.round().long().unique()
-            self._ref = self.a[self._rows].double() @ self.b.double()
-        err = relative_error(self.c[self._rows], self._ref)
+            self._ref = a[self._rows].double() @ b.double()
+        err = relative_error(c[self._rows], self._ref)
         if not err <= s.tolerance:
             raise CandidateError(
                 f"{name}: wrong result, relative error {err:.3g} over {s.tolerance:g} "
@@ -149,13 +155,43 @@ class GemmData:
         """Poison C with NaN so a candidate that writes nothing cannot pass the check."""
         self.c.fill_(math.nan)
 
+    def multiply(self) -> None:
+        """One C = A @ B on the current stream."""
+        raise NotImplementedError
 
-class TorchMatmul(CandidateBase):
-    """torch.matmul(A, B, out=C) with one BLAS library pinned."""
+    def _allocate(self) -> tuple[Any, Any, Any]:
+        """A, B and C, made from ``spec.seed``."""
+        raise NotImplementedError
 
-    family = FAMILY
+    def _checked_matrices(self) -> tuple[Any, Any, Any]:
+        """The 2-D A, B and C whose sampled rows :meth:`check` compares."""
+        return self.a, self.b, self.c
 
-    def __init__(self, library: str, data: GemmData) -> None:
+
+class GemmData(SharedGemmOperands[GemmSpec]):
+    """Row-major A and B, and C, for :class:`GemmSpec`."""
+
+    def _allocate(self) -> tuple[Any, Any, Any]:
+        import torch
+
+        s = self.spec
+        dt = getattr(torch, s.dtype)
+        g = torch.Generator(device=self.device).manual_seed(s.seed)
+        a = torch.randn(s.m, s.k, dtype=dt, device=self.device, generator=g)
+        b = torch.randn(s.k, s.n, dtype=dt, device=self.device, generator=g)
+        c = torch.empty(s.m, s.n, dtype=dt, device=self.device)
+        return a, b, c
+
+    def multiply(self) -> None:
+        import torch
+
+        torch.matmul(self.a, self.b, out=self.c)
+
+
+class BlasGemm(CandidateBase):
+    """The shared GEMM with one BLAS library pinned around its calls."""
+
+    def __init__(self, library: str, data: SharedGemmOperands[Any]) -> None:
         super().__init__(library)
         self.library = library
         self._data = data
@@ -191,26 +227,41 @@ class TorchMatmul(CandidateBase):
             "working_set_bytes": s.bytes,
             "rel_error": err,
             "first_call_s": first_call_s,
-            "fp32_precision": ("tf32" if s.tf32 else "ieee") if s.dtype == "float32" else None,
-            "bf16_reduced_precision_reduction": bool(
-                torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
-            ),
+            "fp32_precision": fp32_precision_label(s.dtype, s.tf32),
+            **self._more_meta(),
         }
 
-    def run(self, calls: int) -> None:
-        import torch
+    def _more_meta(self) -> dict[str, Any]:
+        """Facts this family adds to the shared ones."""
+        return {}
 
+    def run(self, calls: int) -> None:
         d = self._data
         if not self._held:
             raise CandidateError(f"{self.name}: run before setup")
         with _pinned_blas(self.library), fp32_precision("matmul", d.spec.tf32):
             for _ in range(calls):
-                torch.matmul(d.a, d.b, out=d.c)
+                d.multiply()
 
     def teardown(self) -> None:
         if self._held:
             self._held = False
             self._data.release()
+
+
+class TorchMatmul(BlasGemm):
+    """torch.matmul(A, B, out=C) with one BLAS library pinned."""
+
+    family = FAMILY
+
+    def _more_meta(self) -> dict[str, Any]:
+        import torch
+
+        return {
+            "bf16_reduced_precision_reduction": bool(
+                torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+            ),
+        }
 
 
 @contextmanager
@@ -241,20 +292,10 @@ def available_libraries() -> tuple[str, ...]:
 def build(workload: Workload, session: DeviceSession) -> list[TorchMatmul]:
     """One candidate per BLAS library (``params.blas`` narrows the list)."""
     spec = parse_gemm(workload, ("bfloat16", "float16", "float32"))
-    wanted = workload.params.get("blas", list(BLAS_LIBRARIES))
-    if not isinstance(wanted, list | tuple) or not wanted:
-        raise ValueError(
-            f"workload {workload.name!r}: params.blas must be a non-empty list, got {wanted!r}"
-        )
-    for lib in wanted:
-        if lib not in BLAS_LIBRARIES:
-            raise ValueError(
-                f"workload {workload.name!r}: params.blas entries must be one of "
-                f"{', '.join(BLAS_LIBRARIES)}, got {lib!r}"
-            )
+    wanted = choices_param(workload, "blas", BLAS_LIBRARIES)
     device = require_cuda_device(session, FAMILY)
     have = available_libraries()
-    libs = [lib for lib in dict.fromkeys(wanted) if lib in have]
+    libs = [lib for lib in wanted if lib in have]
     if not libs:
         raise CandidateError(f"{FAMILY}: this torch offers none of {list(wanted)} (has {have})")
     data = GemmData(spec, device)

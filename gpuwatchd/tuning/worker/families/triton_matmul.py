@@ -25,6 +25,7 @@ from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.cuda_session import first_line, require_cuda_device
 from gpuwatchd.tuning.worker.families.base import CandidateBase
+from gpuwatchd.tuning.worker.families.common import compiled_facts
 from gpuwatchd.tuning.worker.families.torch_matmul import GemmData, GemmSpec, parse_gemm
 
 FAMILY = "triton.matmul"
@@ -328,7 +329,7 @@ class TritonMatmul(CandidateBase):
             "compile_s": compile_s,
             "smem_bytes_estimate": self.cfg.smem_bytes(spec.elem_bytes),
             "smem_limit_bytes": limit,
-            **_compiled_facts(compiled),
+            **compiled_facts(compiled),
         }
 
     def run(self, calls: int) -> None:
@@ -344,19 +345,6 @@ class TritonMatmul(CandidateBase):
         if self._held:
             self._held = False
             self._data.release()
-
-
-def _compiled_facts(compiled: Any) -> dict[str, Any]:
-    """Registers, spills and the shared memory Triton really allocated, where it says."""
-    out: dict[str, Any] = {}
-    for key, attr in (("n_regs", "n_regs"), ("n_spills", "n_spills")):
-        v = getattr(compiled, attr, None)
-        if isinstance(v, int):
-            out[key] = v
-    shared = getattr(getattr(compiled, "metadata", None), "shared", None)
-    if isinstance(shared, int):
-        out["smem_bytes"] = shared
-    return out
 
 
 def build(workload: Workload, session: DeviceSession) -> list[TritonMatmul]:

@@ -42,6 +42,7 @@ from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.cuda_session import first_line
 from gpuwatchd.tuning.worker.families.base import CandidateBase
+from gpuwatchd.tuning.worker.families.common import compiled_facts
 from gpuwatchd.validate import describe
 
 #: Largest relative (Frobenius) difference between two configs' outputs that still agrees.
@@ -449,7 +450,7 @@ class UserConfig(CandidateBase):
             "outputs_checked": verdict.outputs,
             "max_rel_difference": verdict.difference,
             "working_set_bytes": working_set,
-            **_compiled_facts(verdict.compiled),
+            **compiled_facts(verdict.compiled),
         }
 
     def run(self, calls: int) -> None:
@@ -466,19 +467,6 @@ class UserConfig(CandidateBase):
         if self._held:
             self._held = False
             self._kernel.release()
-
-
-def _compiled_facts(compiled: Any) -> dict[str, Any]:
-    """Registers, spills and shared memory of the compiled kernel, where Triton says."""
-    out: dict[str, Any] = {}
-    for key in ("n_regs", "n_spills"):
-        v = getattr(compiled, key, None)
-        if isinstance(v, int):
-            out[key] = v
-    shared = getattr(getattr(compiled, "metadata", None), "shared", None)
-    if isinstance(shared, int):
-        out["smem_bytes"] = shared
-    return out
 
 
 def _device(session: DeviceSession) -> Any:

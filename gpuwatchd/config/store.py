@@ -1,0 +1,102 @@
+"""The ``[store]`` section: where the tuning store lives, and the password to reach it.
+
+``url`` is empty (the SQLite file in the state directory), an absolute SQLite file path,
+or a ``postgresql://`` URL without a password: the password comes from ``password_file``
+or libpq's environment (``PGPASSWORD``), as :mod:`gpuwatchd.store.postgres` demands. A
+URL is only ever shown redacted, in errors as in logs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuwatchd.store.urls import is_postgres_url, redact_url, url_has_password
+from gpuwatchd.validate import check, from_table, one_line, show
+
+URL_KINDS = "a postgresql:// URL or an absolute SQLite file path"
+
+
+def shown_url(url: str) -> str:
+    """``url`` as an error may show it: redacted, and cut like any shown value."""
+    try:
+        return show(redact_url(url))
+    except ValueError:  # not even parseable as a URL: show nothing of it
+        return "an unparseable URL"
+
+
+def _valid_url(url: str) -> bool:
+    """Empty, a password-free PostgreSQL URL, or an absolute path; else ValueError."""
+    if not url:
+        return True
+    if is_postgres_url(url):
+        try:
+            holds_password = url_has_password(url)
+        except ValueError:
+            raise ValueError(f"store.url: not a valid URL, got {shown_url(url)}") from None
+        if holds_password:
+            raise ValueError(
+                "store.url: the URL holds a password; put it in [store] password_file or the"
+                f" environment (PGPASSWORD) instead, got {shown_url(url)}"
+            )
+        return True
+    if "://" in url:
+        raise ValueError(f"store.url: expected {URL_KINDS}, got {shown_url(url)}")
+    if not Path(url).is_absolute():
+        raise ValueError(f"store.url: a SQLite file must be an absolute path, got {show(url)}")
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Where the daemon keeps sessions and winners (the CLI's ``--store`` is a SQLite file)."""
+
+    #: "" = gpuwatchd.db in the state directory; else an absolute SQLite file path, or a
+    #: postgresql:// URL (the fleet's shared store) that holds no password.
+    url: str = field(default="", metadata=check(_valid_url, ""))
+    #: The PostgreSQL password (one line). "" = libpq's environment (PGPASSWORD, ~/.pgpass).
+    password_file: str = field(
+        default="",
+        metadata=check(lambda v: not v or Path(v).is_absolute(), "must be an absolute path"),
+    )
+
+    @property
+    def is_postgres(self) -> bool:
+        return is_postgres_url(self.url)
+
+    def check_consistent(self) -> StoreConfig:
+        """Itself, unless it names a password file no store would read (ValueError)."""
+        if self.password_file and not self.is_postgres:
+            raise ValueError(
+                "store.password_file: only a postgresql:// store.url reads a password,"
+                f" got {show(self.password_file)}"
+            )
+        return self
+
+    def check_host(self) -> None:
+        """What only this host can tell (check-config and run ask): psycopg is installed for
+        a PostgreSQL URL, and the password file is readable and not empty. ValueError."""
+        if self.is_postgres and importlib.util.find_spec("psycopg") is None:
+            raise ValueError(
+                "store.url: a postgresql:// store needs psycopg 3:"
+                " pip install 'gpuwatchd[postgres]'"
+            )
+        if not self.password_file:
+            return
+        try:
+            text = Path(self.password_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise ValueError(
+                f"store.password_file: cannot read {self.password_file}: {one_line(why)}"
+            ) from None
+        if not text.rstrip("\r\n"):
+            raise ValueError(f"store.password_file: {self.password_file} is empty")
+
+
+def parse_store(table: Mapping[str, Any]) -> StoreConfig:
+    """The ``[store]`` table, every key checked (``with_overrides`` passes a dict too)."""
+    return from_table(StoreConfig, table, "store").check_consistent()

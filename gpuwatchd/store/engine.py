@@ -1,0 +1,88 @@
+"""What differs between the store's databases: connecting, transactions, versions, DDL types.
+
+:class:`~gpuwatchd.store.store.SqlStore` holds every query and writes them once, in
+SQLite's spelling with ``?`` placeholders; an :class:`Engine` runs them on its database
+through a :class:`Conn`, which translates what must be translated.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from gpuwatchd.store.conn import Conn
+from gpuwatchd.store.errors import StoreError
+from gpuwatchd.store.schema import Migration, check_migrations, refuse_newer
+
+
+class Engine(ABC):
+    """One kind of database behind the store. ``where`` names it in messages (no secrets)."""
+
+    #: The driver's base exception: what a failed statement raises.
+    error: type[Exception] = Exception
+    where: str = ""
+    #: Shared by several hosts: a PID means something only on the host that wrote it.
+    shared: bool = False
+
+    @abstractmethod
+    def open(self, migrations: Sequence[Migration], *, readonly: bool) -> Conn:
+        """The first connection: checked, migrated (read-write) or version-checked (read-only)."""
+
+    @abstractmethod
+    def connect(self, *, readonly: bool) -> Conn:
+        """Another connection to a database :meth:`open` has already checked."""
+
+    @abstractmethod
+    def begin(self, conn: Conn, *, write: bool) -> None:
+        """Start a transaction; a write one serialises with every other writer."""
+
+    @abstractmethod
+    def begin_migration(self, conn: Conn) -> None:
+        """Start a migration step's transaction, exclusive of every other migrating process."""
+
+    @abstractmethod
+    def version(self, conn: Conn) -> int:
+        """The schema version the database is at (0: no gpuwatchd schema yet)."""
+
+    @abstractmethod
+    def set_version(self, conn: Conn, version: int) -> None:
+        """Record the version reached, inside the migration's transaction."""
+
+    def describe(self, e: Exception) -> str:
+        """The driver's message for ``e`` in one line."""
+        return " ".join(str(e).split())
+
+    def fail(self, what: str, e: Exception) -> StoreError:
+        return StoreError(f"store {self.where}: cannot {what}: {self.describe(e)}")
+
+
+def migrate(engine: Engine, conn: Conn, migrations: Sequence[Migration]) -> int:
+    """Apply every migration past the database's version; returns the version reached.
+
+    Each step runs in its own exclusive transaction (:meth:`Engine.begin_migration`) and
+    re-reads the version inside it, so two processes opening the same new database do
+    not both apply a step.
+    """
+    where = engine.where
+    check_migrations(migrations)
+    refuse_newer(engine.version(conn), migrations, where)
+    for m in migrations:
+        engine.begin_migration(conn)
+        try:
+            current = engine.version(conn)
+            refuse_newer(current, migrations, where)
+            if current >= m.version:
+                conn.execute("COMMIT")
+                continue
+            m.apply(conn)
+            engine.set_version(conn, m.version)
+            conn.execute("COMMIT")
+        except BaseException as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(e, engine.error):
+                raise StoreError(
+                    f"store {where}: migration {m.version} ({m.name}) failed: {engine.describe(e)}"
+                ) from e
+            raise
+    return engine.version(conn)

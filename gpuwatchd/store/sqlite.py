@@ -1,0 +1,157 @@
+"""The embedded back end: one SQLite file in WAL mode, no set-up.
+
+Opening checks the file before anything writes to it: a damaged file is moved aside, a
+newer or foreign one is refused untouched, and a file SQLite would quietly open
+read-only is named as not writable.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from os import PathLike
+from pathlib import Path
+
+from gpuwatchd.store.conn import Conn
+from gpuwatchd.store.engine import Engine, migrate
+from gpuwatchd.store.errors import StoreError
+from gpuwatchd.store.files import (
+    check_writable,
+    connect,
+    is_damage,
+    make_parent,
+    quarantine_if_damaged,
+    refuse_directory,
+)
+from gpuwatchd.store.schema import MIGRATIONS, Migration, latest_version, refuse_newer
+from gpuwatchd.store.store import SqlStore
+
+log = logging.getLogger("gpuwatchd.store")
+
+
+def _wrap(raw: sqlite3.Connection) -> Conn:
+    return Conn(
+        raw,
+        translate=lambda sql: sql,
+        ddl=lambda stmt: stmt,
+        in_transaction=lambda c: bool(c.in_transaction),
+    )
+
+
+class SqliteEngine(Engine):
+    """One store file; writers serialise on SQLite's write lock (``BEGIN IMMEDIATE``)."""
+
+    error = sqlite3.Error
+
+    def __init__(self, path: Path, *, now: Callable[[], float], busy_timeout_s: float) -> None:
+        self.path = path
+        self.where = str(path)
+        self._now = now
+        self._busy_timeout_s = busy_timeout_s
+
+    def connect(self, *, readonly: bool) -> Conn:
+        return _wrap(connect(self.path, readonly=readonly, busy_timeout_s=self._busy_timeout_s))
+
+    def begin(self, conn: Conn, *, write: bool) -> None:
+        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    def begin_migration(self, conn: Conn) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+
+    def version(self, conn: Conn) -> int:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def set_version(self, conn: Conn, version: int) -> None:
+        conn.execute(f"PRAGMA user_version = {int(version)}")
+
+    def open(self, migrations: Sequence[Migration], *, readonly: bool) -> Conn:
+        return self._open_readonly(migrations) if readonly else self._open_readwrite(migrations)
+
+    def _open_readwrite(self, migrations: Sequence[Migration]) -> Conn:
+        refuse_directory(self.path)
+        make_parent(self.path, log)
+        quarantine_if_damaged(self.path, self._now(), self._busy_timeout_s, log)
+        conn = self.connect(readonly=False)
+        try:
+            # Before anything writes: a newer or foreign file must be left exactly as it is.
+            version = self.version(conn)
+            refuse_newer(version, migrations, self.where)
+            count = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
+            if version == 0 and count:
+                raise StoreError(
+                    f"store {self.path} is an SQLite database but not a gpuwatchd store"
+                    " (schema version 0 with tables); point --store elsewhere"
+                )
+            mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            if mode.lower() != "wal":
+                raise StoreError(f"store {self.path} cannot use WAL mode (journal_mode={mode})")
+            migrate(self, conn, migrations)
+            check_writable(conn.raw, self.path)
+        except sqlite3.Error as e:
+            conn.close()
+            raise StoreError(f"cannot open store {self.path}: {e}") from e
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _open_readonly(self, migrations: Sequence[Migration]) -> Conn:
+        refuse_directory(self.path)
+        if not self.path.is_file():
+            raise StoreError(f"store {self.path} does not exist")
+        conn = self.connect(readonly=True)
+        try:
+            version = self.version(conn)
+            latest = latest_version(migrations)
+            if version == 0:
+                raise StoreError(f"store {self.path} is not a gpuwatchd store (schema version 0)")
+            refuse_newer(version, migrations, self.where)
+            if version < latest:
+                raise StoreError(
+                    f"store {self.path} has schema version {version}, older than {latest};"
+                    " open it read-write once (start the daemon) to migrate it"
+                )
+        except sqlite3.Error as e:
+            conn.close()
+            state = "is damaged" if is_damage(e) else "cannot be read"
+            raise StoreError(f"store {self.path} {state}: {e}") from e
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def fail(self, what: str, e: Exception) -> StoreError:
+        return StoreError(f"store {self.path}: cannot {what}: {e}")
+
+
+class Store(SqlStore):
+    """One store file. ``Store(path)`` opens (creating and migrating) it read-write.
+
+    ``readonly=True`` opens with SQLite's ``mode=ro``: the file must exist at the
+    current schema version and is never created, migrated or moved aside.
+    """
+
+    def __init__(
+        self,
+        path: str | PathLike[str],
+        *,
+        readonly: bool = False,
+        migrations: Sequence[Migration] = MIGRATIONS,
+        now: Callable[[], float] = time.time,
+        busy_timeout_s: float = 10.0,
+        keep_connections: int = 4,
+    ) -> None:
+        self.path = Path(path)
+        engine = SqliteEngine(self.path, now=now, busy_timeout_s=busy_timeout_s)
+        super().__init__(
+            engine,
+            readonly=readonly,
+            migrations=migrations,
+            now=now,
+            keep_connections=keep_connections,
+        )
+
+    def __enter__(self) -> Store:
+        return self

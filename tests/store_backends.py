@@ -1,0 +1,60 @@
+"""The store's back ends as the parametrized tests see them: open a store, run raw SQL."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pg_server import PostgresServer
+
+from gpuwatchd.store import SqlStore, Store
+
+KINDS = ("sqlite", "postgres")
+
+
+class SqliteBackend:
+    kind = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.location = str(path)
+
+    def open(self, **kw: Any) -> SqlStore:
+        return Store(self.path, **kw)
+
+    def execute(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        con = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            return [tuple(r) for r in con.execute(sql, args).fetchall()]
+        finally:
+            con.close()
+
+
+class PostgresBackend:
+    kind = "postgres"
+
+    def __init__(self, server: PostgresServer, db: str) -> None:
+        self.server = server
+        self.db = db
+        self.location = server.url(db)
+
+    def open(self, **kw: Any) -> SqlStore:
+        from gpuwatchd.store.postgres import PostgresStore
+
+        return PostgresStore(self.location, **kw)
+
+    def execute(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        return self.server.sql(self.db, sql.replace("?", "%s"), args)
+
+
+Backend = SqliteBackend | PostgresBackend
+
+
+def make_backend(request: pytest.FixtureRequest, path: Path) -> Backend:
+    """The back end a ``params=KINDS`` fixture asks for; PostgreSQL gets a fresh database."""
+    if request.param == "sqlite":
+        return SqliteBackend(path)
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return PostgresBackend(server, server.new_database())

@@ -1,0 +1,141 @@
+"""What only the shared PostgreSQL store has: URLs, credentials, concurrent migrations.
+
+The store's behaviour on both back ends is in ``test_store.py``; these tests start the
+same throwaway server (``pg_server.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+from builders import session_meta
+from pg_server import PASSWORD, PostgresServer
+
+from gpuwatchd.store import MIGRATIONS, StoreError, open_store, redact_url, sql_migration
+from gpuwatchd.store.postgres import VERSION_TABLE, PostgresStore
+from gpuwatchd.tuning.types import SessionStatus
+
+LATEST = len(MIGRATIONS)
+
+
+@pytest.fixture
+def db(postgres_server: PostgresServer) -> str:
+    return postgres_server.new_database()
+
+
+def test_redact_url_hides_passwords_wherever_they_are() -> None:
+    url = "postgresql://fleet:hunter2@db.example:5432/gpu?sslmode=require&password=hunter2"
+    shown = redact_url(url)
+    assert "hunter2" not in shown
+    assert shown.startswith("postgresql://fleet:***@db.example:5432/gpu?")
+    assert "sslmode=require" in shown
+
+
+def test_a_url_holding_a_password_is_refused_and_never_shown(
+    postgres_server: PostgresServer, db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"postgresql://fleet:{PASSWORD}@127.0.0.1:{postgres_server.port}/{db}"
+    with caplog.at_level(logging.DEBUG), pytest.raises(StoreError, match="password_file") as e:
+        open_store(url)
+    assert PASSWORD not in str(e.value) and "fleet:***@" in str(e.value)
+    assert all(PASSWORD not in r.getMessage() for r in caplog.records)
+
+
+def test_password_file_and_pgpassword_authenticate(
+    postgres_server: PostgresServer, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = postgres_server.tcp_url(db)
+    with pytest.raises(StoreError, match="cannot open store") as e:
+        open_store(url)  # scram over TCP: no password, no entry
+    assert "\n" not in str(e.value)
+    secret = tmp_path / "pw"
+    secret.write_text(PASSWORD + "\n")
+    with open_store(url, password_file=secret) as s:
+        assert s.schema_version() == LATEST
+        assert s.where == url  # nothing to redact: the password never was in it
+    monkeypatch.setenv("PGPASSWORD", PASSWORD)
+    with open_store(url) as s:
+        assert s.sessions() == []
+    secret.write_text("wrong\n")
+    with pytest.raises(StoreError, match="authentication failed") as e:
+        open_store(url, password_file=secret)
+    assert "wrong" not in str(e.value)
+
+
+def test_a_missing_password_file_is_one_line(postgres_server: PostgresServer, db: str) -> None:
+    with pytest.raises(StoreError, match="cannot read the store's password_file"):
+        open_store(postgres_server.tcp_url(db), password_file="/nonexistent/pw")
+
+
+def test_open_store_picks_the_back_end_by_location(
+    postgres_server: PostgresServer, db: str, tmp_path: Path
+) -> None:
+    with open_store(postgres_server.url(db)) as pg:
+        assert isinstance(pg, PostgresStore)
+    with open_store(tmp_path / "tune.db") as lite:
+        assert not isinstance(lite, PostgresStore) and lite.where == str(tmp_path / "tune.db")
+
+
+def test_two_daemons_migrating_at_once_apply_each_step_once(
+    postgres_server: PostgresServer, db: str
+) -> None:
+    """Eight openers race on an empty database; the advisory lock lets one migrate."""
+    url = postgres_server.url(db)
+    counted = sql_migration(
+        LATEST + 1,
+        "count the runs",
+        "CREATE TABLE runs (n INTEGER)",
+        "INSERT INTO runs (n) VALUES (1)",
+    )
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def opener() -> None:
+        try:
+            start.wait()
+            with PostgresStore(url, migrations=(*MIGRATIONS, counted)) as s:
+                s.start_session(session_meta())
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=opener) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert postgres_server.sql(db, "SELECT COUNT(*) FROM runs") == [(1,)]
+    assert postgres_server.sql(db, f"SELECT version FROM {VERSION_TABLE}") == [(LATEST + 1,)]
+    assert postgres_server.sql(db, "SELECT COUNT(*) FROM sessions") == [(8,)]
+
+
+def test_a_host_older_than_the_schema_refuses_to_write_in_one_line(
+    postgres_server: PostgresServer, db: str
+) -> None:
+    url = postgres_server.url(db)
+    old = PostgresStore(url)
+    sid = old.start_session(session_meta())
+    newer = sql_migration(LATEST + 1, "newer", "ALTER TABLE sessions ADD COLUMN note TEXT")
+    PostgresStore(url, migrations=(*MIGRATIONS, newer)).close()  # another host upgraded
+    with pytest.raises(StoreError, match=f"schema version {LATEST + 1}, newer") as e:
+        old.finish_session(sid, SessionStatus.COMPLETED)
+    assert "\n" not in str(e.value) and "refuses to finish a session" in str(e.value)
+    assert old.session(sid).status is SessionStatus.RUNNING  # type: ignore[union-attr]
+    old.close()
+    with pytest.raises(StoreError, match="newer than this gpuwatchd knows"):
+        PostgresStore(url)
+
+
+def test_a_foreign_database_is_refused_untouched(postgres_server: PostgresServer, db: str) -> None:
+    postgres_server.sql(db, "CREATE TABLE sessions (id INTEGER)")
+    with pytest.raises(StoreError, match="no gpuwatchd schema version"):
+        PostgresStore(postgres_server.url(db))
+    assert postgres_server.sql(db, f"SELECT to_regclass('{VERSION_TABLE}')") == [(None,)]
+
+
+def test_readonly_needs_a_migrated_database(postgres_server: PostgresServer, db: str) -> None:
+    with pytest.raises(StoreError, match="not a gpuwatchd store"):
+        PostgresStore(postgres_server.url(db), readonly=True)
