@@ -1,0 +1,579 @@
+"""Mutation test of the core logic: gate, statistics, drift detector, winner decision.
+
+Run: ``nice -n 10 python3 bench/mutation_test.py [--module gate] [--before] [-v]``.
+
+Why not mutmut: it is not installable here (no index entry), and its ``mutants/`` copy of
+the tree fights the editable install; this small AST runner does the same job in-process.
+
+How: each mutant is one AST edit of the module (operator swap, comparison flip, and/or,
+``not`` dropped, number + 1, bool negated, ``return x`` -> ``return None``, statement
+deleted). A forked child compiles the mutated module, transplants its function code and
+defaults into the live module (so every importer sees the mutant, as a file edit would)
+and runs the module's own tests with ``-x``; any failure or a timeout kills the mutant.
+Not mutated: annotations (never evaluated under ``from __future__ import annotations``),
+docstrings, string constants and f-strings (message text), ``assert`` statements (type
+narrowing), log calls' arguments, and decorators and class-body assignments (a class is
+built once, so an edit to ``@dataclass(frozen=True)`` or an enum member cannot be
+transplanted; dataclass field defaults can, through ``__init__``'s defaults). Survivors
+listed in ``EQUIVALENT`` are counted as equivalent, each with the reason no test can
+tell them apart; anything else surviving is listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import builtins
+import contextlib
+import copy
+import importlib
+import os
+import signal
+import sys
+import time
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Target:
+    """One module under test: the file, the functions in scope, the tests that guard it."""
+
+    name: str
+    files: tuple[tuple[str, str, frozenset[str] | None], ...]  # (path, module, scopes)
+    tests: tuple[str, ...]  # pytest arguments: pinned tests first, so kills are fast
+    before: tuple[str, ...]  # the tests that existed before the pinned ones
+
+
+_KEEP_SLOW = "not a_day_of_a_stable"  # two 2 s day-long replays; the rest covers them
+TARGETS = {
+    "gate": Target(
+        "gate",
+        (("gpuwatchd/gate.py", "gpuwatchd.gate", None),),
+        ("tests/test_gate_pinned.py", "tests/test_gate.py", "tests/test_faults_gate.py"),
+        ("tests/test_gate.py", "tests/test_faults_gate.py"),
+    ),
+    "stats": Target(
+        "stats",
+        (("gpuwatchd/tuning/worker/stats.py", "gpuwatchd.tuning.worker.stats", None),),
+        ("tests/test_stats_pinned.py", "tests/test_decision_pinned.py", "tests/test_protocol.py"),
+        ("tests/test_protocol.py",),
+    ),
+    "drift": Target(
+        "drift",
+        (("gpuwatchd/drift/detector.py", "gpuwatchd.drift.detector", None),),
+        ("tests/test_drift_pinned.py", "tests/test_drift.py", "-k", _KEEP_SLOW),
+        ("tests/test_drift.py", "-k", _KEEP_SLOW),
+    ),
+    "decision": Target(
+        "decision",
+        (
+            ("gpuwatchd/tuning/winners.py", "gpuwatchd.tuning.winners", None),
+            (
+                "gpuwatchd/tuning/worker/stats.py",
+                "gpuwatchd.tuning.worker.stats",
+                frozenset({"decide"}),
+            ),
+            (
+                "gpuwatchd/tuning/worker/protocol.py",
+                "gpuwatchd.tuning.worker.protocol",
+                frozenset({"_RegimeRun._result"}),
+            ),
+        ),
+        ("tests/test_decision_pinned.py", "tests/test_protocol.py", "tests/test_store.py"),
+        ("tests/test_protocol.py", "tests/test_store.py"),
+    ),
+}
+
+# Survivors no test can kill, by (file, enclosing function, the node's first source line
+# (indented once unless given), the node's source, the edit); each with the reason no test can tell
+# it from the original.
+EQUIVALENT: dict[tuple[str, str, str, str, str], str] = {}
+
+
+def _equivalent(file: str, scope: str, line: str, src: str, edit: str, why: str) -> None:
+    indented = line if line.startswith(" ") else "    " + line  # default: indented once
+    EQUIVALENT[(file, scope, indented, src, edit)] = why
+
+
+_G = "gpuwatchd/gate.py"
+_S = "gpuwatchd/tuning/worker/stats.py"
+_D = "gpuwatchd/drift/detector.py"
+_HALF = (
+    "the loop may run one step further, to j = n // 2, where P(Binom(n, 1/2) <= j) >= 1/2 "
+    "exceeds every tail (1 - confidence) / 2 < 1/2: it breaks with the same j"
+)
+_equivalent(_S, "median_ci", "while j < n // 2:", "j < n // 2", "Compare < -> <=", _HALF)
+_equivalent(_S, "median_ci", "while j < n // 2:", "n // 2", "BinOp // -> /", _HALF)
+_equivalent(
+    _G,
+    "_recent",
+    "if window[0].t >= cutoff:",
+    "window[0].t >= cutoff",
+    "Compare >= -> >",
+    "a first sample exactly at the cutoff then takes the bisect path, which keeps it too",
+)
+for _line in ("idle = mask > 0 and bool(mask & _IDLE_BIT)",
+              "if mask > 0 and mask & _LIMITING_BITS:"):  # fmt: skip
+    _equivalent(
+        _G,
+        "evaluate",
+        _line,
+        "mask > 0",
+        "Compare > -> >=",
+        "a mask of 0 has no bit set, so the & after it is 0 (false) either way",
+    )
+_equivalent(
+    _G,
+    "evaluate",
+    "if span is not None and span[1] and (span[1] - span[0]) / span[1] > lim:",
+    "span is not None and span[1] and (span[1] - span[0]) / span[1] > lim",
+    "BoolOp and -> or",
+    "a fast-path filter: the latest clock is never None (else unavailable), and the same "
+    "test is repeated on the non-idle samples inside, so entering more often changes nothing",
+)
+_CLOCK_FILTER = "if span is not None and span[1] and (span[1] - span[0]) / span[1] > lim:"
+for _src, _edit in [("span[1] - span[0]", "BinOp - -> +"),
+                    ("(span[1] - span[0]) / span[1]", "BinOp / -> *")]:  # fmt: skip
+    _equivalent(
+        _G,
+        "evaluate",
+        _CLOCK_FILTER,
+        _src,
+        _edit,
+        "the first clock-spread test only filters: a wider filter lets more windows reach "
+        "the exact test on the non-idle samples, which decides alone",
+    )
+_equivalent(
+    _G,
+    "evaluate",
+    _CLOCK_FILTER,
+    "(span[1] - span[0]) / span[1] > lim",
+    "Compare > -> >=",
+    "the same filter: a spread exactly at the limit then meets the exact test, which passes it",
+)
+_equivalent(
+    _G,
+    "evaluate",
+    "mask = -1 if latest.reasons is None else latest.reasons._value_",
+    "1@8",
+    "Constant + 1",
+    "any negative mask means no reading: both tests on it need mask > 0",
+)
+_equivalent(
+    _G,
+    "evaluate",
+    "if mask > 0 and mask & _LIMITING_BITS:",
+    "0@10",
+    "Constant + 1",
+    "mask 1 is GPU_IDLE alone, which holds no limiting bit: false either way",
+)
+_equivalent(
+    _G,
+    "from_mapping",
+    " " * 20 + 'raise ValueError(f"gate.{key}: expected a whole number, got {value!r}")',
+    'raise ValueError(f"gate.{key}: expected a whole number, got {value!r}")',
+    "Statement delete",
+    "the constructor then refuses the float with the very same message",
+)
+_NO_HI = "whether the upper bound is exclusive, for a key with no upper bound (None)"
+for _line in (
+    '"window_s": (0, True, None, False),',
+    '"stale_after_s": (0, True, None, False),',
+    '"settle_s": (0, False, None, False),',
+):
+    _equivalent(_G, "<module>", _line, f"False@{_line.rindex('False')}", "Constant negate", _NO_HI)
+_HELD = "held_s: float = 0.0  # evidence-backed seconds beyond the threshold, this episode"
+_equivalent(
+    _D,
+    "_Track",
+    _HELD,
+    f"0.0@{_HELD.index('0.0')}",
+    "Constant + 1",
+    "held_s's default is never read: a track's dwell count starts when set_reference zeroes it",
+)
+
+
+# -- mutant generation -------------------------------------------------------------------
+
+_BINOPS: dict[type[ast.operator], type[ast.operator]] = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Div,
+    ast.Mod: ast.FloorDiv,
+    ast.Pow: ast.Mult,
+    ast.BitAnd: ast.BitOr,
+    ast.BitOr: ast.BitAnd,
+    ast.LShift: ast.RShift,
+    ast.RShift: ast.LShift,
+}
+_CMPOPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+_SYM = {
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.Div: "/",
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.Pow: "**",
+    ast.BitAnd: "&",
+    ast.BitOr: "|",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Is: "is",
+    ast.IsNot: "is_not",
+    ast.In: "in",
+    ast.NotIn: "not_in",
+}
+_LOG_METHODS = {"debug", "info", "warning", "error", "exception"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    file: str
+    module: str
+    index: int  # position of the node in ast.walk order
+    edit: str  # which edit, e.g. "Compare < -> <=" (with the operand position)
+    scope: str  # enclosing function's qualified name, "<module>" at top level
+    line: int
+    src: str  # the node's source text
+
+    line_text: str = ""  # the node's first source line, indentation kept
+
+    def key(self) -> tuple[str, str, str, str, str]:
+        scope = self.scope.rsplit(".", 1)[-1]
+        return (self.file, scope, self.line_text, self.src, self.edit.split("@")[0])
+
+
+def _skipped_nodes(tree: ast.Module) -> set[int]:
+    """ids of nodes never mutated: annotations, docstrings, asserts, log-call arguments."""
+    skip: set[int] = set()
+
+    def drop(node: ast.AST | None) -> None:
+        if node is not None:
+            skip.update(id(n) for n in ast.walk(node))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef | ast.FunctionDef):
+            for deco in node.decorator_list:
+                drop(deco)  # a class is built once: a decorator edit cannot be transplanted
+        if isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign):
+                    drop(stmt)  # enum members: the class is built once, as above
+        if isinstance(node, ast.arg | ast.AnnAssign):
+            drop(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            drop(node.returns)
+        elif isinstance(node, ast.Assert):
+            drop(node)
+        elif isinstance(node, ast.JoinedStr):
+            drop(node)  # message text
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _LOG_METHODS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "log"
+        ):
+            for a in node.args:
+                drop(a)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                drop(body[0])
+    return skip
+
+
+def _scopes(tree: ast.Module) -> dict[int, str]:
+    """id(node) -> qualified name of the function (or class body) that holds it."""
+    out: dict[int, str] = {}
+
+    def visit(node: ast.AST, scope: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = scope
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                inner = child.name if scope == "<module>" else f"{scope}.{child.name}"
+            out[id(child)] = inner
+            visit(child, inner)
+
+    visit(tree, "<module>")
+    return out
+
+
+def _edits(node: ast.AST) -> Iterator[str]:
+    if isinstance(node, ast.BinOp | ast.AugAssign) and type(node.op) in _BINOPS:
+        yield f"BinOp {_SYM[type(node.op)]} -> {_SYM[_BINOPS[type(node.op)]]}"
+    elif isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+            yield f"Compare {_SYM[type(op)]} -> {_SYM[_CMPOPS[type(op)]]}@{i}"
+    elif isinstance(node, ast.BoolOp):
+        yield "BoolOp " + ("and -> or" if isinstance(node.op, ast.And) else "or -> and")
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not | ast.USub):
+        yield "UnaryOp drop " + ("not" if isinstance(node.op, ast.Not) else "-")
+    elif isinstance(node, ast.Constant):
+        if isinstance(node.value, bool):
+            yield "Constant negate"
+        elif isinstance(node.value, int | float):
+            yield "Constant + 1"
+    elif isinstance(node, ast.Return) and not (
+        node.value is None or (isinstance(node.value, ast.Constant) and node.value.value is None)
+    ):
+        yield "Return -> None"
+    if isinstance(node, ast.Assign | ast.AugAssign | ast.Raise | ast.Expr):
+        yield "Statement delete"
+
+
+def _apply(node: ast.AST, edit: str) -> ast.AST:
+    """The mutated replacement for ``node`` (mutating in place where that is simpler)."""
+    kind = edit.split("@")[0]
+    if kind == "Statement delete":
+        return ast.copy_location(ast.Pass(), node)
+    if kind.startswith("BinOp"):
+        assert isinstance(node, ast.BinOp | ast.AugAssign)
+        node.op = _BINOPS[type(node.op)]()
+    elif kind.startswith("Compare"):
+        assert isinstance(node, ast.Compare)
+        i = int(edit.split("@")[1])
+        node.ops[i] = _CMPOPS[type(node.ops[i])]()
+    elif kind.startswith("BoolOp"):
+        assert isinstance(node, ast.BoolOp)
+        node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+    elif kind.startswith("UnaryOp"):
+        assert isinstance(node, ast.UnaryOp)
+        return node.operand
+    elif kind == "Constant negate":
+        assert isinstance(node, ast.Constant)
+        node.value = not node.value
+    elif kind == "Constant + 1":
+        assert isinstance(node, ast.Constant)
+        node.value = node.value + 1  # type: ignore[operator]
+    elif kind == "Return -> None":
+        assert isinstance(node, ast.Return)
+        node.value = ast.Constant(None)
+    return node
+
+
+class _Replace(ast.NodeTransformer):
+    def __init__(self, target: ast.AST, edit: str) -> None:
+        self.target, self.edit = target, edit
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        if node is self.target:
+            return _apply(node, self.edit)
+        return super().generic_visit(node)
+
+
+def mutants(target: Target) -> list[Mutant]:
+    out = []
+    for path, module, scopes in target.files:
+        source = (ROOT / path).read_text()
+        tree = ast.parse(source)
+        lines = source.splitlines()
+        skip, scope_of = _skipped_nodes(tree), _scopes(tree)
+        for index, node in enumerate(ast.walk(tree)):
+            if id(node) in skip or not hasattr(node, "lineno"):
+                continue
+            scope = scope_of.get(id(node), "<module>")
+            if scopes is not None and not any(
+                scope == s or scope.startswith(s + ".") for s in scopes
+            ):
+                continue
+            text = ast.get_source_segment(source, node) or ""
+            text = " ".join(text.split())[:80]
+            line = lines[node.lineno - 1]
+            stripped = line.rstrip()  # indented: the inner of two same lines differs
+            if isinstance(node, ast.Constant):  # a line may hold the same constant twice
+                text = f"{text}@{node.col_offset - (len(line) - len(line.lstrip()))}"
+            for edit in _edits(node):
+                out.append(Mutant(path, module, index, edit, scope, node.lineno, text, stripped))
+    return out
+
+
+def mutated_code(m: Mutant) -> types.CodeType:
+    tree = ast.parse((ROOT / m.file).read_text())
+    node = next(n for i, n in enumerate(ast.walk(tree)) if i == m.index)
+    tree = _Replace(node, m.edit).visit(copy.copy(tree))
+    ast.fix_missing_locations(tree)
+    return compile(tree, str(ROOT / m.file), "exec")
+
+
+# -- applying a mutant in a child ---------------------------------------------------------
+
+
+def _function(obj: object) -> types.FunctionType | None:
+    for attr in ("__func__", "fget", "__wrapped__"):
+        obj = getattr(obj, attr, obj)
+    return obj if isinstance(obj, types.FunctionType) else None
+
+
+def _copy_function(old: object, new: object) -> None:
+    f_old, f_new = _function(old), _function(new)
+    if f_old is None or f_new is None or f_old is f_new:
+        return
+    f_old.__code__ = f_new.__code__
+    f_old.__defaults__ = f_new.__defaults__
+    f_old.__kwdefaults__ = f_new.__kwdefaults__
+
+
+def transplant(m: Mutant) -> None:
+    """Make the live module behave as the mutated file would, for every importer."""
+    live = importlib.import_module(m.module)
+    ns: dict[str, object] = {"__name__": m.module, "__builtins__": builtins}
+    exec(mutated_code(m), ns)  # the point of a mutation test
+    assigned = {
+        t.id
+        for stmt in ast.parse((ROOT / m.file).read_text()).body
+        if isinstance(stmt, ast.Assign | ast.AnnAssign)
+        for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+        if isinstance(t, ast.Name)
+    }
+    for name in assigned - ns.keys():  # a deleted top-level assignment: gone, as on import
+        live.__dict__.pop(name, None)
+    for name, new in ns.items():
+        old = live.__dict__.get(name)
+        if old is None:
+            continue
+        if isinstance(old, type) and isinstance(new, type):
+            for attr, value in new.__dict__.items():
+                if attr in old.__dict__:
+                    _copy_function(old.__dict__[attr], value)
+        elif _function(old) is not None:
+            _copy_function(old, new)
+        elif name in assigned:
+            live.__dict__[name] = new
+
+
+def run_child(m: Mutant | None, args: list[str], timeout: float) -> tuple[str, float]:
+    """Run the tests against mutant ``m`` (None: the unmutated code) in a forked child."""
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            signal.alarm(max(1, int(timeout)))
+            if m is not None:
+                try:
+                    transplant(m)
+                except Exception:
+                    os._exit(3)  # the mutated module does not even load: killed
+            import pytest
+
+            os._exit(int(pytest.main([*args, "-x", "-q", "-p", "no:cacheprovider"])))
+        finally:
+            os._exit(99)
+    _, status = os.waitpid(pid, 0)
+    took = time.monotonic() - start
+    if os.WIFSIGNALED(status):
+        return "timeout", took
+    return ("survived" if os.WEXITSTATUS(status) == 0 else "killed"), took
+
+
+def _preload(tests: tuple[str, ...]) -> None:
+    """Import what the test files import, once, so each forked child starts warm."""
+    for t in tests:
+        path = ROOT / t
+        if not path.is_file():
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            for name in names:
+                if not name.startswith("test_"):
+                    with contextlib.suppress(ImportError):
+                        importlib.import_module(name)
+
+
+def run_target(
+    target: Target, before: bool, verbose: bool, lines: list[int] | None = None
+) -> tuple[int, int, int, int]:
+    tests = target.before if before else target.tests
+    args = [t if t.startswith("-") or not t.startswith("tests/") else str(ROOT / t) for t in tests]
+    _preload(tests)
+    outcome, base = run_child(None, args, 600)
+    if outcome != "survived":
+        sys.exit(f"{target.name}: the tests fail without any mutant ({outcome})")
+    timeout = max(10.0, 5 * base)
+    killed = survived = equivalent = 0
+    ms = [m for m in mutants(target) if not lines or m.line in lines]
+    for m in ms:
+        outcome, _ = run_child(m, args, timeout)
+        if outcome != "survived":
+            killed += 1
+            continue
+        why = EQUIVALENT.get(m.key())
+        if why is not None:
+            equivalent += 1
+            if verbose:
+                print(f"  equivalent {m.file}:{m.line} {m.scope}: {m.edit}: {m.src}  ({why})")
+            continue
+        survived += 1
+        print(f"  SURVIVED   {m.file}:{m.line} {m.scope}: {m.edit}: {m.src}", flush=True)
+    return len(ms), killed, survived, equivalent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--module", choices=sorted(TARGETS), action="append")
+    ap.add_argument("--before", action="store_true", help="only the tests before pinning")
+    ap.add_argument("-v", "--verbose", action="store_true", help="list equivalents too")
+    ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    ap.add_argument("--line", type=int, action="append", help="only the mutants on this line")
+    opts = ap.parse_args()
+    rows = []
+    for name in opts.module or list(TARGETS):
+        target = TARGETS[name]
+        if opts.list:
+            for m in mutants(target):
+                print(f"{m.file}:{m.line} {m.scope}: {m.edit}: {m.src}")
+            continue
+        print(f"== {name}", flush=True)
+        t0 = time.monotonic()
+        total, killed, survived, equivalent = run_target(
+            target, opts.before, opts.verbose, opts.line
+        )
+        rate = killed / max(1, total - equivalent)
+        rows.append((name, total, killed, survived, equivalent, rate, time.monotonic() - t0))
+    if rows:
+        print(
+            f"{'module':10} {'mutants':>7} {'killed':>7} {'survived':>8} {'equivalent':>10}"
+            f" {'killed%':>8} {'time':>6}"
+        )
+        for name, total, killed, survived, equivalent, rate, took in rows:
+            print(
+                f"{name:10} {total:7d} {killed:7d} {survived:8d} {equivalent:10d}"
+                f" {rate:8.1%} {took:5.0f}s"
+            )
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "tests"))  # the test files' helper modules (builders)
+    main()
