@@ -77,6 +77,9 @@ def test_workload_tables_replace_and_add():
         ({"tuning": {"protocol": {"spread_target": 0}}}, "tuning.protocol.spread_target"),
         ({"tuning": {"protocol": 3}}, "tuning.protocol: expected a [tuning.protocol] table"),
         ({"daemon": {"listen": "host:notaport"}}, "daemon.listen"),
+        # A scheduler or drift tick faster than 10 Hz would only spin (issue 11).
+        ({"tuning": {"check_interval_s": 1e-9}}, "tuning.check_interval_s: must be >= 0.1"),
+        ({"drift": {"check_interval_s": 0.05}}, "drift.check_interval_s: must be >= 0.1"),
     ],
 )
 def test_bad_values_name_the_key(doc, needle):

@@ -30,6 +30,10 @@ def _number(key: str, value: object) -> float:
     return float(value)
 
 
+#: The shortest period between two drift checks.
+MIN_CHECK_INTERVAL_S = 0.1
+
+
 @dataclass(frozen=True, slots=True)
 class DriftConfig:
     """Drift detector settings; every field is a key of the ``[drift]`` TOML table."""
@@ -68,9 +72,14 @@ class DriftConfig:
         for key in ("dwell_s", "settle_s", "max_winner_age_s", "cooldown_s"):
             if _number(key, getattr(self, key)) < 0.0:
                 raise _fail(key, "must be >= 0", getattr(self, key))
-        for key in ("window_s", "min_load_s", "check_interval_s"):
+        for key in ("window_s", "min_load_s"):
             if _number(key, getattr(self, key)) <= 0.0:
                 raise _fail(key, "must be > 0", getattr(self, key))
+        # A check reads the store and every GPU's window: more often than 10 Hz only spins.
+        if _number("check_interval_s", self.check_interval_s) < MIN_CHECK_INTERVAL_S:
+            raise _fail(
+                "check_interval_s", f"must be >= {MIN_CHECK_INTERVAL_S:g}", self.check_interval_s
+            )
         if self.min_load_s > self.window_s:
             raise _fail(
                 "min_load_s", f"must not exceed window_s ({self.window_s:g})", self.min_load_s

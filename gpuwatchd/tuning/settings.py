@@ -170,7 +170,10 @@ class TuningConfig:
     #: Tune automatically whenever a GPU's gate opens and work is pending.
     enabled: bool = True
     #: How often the scheduler looks for pending work and open gates.
-    check_interval_s: float = field(default=5.0, metadata=check(lambda v: v > 0, "must be > 0"))
+    #: At least 0.1 s: a scheduler tick more often than 10 Hz would only spin.
+    check_interval_s: float = field(
+        default=5.0, metadata=check(lambda v: v >= 0.1, "must be >= 0.1")
+    )
     #: A worker running longer than this is killed and the session marked failed.
     session_timeout_s: float = field(default=1800.0, metadata=check(lambda v: v > 0, "must be > 0"))
     regimes: tuple[str, ...] = field(
