@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpuwatchd.client.control import MAX_LINE, Unreachable, ask
 from gpuwatchd.client.discovery import default_socket_path, default_spool_dir
@@ -58,29 +60,58 @@ class Submitter:
 
     def submit(self, request: KernelRequest) -> Submission:
         """Queue ``request`` with the daemon, else spool it; never raises OSError."""
-        line = json.dumps({"op": OP, "request": request.to_json()}, separators=(",", ":"))
         sock = self.socket_path or default_socket_path()
-        why_spool: str
-        if len(line.encode()) >= MAX_LINE:
-            why_spool = f"request too long for the control socket ({len(line)} bytes)"
-        else:
-            try:
-                answer = ask(sock, line, self.timeout)
-            except Unreachable as e:
-                why_spool = str(e)
-            else:
-                if answer.get("ok") is True:
-                    return Submission("daemon", f"queued with the daemon at {sock}")
-                error = one_line(answer.get("error", "no reason given"))
-                if "unknown operation" not in error:
-                    return Submission("rejected", f"the daemon at {sock} refused it: {error}")
-                why_spool = f"the daemon at {sock} does not take {OP} requests"
-        return self._spool(request, why_spool)
+        return deliver(
+            {"op": OP, "request": request.to_json()},
+            socket_path=sock,
+            timeout=self.timeout,
+            accepted=lambda _answer: f"queued with the daemon at {sock}",
+            refused="it",
+            spool=lambda folder: write_request(folder, request),
+            spool_dir=self.spool_dir,
+        )
 
-    def _spool(self, request: KernelRequest, why: str) -> Submission:
-        folder = self.spool_dir or default_spool_dir()
+
+def deliver(
+    doc: dict[str, Any],
+    *,
+    socket_path: Path,
+    timeout: float,
+    accepted: Callable[[dict[str, Any]], str],
+    refused: str,
+    spool: Callable[[Path], Path],
+    spool_dir: Path | None = None,
+    spooled: str = "",
+) -> Submission:
+    """Send ``doc`` (one control-socket request) to the daemon, else spool it.
+
+    The one rule for every job-side request: ``ok`` is ``daemon`` (``accepted`` words
+    the answer), "unknown operation" or no daemon at all is ``spool`` (``spool(folder)``
+    writes the file; ``spool_dir`` None: the default, looked up only then), any other
+    refusal is ``rejected`` (``refused`` names the thing: "it", "them"). Never raises
+    OSError.
+    """
+    line = json.dumps(doc, separators=(",", ":"))
+    why: str
+    if len(line.encode()) >= MAX_LINE:
+        why = f"request too long for the control socket ({len(line)} bytes)"
+    else:
         try:
-            path = write_request(folder, request)
-        except OSError as e:
-            return Submission("failed", f"{why}; cannot spool to {folder}: {one_line(e)}")
-        return Submission("spool", f"{why}; spooled to {path}")
+            answer = ask(socket_path, line, timeout)
+        except Unreachable as e:
+            why = str(e)
+        else:
+            if answer.get("ok") is True:
+                return Submission("daemon", accepted(answer))
+            error = one_line(answer.get("error", "no reason given"))
+            if "unknown operation" not in error:
+                return Submission(
+                    "rejected", f"the daemon at {socket_path} refused {refused}: {error}"
+                )
+            why = f"the daemon at {socket_path} does not take {doc['op']} requests"
+    folder = spool_dir or default_spool_dir()
+    try:
+        path = spool(folder)
+    except OSError as e:
+        return Submission("failed", f"{why}; cannot spool to {folder}: {one_line(e)}")
+    return Submission("spool", f"{why}; spooled {spooled}to {path}")
