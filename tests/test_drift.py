@@ -224,6 +224,23 @@ def test_a_new_reference_after_the_retune_clears_the_drift() -> None:
     assert rig.clock_drift_times() == rig.clock_drift_times()[:1]
 
 
+def test_periodic_job_is_fan_failures_healthy_twin() -> None:
+    """The fleet's reference host: the same job, its clock stays where fan-failure's starts."""
+    job = SCENARIOS["periodic-job"].loads[0]
+    assert job == SCENARIOS["fan-failure"].loads[0]
+    healthy, failing = SimRig("periodic-job", seed=5), SimRig("fan-failure", seed=5)
+    end = 3.5 * 3600.0
+    for rig in (healthy, failing):
+        rig.run_until(end)
+    first = (job.start_s, job.start_s + job.duration_s)
+    last_start = job.start_s + ((end - job.start_s) // job.period_s - 1) * job.period_s
+    last = (last_start, last_start + job.duration_s)
+    healthy_first, healthy_last = (healthy.sustained_mean_mhz(*w) for w in (first, last))
+    assert abs(healthy_last / healthy_first - 1.0) < 0.01  # no decline with working fans
+    assert abs(failing.sustained_mean_mhz(*first) / healthy_first - 1.0) < 0.01
+    assert failing.sustained_mean_mhz(*last) < 0.95 * healthy_last  # >5% under its twin
+
+
 # -- (b) a day of stable scenarios with production noise -------------------------------------
 
 

@@ -45,7 +45,16 @@ def between(samples: list[Sample], start: float, end: float) -> list[Sample]:
 def test_unknown_scenario_names_every_valid_one() -> None:
     with pytest.raises(ValueError, match="scenario") as err:
         SimBackend(scenario="meltdown")
-    names = ("idle", "power-cap", "heat-soak", "fan-failure", "busy", "gpu-lost", "ecc-error")
+    names = (
+        "idle",
+        "power-cap",
+        "heat-soak",
+        "fan-failure",
+        "periodic-job",
+        "busy",
+        "gpu-lost",
+        "ecc-error",
+    )
     for name in names:
         assert name in str(err.value)
     assert set(SCENARIOS) == set(names)

@@ -211,6 +211,19 @@ def _heat_soak() -> Scenario:
     return Scenario(L4, loads=(load,))
 
 
+def _production_job() -> LoadPattern:
+    """The training job of ``fan-failure`` and ``periodic-job``: 5-minute bursts every 15."""
+    return LoadPattern(
+        start_s=60.0,
+        duration_s=300.0,
+        period_s=900.0,
+        util=0.98,
+        dynamic_power_w=H200.heavy_load_dynamic_w,
+        mem_util=0.45,
+        memory_bytes=110 * 2**30,
+    )
+
+
 @_scenario("fan-failure")
 def _fan_failure() -> Scenario:
     """H200 whose chassis fans degrade over hours under a periodic production job.
@@ -225,17 +238,20 @@ def _fan_failure() -> Scenario:
     first minute) is first more than 3 % below the first burst's in the burst that
     starts at t = 9960 s (2.77 h; ~4 % there), and settles ~12.5 % below it after 4 h.
     """
-    job = LoadPattern(
-        start_s=60.0,
-        duration_s=300.0,
-        period_s=900.0,
-        util=0.98,
-        dynamic_power_w=H200.heavy_load_dynamic_w,
-        mem_util=0.45,
-        memory_bytes=110 * 2**30,
-    )
     decline = CoolingDecline(start_s=0.0, ramp_s=4 * 3600.0, final_factor=9.25)
-    return Scenario(H200, loads=(job,), cooling=decline)
+    return Scenario(H200, loads=(_production_job(),), cooling=decline)
+
+
+@_scenario("periodic-job")
+def _periodic_job() -> Scenario:
+    """H200 running ``fan-failure``'s production job with healthy cooling: its fleet twin.
+
+    The same foreign training job (pid 4242, util 0.98, 5-minute bursts every 15 minutes
+    from t = 60 s), power-capped at ~1450 MHz (SW_POWER_CAP) in every burst, for ever:
+    the sustained clock a host with working fans learns, which a ``fan-failure`` host
+    falls more than 5 % below after ~3 simulated hours.
+    """
+    return Scenario(H200, loads=(_production_job(),))
 
 
 @_scenario("busy")
