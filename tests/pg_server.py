@@ -76,7 +76,7 @@ class PostgresServer:
 
     def _run(self, *args: str) -> None:
         res = subprocess.run(
-            [*self._prefix, *args], capture_output=True, text=True, timeout=120, cwd=self.root
+            [*self._prefix, *args], capture_output=True, text=True, timeout=240, cwd=self.root
         )
         if res.returncode != 0:
             raise RuntimeError(f"{args[0]} failed: {res.stdout}{res.stderr}")
@@ -92,7 +92,7 @@ class PostgresServer:
         )
         self._run(
             str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"),
-            "-o", opts, "-w", "start",
+            "-o", opts, "-w", "-t", "180", "start",
         )  # fmt: skip
         self.sql("postgres", f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD '{PASSWORD}'")
 

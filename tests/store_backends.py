@@ -13,6 +13,14 @@ from gpuwatchd.store import SqlStore, Store
 
 KINDS = ("sqlite", "postgres")
 
+#: What schema migration 3 (the fleet) added, undone to make a version-2 store.
+FLEET_OBJECTS = (
+    "DROP TABLE host_winners",
+    "DROP TABLE disagreements",
+    "DROP TABLE claims",
+    "DROP TABLE host_clocks",
+)
+
 
 class SqliteBackend:
     kind = "sqlite"
@@ -31,6 +39,12 @@ class SqliteBackend:
         finally:
             con.close()
 
+    def downgrade_to_2(self) -> None:
+        """Turn a current store into what schema version 2 wrote, rows kept."""
+        for statement in FLEET_OBJECTS:
+            self.execute(statement)
+        self.execute("PRAGMA user_version = 2")
+
 
 class PostgresBackend:
     kind = "postgres"
@@ -47,6 +61,14 @@ class PostgresBackend:
 
     def execute(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         return self.server.sql(self.db, sql.replace("?", "%s"), args)
+
+    def downgrade_to_2(self) -> None:
+        """Turn a current store into what schema version 2 wrote, rows kept."""
+        from gpuwatchd.store.postgres import VERSION_TABLE
+
+        for statement in FLEET_OBJECTS:
+            self.execute(statement)
+        self.execute(f"UPDATE {VERSION_TABLE} SET version = 2")
 
 
 Backend = SqliteBackend | PostgresBackend

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from builders import SettableClock as Clock
 from builders import candidate, seed_session, session_meta
-from store_backends import KINDS, Backend, make_backend
+from store_backends import KINDS, Backend, SqliteBackend, make_backend
 
 from gpuwatchd.store import (
     MIGRATIONS,
@@ -601,6 +601,7 @@ def test_a_version_1_store_gains_owners_and_its_leftovers_are_abandoned(tmp_path
     path = tmp_path / "tune.db"
     with Store(path) as current:
         sid = current.start_session(meta())
+    SqliteBackend(path).downgrade_to_2()
     con = raw(path)  # back to what version 1 wrote: no owner column
     con.execute("ALTER TABLE sessions DROP COLUMN owner_pid")
     con.execute("PRAGMA user_version = 1")

@@ -7,7 +7,16 @@ imported only when a ``postgresql://`` URL asks for it (:func:`open_store`).
 from gpuwatchd.store.base import TuningStore
 from gpuwatchd.store.errors import StoreError
 from gpuwatchd.store.location import open_store
-from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, WinnerRow
+from gpuwatchd.store.rows import (
+    Claim,
+    Disagreement,
+    HostClock,
+    SessionMeta,
+    SessionRow,
+    StoredResult,
+    WinnerRow,
+    host_name,
+)
 from gpuwatchd.store.schema import MIGRATIONS, Migration, sql_migration
 from gpuwatchd.store.sqlite import Store
 from gpuwatchd.store.store import FINAL_STATUSES, SqlStore
@@ -16,6 +25,9 @@ from gpuwatchd.store.urls import is_postgres_url, redact_url
 __all__ = [
     "FINAL_STATUSES",
     "MIGRATIONS",
+    "Claim",
+    "Disagreement",
+    "HostClock",
     "Migration",
     "SessionMeta",
     "SessionRow",
@@ -25,6 +37,7 @@ __all__ = [
     "StoredResult",
     "TuningStore",
     "WinnerRow",
+    "host_name",
     "is_postgres_url",
     "open_store",
     "redact_url",

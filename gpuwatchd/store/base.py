@@ -10,7 +10,15 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from gpuwatchd.store.owner import Alive
-from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, WinnerRow
+from gpuwatchd.store.rows import (
+    Claim,
+    Disagreement,
+    HostClock,
+    SessionMeta,
+    SessionRow,
+    StoredResult,
+    WinnerRow,
+)
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
 
 
@@ -79,8 +87,47 @@ class TuningStore(Protocol):
         versions: Versions | None = None,
         *,
         latest: bool = False,
+        prefer_host: str | None = None,
     ) -> list[WinnerRow]: ...
 
     def winners_differ(self, workload: str, gpu_model: str | None = None) -> bool | None: ...
 
     def prune(self, older_than_s: float) -> int: ...
+
+    # -- the fleet (hosts sharing one store) ----------------------------------------------
+
+    def fleet_winners(
+        self,
+        gpu_model: str,
+        max_age_s: float,
+        *,
+        versions: Versions | None = None,
+        exclude_host: str | None = None,
+    ) -> list[WinnerRow]: ...
+
+    def claim(self, key: str, host: str, gpu_uuid: str, ttl_s: float) -> bool: ...
+
+    def release(self, key: str, host: str, gpu_uuid: str) -> None: ...
+
+    def claims(self) -> list[Claim]: ...
+
+    def disagreements(self, limit: int = 100) -> list[Disagreement]: ...
+
+    def disagreement_counts(self) -> dict[tuple[str, str, str], int]: ...
+
+    def report_host_clock(self, clock: HostClock) -> None: ...
+
+    def host_clocks(self, max_age_s: float | None = None) -> list[HostClock]: ...
+
+    # -- resuming a preempted session ---------------------------------------------------------
+
+    def resumable_results(
+        self,
+        gpu_uuid: str,
+        pairs: Sequence[tuple[str, Regime]],
+        *,
+        since: float,
+        versions: Versions | None = None,
+    ) -> dict[tuple[str, Regime], StoredResult]: ...
+
+    def carry_results(self, to_session_id: int, results: Sequence[StoredResult]) -> int: ...

@@ -11,8 +11,17 @@ import json
 import sqlite3
 from typing import Any, TypeVar
 
+from gpuwatchd.store.disagreement import Incumbent
 from gpuwatchd.store.errors import StoreError
-from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, WinnerRow
+from gpuwatchd.store.rows import (
+    Claim,
+    Disagreement,
+    HostClock,
+    SessionMeta,
+    SessionRow,
+    StoredResult,
+    WinnerRow,
+)
 from gpuwatchd.tuning.types import (
     CandidateStats,
     Regime,
@@ -117,6 +126,26 @@ def check_result(result: RegimeResult) -> None:
         dumps(c.meta, f"{where}.meta")
     if result.winner is not None and result.winner not in names:
         raise _fail("result.winner", "expected null or one of its candidates", result.winner)
+
+
+def check_host_clock(clock: HostClock) -> None:
+    """Validate a host's clock report before it is written."""
+    if not isinstance(clock, HostClock):
+        raise _fail("clock", "expected a HostClock", clock)
+    for name in ("host", "gpu_uuid", "gpu_model"):
+        check_text(getattr(clock, name), f"clock.{name}")
+    check_number(clock.power_limit_w, "clock.power_limit_w")
+    need_number(clock.sustained_clock_hz, "clock.sustained_clock_hz", minimum=0, error=StoreError)
+    need_number(clock.updated_at, "clock.updated_at", minimum=0, error=StoreError)
+
+
+def check_stored(stored: StoredResult, where: str) -> None:
+    """Validate a stored result handed back to the store (carried into another session)."""
+    if not isinstance(stored, StoredResult):
+        raise _fail(where, "expected a StoredResult", stored)
+    check_text(stored.gpu_uuid, f"{where}.gpu_uuid")
+    need_number(stored.recorded_at, f"{where}.recorded_at", minimum=0, error=StoreError)
+    check_result(stored.result)
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -266,4 +295,56 @@ def winner_from_row(row: sqlite3.Row) -> WinnerRow:
         session_id=_int(row, "session_id"),
         gpu_uuid=_text(row, "gpu_uuid"),
         measured_at=_float(row, "measured_at"),
+        host=_opt_text(row, "host"),
+    )
+
+
+def incumbent_from_row(row: sqlite3.Row) -> Incumbent:
+    """A fleet winner joined with its session's host, as the disagreement rule reads it."""
+    return Incumbent(
+        candidate=_text(row, "candidate"),
+        host=_text(row, "host"),
+        gpu_uuid=_text(row, "gpu_uuid"),
+        median_s=_opt_float(row, "median_s"),
+    )
+
+
+def disagreement_from_row(row: sqlite3.Row) -> Disagreement:
+    return Disagreement(
+        gpu_model=_text(row, "gpu_model"),
+        versions=_versions(row, "versions_key"),
+        workload=_text(row, "workload"),
+        regime=_enum(Regime, row["regime"], "regime"),
+        kept_candidate=_text(row, "kept_candidate"),
+        kept_host=_text(row, "kept_host"),
+        kept_gpu_uuid=_text(row, "kept_gpu_uuid"),
+        kept_median_s=_opt_float(row, "kept_median_s"),
+        new_candidate=_text(row, "new_candidate"),
+        new_host=_text(row, "new_host"),
+        new_gpu_uuid=_text(row, "new_gpu_uuid"),
+        new_median_s=_opt_float(row, "new_median_s"),
+        gap=_float(row, "gap"),
+        noise=_opt_float(row, "noise"),
+        recorded_at=_float(row, "recorded_at"),
+    )
+
+
+def claim_from_row(row: sqlite3.Row) -> Claim:
+    return Claim(
+        key=_text(row, "claim_key"),
+        host=_text(row, "host"),
+        gpu_uuid=_text(row, "gpu_uuid"),
+        claimed_at=_float(row, "claimed_at"),
+        expires_at=_float(row, "expires_at"),
+    )
+
+
+def host_clock_from_row(row: sqlite3.Row) -> HostClock:
+    return HostClock(
+        host=_text(row, "host"),
+        gpu_uuid=_text(row, "gpu_uuid"),
+        gpu_model=_text(row, "gpu_model"),
+        power_limit_w=_opt_float(row, "power_limit_w"),
+        sustained_clock_hz=_float(row, "sustained_clock_hz"),
+        updated_at=_float(row, "updated_at"),
     )

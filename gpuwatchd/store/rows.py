@@ -7,14 +7,38 @@ what the worker reports.
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwatchd.store.errors import StoreError
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions, Workload
+from gpuwatchd.validate import field_error
 
 _MHZ = 1e6
+
+#: Names this host in a shared store; Kubernetes sets it from the node's name, since a
+#: pod's own hostname is the pod's, and tests run several daemons on one machine.
+HOST_ENV = "GPUWATCHD_HOST"
+#: The longest DNS name, and so the longest host name the store accepts.
+MAX_HOST_LEN = 253
+
+
+def host_name() -> str:
+    """This host's name in the store: ``$GPUWATCHD_HOST`` when set, else the hostname.
+
+    A set value must be printable and at most 253 characters (StoreError otherwise).
+    """
+    value = os.environ.get(HOST_ENV, "")
+    if not value:
+        return socket.gethostname()
+    ok = value.isprintable() and bool(value.strip()) and len(value) <= MAX_HOST_LEN
+    if not ok:
+        want = f"expected a printable host name of at most {MAX_HOST_LEN} characters"
+        raise StoreError(field_error(HOST_ENV, want, value))
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +52,7 @@ class SessionMeta:
     workloads: tuple[Workload, ...]
     regimes: tuple[Regime, ...]
     versions: Versions = field(default_factory=Versions)
-    host: str = field(default_factory=socket.gethostname)
+    host: str = field(default_factory=host_name)
     started_at: float | None = None  # unix seconds; None: the store's clock
     max_sm_clock_hz: float | None = None
     power_limit_w: float | None = None
@@ -104,6 +128,9 @@ class WinnerRow:
     session_id: int
     gpu_uuid: str
     measured_at: float
+    #: The host that measured it (its session's); keyword-only so rows built before hosts
+    #: were recorded, and subclasses adding fields, still construct.
+    host: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +143,56 @@ class StoredResult:
     versions: Versions
     recorded_at: float
     result: RegimeResult
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A lease on a piece of work: held by one (host, GPU) until ``expires_at`` (unix s)."""
+
+    key: str
+    host: str
+    gpu_uuid: str
+    claimed_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Disagreement:
+    """Two hosts picked different winners for one key, beyond noise; the fleet kept its own.
+
+    ``kept_*`` is the fleet winner left in place (its median as measured on its host);
+    ``new_*`` is the other host's pick. ``gap`` is how much slower the new host measured
+    the kept candidate than its own pick (relative: 0.03 is 3%); ``noise`` is what the
+    new result's margin had to beat.
+    """
+
+    gpu_model: str
+    versions: Versions
+    workload: str
+    regime: Regime
+    kept_candidate: str
+    kept_host: str
+    kept_gpu_uuid: str
+    kept_median_s: float | None
+    new_candidate: str
+    new_host: str
+    new_gpu_uuid: str
+    new_median_s: float | None
+    gap: float
+    noise: float | None
+    recorded_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HostClock:
+    """A GPU's learned sustained SM clock, as its host reports it for fleet comparisons."""
+
+    host: str
+    gpu_uuid: str
+    gpu_model: str
+    power_limit_w: float | None
+    sustained_clock_hz: float
+    updated_at: float
 
 
 def _hz(mhz: float | None) -> float | None:

@@ -149,8 +149,102 @@ _OWNER = sql_migration(
     "ALTER TABLE sessions ADD COLUMN owner_pid INTEGER",
 )
 
+_WINNER_COLUMNS = """
+        gpu_model TEXT NOT NULL,
+        versions_key TEXT NOT NULL,
+        driver_version TEXT,
+        cuda_version TEXT,
+        torch_version TEXT,
+        triton_version TEXT,
+        cudnn_version TEXT,
+        workload TEXT NOT NULL,
+        regime TEXT NOT NULL,
+        candidate TEXT NOT NULL,
+        family TEXT NOT NULL,
+        median_s REAL,
+        sm_clock_hz REAL,
+        margin REAL,
+        tie INTEGER NOT NULL,
+        session_id INTEGER NOT NULL REFERENCES sessions (id),
+        result_id INTEGER NOT NULL REFERENCES results (id),
+        gpu_uuid TEXT NOT NULL,
+        measured_at REAL NOT NULL,"""
+
+# A fleet shares one store: each host keeps its own winners beside the fleet's, two hosts
+# that disagree beyond noise are recorded instead of overwriting each other, hosts lease
+# work so they do not all tune the same thing, and report their sustained clocks.
+_FLEET = sql_migration(
+    3,
+    "fleet: host winners, disagreements, claims, host clocks",
+    f"""
+    CREATE TABLE host_winners (
+        host TEXT NOT NULL,{_WINNER_COLUMNS}
+        PRIMARY KEY (host, gpu_model, versions_key, workload, regime)
+    )
+    """,
+    # One index, for the foreign-key check when prune() deletes sessions. Not one per
+    # column as winners has: every index is another page written each time a session
+    # completes, and a results row a host winner points at is never deleted (its session
+    # is kept), so that check scans a table of (hosts x keys) rows only when pruning.
+    "CREATE INDEX host_winners_by_session ON host_winners (session_id)",
+    # Every winner so far was measured by its session's host: that host's own pick too.
+    """
+    INSERT INTO host_winners (host, gpu_model, versions_key, driver_version, cuda_version,
+        torch_version, triton_version, cudnn_version, workload, regime, candidate, family,
+        median_s, sm_clock_hz, margin, tie, session_id, result_id, gpu_uuid, measured_at)
+    SELECT s.host, w.gpu_model, w.versions_key, w.driver_version, w.cuda_version,
+        w.torch_version, w.triton_version, w.cudnn_version, w.workload, w.regime,
+        w.candidate, w.family, w.median_s, w.sm_clock_hz, w.margin, w.tie, w.session_id,
+        w.result_id, w.gpu_uuid, w.measured_at
+    FROM winners w JOIN sessions s ON s.id = w.session_id
+    """,
+    # History, not references: a disagreement outlives the sessions it compared.
+    """
+    CREATE TABLE disagreements (
+        id INTEGER PRIMARY KEY,
+        gpu_model TEXT NOT NULL,
+        versions_key TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        regime TEXT NOT NULL,
+        kept_candidate TEXT NOT NULL,
+        kept_host TEXT NOT NULL,
+        kept_gpu_uuid TEXT NOT NULL,
+        kept_median_s REAL,
+        new_candidate TEXT NOT NULL,
+        new_host TEXT NOT NULL,
+        new_gpu_uuid TEXT NOT NULL,
+        new_median_s REAL,
+        gap REAL NOT NULL,
+        noise REAL,
+        recorded_at REAL NOT NULL
+    )
+    """,
+    "CREATE INDEX disagreements_by_time ON disagreements (recorded_at)",
+    """
+    CREATE TABLE claims (
+        claim_key TEXT PRIMARY KEY,
+        host TEXT NOT NULL,
+        gpu_uuid TEXT NOT NULL,
+        owner_pid INTEGER,
+        claimed_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE host_clocks (
+        host TEXT NOT NULL,
+        gpu_uuid TEXT NOT NULL,
+        gpu_model TEXT NOT NULL,
+        power_limit_w REAL,
+        sustained_clock_hz REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (host, gpu_uuid)
+    )
+    """,
+)
+
 #: Every migration, in order. Append only.
-MIGRATIONS: tuple[Migration, ...] = (_INITIAL, _OWNER)
+MIGRATIONS: tuple[Migration, ...] = (_INITIAL, _OWNER, _FLEET)
 
 
 def latest_version(migrations: Sequence[Migration]) -> int:

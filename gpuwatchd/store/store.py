@@ -2,35 +2,40 @@
 
 Written once for every back end (:mod:`gpuwatchd.store.sqlite`, the embedded default,
 and :mod:`gpuwatchd.store.postgres`, the fleet's shared store); an
-:class:`~gpuwatchd.store.engine.Engine` supplies what differs. Thread-safe: each call
-borrows a connection from a small pool, so the scheduler thread can write while HTTP
-threads read. Every write is one transaction; a failure mid-write rolls back and loses
-nothing already stored. Reads skip rows they cannot parse, with a warning.
+:class:`~gpuwatchd.store.engine.Engine` supplies what differs, and
+:class:`~gpuwatchd.store.core.StoreCore` the connections and transactions. Every write
+is one transaction; a failure mid-write rolls back and loses nothing already stored.
+Reads skip rows they cannot parse, with a warning.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
-import socket
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from collections.abc import Sequence
 from typing import Any
 
+from gpuwatchd.store import claims as claim_sql
 from gpuwatchd.store import codec
+from gpuwatchd.store.commit import commit_winners
 from gpuwatchd.store.conn import Conn
-from gpuwatchd.store.engine import Engine
+from gpuwatchd.store.core import enum_value, filters, log
 from gpuwatchd.store.errors import StoreError
+from gpuwatchd.store.fleet import FleetStore
 from gpuwatchd.store.owner import Alive, orphaned, pid_alive
-from gpuwatchd.store.rows import SessionMeta, SessionRow, StoredResult, WinnerRow
-from gpuwatchd.store.schema import MIGRATIONS, Migration, check_migrations, latest_version
+from gpuwatchd.store.result_rows import insert_result
+from gpuwatchd.store.rows import (
+    Disagreement,
+    SessionMeta,
+    SessionRow,
+    StoredResult,
+    WinnerRow,
+    host_name,
+)
+from gpuwatchd.store.winner_sql import FLEET, PREFERRING_HOST
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
-from gpuwatchd.tuning.winners import clear_winner, pick_winner, winners_differ
-
-log = logging.getLogger("gpuwatchd.store")
+from gpuwatchd.tuning.winners import clear_winner, winners_differ
+from gpuwatchd.validate import need_number
 
 #: Statuses a session can end in; ``gpuwatchd_tune_sessions_total`` has one series each.
 FINAL_STATUSES = tuple(s for s in SessionStatus if s is not SessionStatus.RUNNING)
@@ -41,127 +46,10 @@ _VERSION_COLUMNS = ("driver", "cuda", "torch", "triton", "cudnn")
 ABANDONED_WHY = "abandoned: the process running it ended without finishing it"
 
 
-class SqlStore:
+class SqlStore(FleetStore):
     """The store over one engine. ``readonly=True`` (the client API, ``gpuwatchd report``)
     needs the database at the current schema version and never creates or migrates it.
     """
-
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        readonly: bool = False,
-        migrations: Sequence[Migration] = MIGRATIONS,
-        now: Callable[[], float] = time.time,
-        keep_connections: int = 4,
-    ) -> None:
-        self.readonly = readonly
-        self._engine = engine
-        self._migrations = tuple(migrations)
-        self._now = now
-        self._keep = keep_connections
-        self._lock = threading.Lock()
-        self._idle: list[Conn] = []
-        self._closed = False
-        self._warned: set[str] = set()
-        check_migrations(self._migrations)
-        self._idle.append(engine.open(self._migrations, readonly=readonly))
-
-    @property
-    def where(self) -> str:
-        """The store as messages name it: a file's path, or a URL without its password."""
-        return self._engine.where
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close idle connections; ones in use close when their call returns."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-    # -- connections and transactions ------------------------------------------------------
-
-    @contextmanager
-    def _connection(self) -> Iterator[Conn]:
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"store {self.where} is closed")
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = self._engine.connect(readonly=self.readonly)
-        broken = False
-        try:
-            yield conn
-        except self._engine.error:
-            broken = True
-            raise
-        finally:
-            with self._lock:
-                keep = not broken and not self._closed and len(self._idle) < self._keep
-                if keep:
-                    self._idle.append(conn)
-            if not keep:
-                with suppress(Exception):
-                    conn.close()
-
-    @contextmanager
-    def _transaction(self, write: bool, what: str) -> Iterator[Conn]:
-        engine = self._engine
-        try:
-            with self._connection() as conn:
-                try:
-                    engine.begin(conn, write=write)
-                    if write:
-                        self._refuse_newer_schema(conn, what)
-                    yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        with suppress(engine.error):
-                            conn.execute("ROLLBACK")
-                    raise
-        except engine.error as e:
-            raise engine.fail(what, e) from e
-
-    def _refuse_newer_schema(self, conn: Conn, what: str) -> None:
-        """A newer gpuwatchd migrated the database since it was opened: stop writing."""
-        version = self._engine.version(conn)
-        latest = latest_version(self._migrations)
-        if version > latest:
-            raise StoreError(
-                f"store {self.where} has schema version {version}, newer than this gpuwatchd"
-                f" knows ({latest}); this host refuses to {what} until gpuwatchd is upgraded"
-            )
-
-    def _write(self, what: str) -> AbstractContextManager[Conn]:
-        """A write transaction, serialised with every other writer (no upgrade deadlocks)."""
-        if self.readonly:
-            raise StoreError(f"store {self.where} is open read-only; cannot {what}")
-        return self._transaction(True, what)
-
-    def _read(self, what: str) -> AbstractContextManager[Conn]:
-        """A read transaction: every query inside sees one snapshot."""
-        return self._transaction(False, what)
-
-    def _skip(self, table: str, key: object, err: Exception) -> None:
-        """Warn (once per row and problem) about a stored row that cannot be parsed."""
-        msg = f"{table} row {key}: {err}"
-        with self._lock:
-            if msg in self._warned:
-                return
-            self._warned.add(msg)
-        log.warning("store %s: skipping unreadable %s", self.where, msg)
-
-    def schema_version(self) -> int:
-        with self._read("read the schema version") as conn:
-            return self._engine.version(conn)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -226,8 +114,11 @@ class SqlStore:
     ) -> None:
         """End a running session. A completed one's results become the winners, atomically.
 
-        A winner is replaced only by a result measured at the same time or later, so
-        finishing an older session late does not overwrite a newer pick.
+        Each result becomes its host's own winner, and the fleet's unless another host's
+        fleet winner disagrees beyond noise (then the disagreement is recorded; see
+        :mod:`gpuwatchd.store.commit`). A winner is replaced only by a result measured at
+        the same time or later, so finishing an older session late does not overwrite a
+        newer pick.
         """
         if not isinstance(status, SessionStatus) or status is SessionStatus.RUNNING:
             raise StoreError(
@@ -245,8 +136,23 @@ class SqlStore:
                 (status.value, why, end, session_id),
             )
             _bump_total(conn, status)
+            found = []
             if status is SessionStatus.COMPLETED:
-                self._commit_winners(conn, session_id)
+                found = self._commit_winners(conn, session_id)
+        for d in found:
+            log.warning(
+                "store %s: host %s measured the fleet's %s winner for %s on %s (%s, from %s)"
+                " %.1f%% slower than its own pick %s; kept the fleet's, recorded the disagreement",
+                self.where,
+                d.new_host,
+                d.regime.value,
+                d.workload,
+                d.gpu_model,
+                d.kept_candidate,
+                d.kept_host,
+                100 * d.gap,
+                d.new_candidate,
+            )
 
     def abandon_running(self, why: str = ABANDONED_WHY, *, alive: Alive = pid_alive) -> int:
         """Mark failed every running session whose process is gone (killed, crashed).
@@ -259,9 +165,9 @@ class SqlStore:
         """
         codec.check_text(why, "why")
         # On a store shared by hosts only this host's sessions have PIDs it can ask about.
-        where, args = _filters(
+        where, args = filters(
             status=SessionStatus.RUNNING.value,
-            host=socket.gethostname() if self._engine.shared else None,
+            host=host_name() if self._engine.shared else None,
         )
         with self._write("abandon running sessions") as conn:
             rows = conn.execute(f"SELECT id, owner_pid FROM sessions {where}", args).fetchall()
@@ -307,7 +213,7 @@ class SqlStore:
         """The most recent sessions first, optionally of one status or one GPU."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise StoreError(f"limit must be a positive integer, got {limit!r}")
-        where, args = _filters(status=_value(status), gpu_uuid=gpu_uuid)
+        where, args = filters(status=enum_value(status), gpu_uuid=gpu_uuid)
         with self._read("list sessions") as conn:
             rows = conn.execute(
                 f"SELECT * FROM sessions {where} ORDER BY started_at DESC, id DESC LIMIT ?",
@@ -352,7 +258,7 @@ class SqlStore:
 
     def last_completed_at(self, gpu_uuid: str | None = None) -> float | None:
         """When the most recent completed session ended (unix seconds), or None."""
-        where, args = _filters(status=SessionStatus.COMPLETED.value, gpu_uuid=gpu_uuid)
+        where, args = filters(status=SessionStatus.COMPLETED.value, gpu_uuid=gpu_uuid)
         with self._read("read the last completed session") as conn:
             row = conn.execute(f"SELECT MAX(ended_at) FROM sessions {where}", args).fetchone()
         value = row[0]
@@ -369,51 +275,7 @@ class SqlStore:
         codec.check_result(result)
         with self._write("record a result") as conn:
             self._require_running(conn, session_id, "record a result")
-            conn.execute(
-                "DELETE FROM results WHERE session_id = ? AND workload = ? AND regime = ?",
-                (session_id, result.workload, result.regime.value),
-            )
-            cur = conn.execute(
-                """INSERT INTO results (session_id, workload, regime, winner, tie, margin,
-                       noise, recorded_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-                   RETURNING id""",
-                (
-                    session_id,
-                    result.workload,
-                    result.regime.value,
-                    result.winner,
-                    int(result.tie),
-                    result.margin,
-                    result.noise,
-                    self._now(),
-                ),
-            )
-            result_id = int(cur.fetchone()[0])
-            conn.executemany(
-                """INSERT INTO candidate_stats (result_id, candidate, family, median_s, spread,
-                       samples, rejected, sm_clock_hz, power_w, temp_c, energy_j_per_call,
-                       reasons, meta_json)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                [
-                    (
-                        result_id,
-                        c.name,
-                        c.family,
-                        c.median_s,
-                        c.spread,
-                        c.samples,
-                        c.rejected,
-                        c.sm_clock_hz,
-                        c.power_w,
-                        c.temp_c,
-                        c.energy_j_per_call,
-                        c.reasons,
-                        codec.dumps(c.meta, "candidate meta"),
-                    )
-                    for c in result.candidates
-                ],
-            )
+            insert_result(conn, session_id, result, self._now())
 
     def results(self, session_id: int) -> list[StoredResult]:
         """Every result of one session, in the order recorded."""
@@ -436,12 +298,12 @@ class SqlStore:
         """
         if not statuses:
             raise StoreError("statuses must name at least one session status")
-        where, args = _filters(
-            **{"s.gpu_model": gpu_model, "r.workload": workload, "r.regime": _value(regime)}
+        where, args = filters(
+            **{"s.gpu_model": gpu_model, "r.workload": workload, "r.regime": enum_value(regime)}
         )
         marks = ", ".join("?" for _ in statuses)
         where = f"{where} {'AND' if where else 'WHERE'} s.status IN ({marks})"
-        args = (*args, *(_value(s) for s in statuses))
+        args = (*args, *(enum_value(s) for s in statuses))
         with self._read("read the latest results") as conn:
             rows = conn.execute(
                 f"""SELECT * FROM (
@@ -481,47 +343,92 @@ class SqlStore:
                 self._skip("results", row["id"], e)
         return out
 
+    # -- resuming a preempted session ------------------------------------------------------
+
+    def resumable_results(
+        self,
+        gpu_uuid: str,
+        pairs: Sequence[tuple[str, Regime]],
+        *,
+        since: float,
+        versions: Versions | None = None,
+    ) -> dict[tuple[str, Regime], StoredResult]:
+        """What preempted sessions on this GPU already finished, to resume instead of redo.
+
+        Per (workload, regime) pair, the newest result recorded at or after ``since`` by
+        a preempted session on ``gpu_uuid`` (with these versions, when given). Pairs
+        with no such result are absent.
+        """
+        codec.check_text(gpu_uuid, "gpu_uuid")
+        need_number(since, "since", error=StoreError)
+        wanted = _pairs(pairs)
+        if versions is not None and not isinstance(versions, Versions):
+            raise StoreError(f"versions must be Versions, got {type(versions).__name__}")
+        if not wanted:
+            return {}
+        where, args = filters(
+            **{
+                "s.gpu_uuid": gpu_uuid,
+                "s.status": SessionStatus.PREEMPTED.value,
+                "s.versions_json": versions.key() if versions is not None else None,
+            }
+        )
+        names = sorted({w for w, _ in wanted})
+        marks = ", ".join("?" for _ in names)
+        with self._read("read resumable results") as conn:
+            rows = conn.execute(
+                f"""SELECT * FROM (
+                        SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json,
+                            ROW_NUMBER() OVER (
+                                PARTITION BY r.workload, r.regime
+                                ORDER BY r.recorded_at DESC, r.id DESC) AS rn
+                        FROM results r JOIN sessions s ON s.id = r.session_id {where}
+                            AND r.recorded_at >= ? AND r.workload IN ({marks})) AS newest
+                    WHERE rn = 1""",
+                (*args, since, *names),
+            ).fetchall()
+            found = self._load_results(conn, rows)
+        return {
+            key: stored
+            for stored in found
+            if (key := (stored.result.workload, stored.result.regime)) in wanted
+        }
+
+    def carry_results(self, to_session_id: int, results: Sequence[StoredResult]) -> int:
+        """Copy earlier results (their candidates too) into a running session, at once.
+
+        Each keeps its original ``recorded_at``, so its age still counts from when it was
+        measured. All must come from the session's own GPU. Returns how many were copied.
+        """
+        items = list(results)
+        seen: set[tuple[str, Regime]] = set()
+        for i, stored in enumerate(items):
+            codec.check_stored(stored, f"results[{i}]")
+            key = (stored.result.workload, stored.result.regime)
+            if key in seen:
+                raise StoreError(f"results[{i}]: {key[0]}/{key[1].value} appears twice")
+            seen.add(key)
+        with self._write("carry results into a session") as conn:
+            self._require_running(conn, to_session_id, "carry results into it")
+            row = conn.execute(
+                "SELECT gpu_uuid FROM sessions WHERE id = ?", (to_session_id,)
+            ).fetchone()
+            for i, stored in enumerate(items):
+                if stored.gpu_uuid != row["gpu_uuid"]:
+                    raise StoreError(
+                        f"results[{i}].gpu_uuid: measured on {stored.gpu_uuid}, but session"
+                        f" {to_session_id} runs on {row['gpu_uuid']}"
+                    )
+                insert_result(conn, to_session_id, stored.result, stored.recorded_at)
+        return len(items)
+
     # -- winners ---------------------------------------------------------------------------
 
-    def _commit_winners(self, conn: Conn, session_id: int) -> None:
+    def _commit_winners(self, conn: Conn, session_id: int) -> list[Disagreement]:
+        host = conn.execute("SELECT host FROM sessions WHERE id = ?", (session_id,)).fetchone()
         rows = conn.execute(f"{_RESULT_SELECT} WHERE r.session_id = ?", (session_id,)).fetchall()
-        for result_id, stored in self._parse_results(conn, rows):
-            res = stored.result
-            pick = pick_winner(res)
-            if pick is None:
-                continue
-            v = stored.versions
-            conn.execute(
-                """INSERT INTO winners (gpu_model, versions_key, driver_version, cuda_version,
-                       torch_version, triton_version, cudnn_version, workload, regime,
-                       candidate, family, median_s, sm_clock_hz, margin, tie, session_id,
-                       result_id, gpu_uuid, measured_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                   ON CONFLICT (gpu_model, versions_key, workload, regime) DO UPDATE SET
-                       candidate = excluded.candidate, family = excluded.family,
-                       median_s = excluded.median_s, sm_clock_hz = excluded.sm_clock_hz,
-                       margin = excluded.margin, tie = excluded.tie,
-                       session_id = excluded.session_id, result_id = excluded.result_id,
-                       gpu_uuid = excluded.gpu_uuid, measured_at = excluded.measured_at
-                   WHERE excluded.measured_at >= winners.measured_at""",
-                (
-                    stored.gpu_model,
-                    v.key(),
-                    *(getattr(v, c) for c in _VERSION_COLUMNS),
-                    res.workload,
-                    res.regime.value,
-                    pick.name,
-                    pick.family,
-                    pick.median_s,
-                    pick.sm_clock_hz,
-                    res.margin,
-                    int(res.tie),
-                    session_id,
-                    result_id,
-                    stored.gpu_uuid,
-                    stored.recorded_at,
-                ),
-            )
+        results = self._parse_results(conn, rows)
+        return commit_winners(conn, str(host[0]), results, self._now(), self._skip)
 
     def winners(
         self,
@@ -531,16 +438,24 @@ class SqlStore:
         versions: Versions | None = None,
         *,
         latest: bool = False,
+        prefer_host: str | None = None,
     ) -> list[WinnerRow]:
-        """Winner rows, ordered by GPU model, workload, regime, newest first.
+        """The fleet's winner rows, ordered by GPU model, workload, regime, newest first.
 
         ``latest=True`` keeps only the newest row per (GPU model, workload, regime),
         whatever its versions: the pick for the stack that was tuned last.
+        ``prefer_host`` takes, per key, that host's own winner where it has one and the
+        fleet's otherwise: a host with no local winners uses the fleet's.
         """
-        where, args = _filters(
+        source: str = FLEET
+        source_args: tuple[str, ...] = ()
+        if prefer_host is not None:
+            codec.check_text(prefer_host, "prefer_host")
+            source, source_args = PREFERRING_HOST, (prefer_host, prefer_host)
+        where, args = filters(
             gpu_model=gpu_model,
             workload=workload,
-            regime=_value(regime),
+            regime=enum_value(regime),
             versions_key=versions.key() if versions is not None else None,
         )
         with self._read("read winners") as conn:
@@ -549,18 +464,12 @@ class SqlStore:
                         SELECT *, ROW_NUMBER() OVER (
                             PARTITION BY gpu_model, workload, regime
                             ORDER BY measured_at DESC, session_id DESC) AS rn
-                        FROM winners {where}) AS picks
+                        FROM ({source}) AS src {where}) AS picks
                     {"WHERE rn = 1" if latest else ""}
                     ORDER BY gpu_model, workload, regime, measured_at DESC""",
-                args,
+                (*source_args, *args),
             ).fetchall()
-        out = []
-        for row in rows:
-            try:
-                out.append(codec.winner_from_row(row))
-            except (ValueError, TypeError) as e:
-                self._skip("winners", (row["gpu_model"], row["workload"], row["regime"]), e)
-        return out
+        return self._winner_rows(rows)
 
     def winners_differ(self, workload: str, gpu_model: str | None = None) -> bool | None:
         """Whether the unthrottled and sustained winners are different kernels.
@@ -592,8 +501,9 @@ class SqlStore:
     def prune(self, older_than_s: float) -> int:
         """Delete finished sessions (with their results and statistics) older than this.
 
-        Never deletes a session a winner points at, nor the latest completed session
-        of each GPU; session totals are kept. Returns how many sessions were deleted.
+        Never deletes a session a winner (the fleet's or a host's) points at, nor the
+        latest completed session of each GPU; session totals are kept. Expired claims
+        go too. Returns how many sessions were deleted.
         """
         codec.check_number(older_than_s, "older_than_s")
         cutoff = self._now() - older_than_s
@@ -602,6 +512,7 @@ class SqlStore:
                 """DELETE FROM sessions
                    WHERE status != ? AND COALESCE(ended_at, started_at) < ?
                      AND id NOT IN (SELECT session_id FROM winners)
+                     AND id NOT IN (SELECT session_id FROM host_winners)
                      AND id NOT IN (
                          SELECT id FROM (
                              SELECT id, ROW_NUMBER() OVER (
@@ -610,6 +521,7 @@ class SqlStore:
                          WHERE rn = 1)""",
                 (SessionStatus.RUNNING.value, cutoff, SessionStatus.COMPLETED.value),
             )
+            claim_sql.drop_expired(conn, self._now())
             return int(cur.rowcount)
 
 
@@ -625,25 +537,25 @@ def _bump_total(conn: Conn, status: SessionStatus, by: int = 1) -> None:
     )
 
 
+def _pairs(pairs: Sequence[tuple[str, Regime]]) -> set[tuple[str, Regime]]:
+    """(workload, regime) pairs, checked; StoreError naming the first bad one."""
+    out = set()
+    for i, pair in enumerate(pairs):
+        ok = (
+            isinstance(pair, tuple)
+            and len(pair) == 2
+            and isinstance(pair[0], str)
+            and bool(pair[0])
+            and isinstance(pair[1], Regime)
+        )
+        if not ok:
+            raise StoreError(f"pairs[{i}]: expected a (workload, Regime) tuple, got {pair!r}")
+        out.add(pair)
+    return out
+
+
 def _pid(value: object) -> int | None:
     """A stored owner PID; anything but a positive integer is no owner to ask."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
-
-
-def _value(v: Regime | SessionStatus | None) -> str | None:
-    """An enum filter's stored text; anything but the enum is refused with a clear error."""
-    if v is None:
-        return None
-    if not isinstance(v, Regime | SessionStatus):
-        raise StoreError(f"expected a Regime or SessionStatus, got {v!r}")
-    return v.value
-
-
-def _filters(**columns: object) -> tuple[str, tuple[object, ...]]:
-    """``WHERE a = ? AND b = ?`` for the columns whose value is not None."""
-    used = {k: v for k, v in columns.items() if v is not None}
-    if not used:
-        return "", ()
-    return "WHERE " + " AND ".join(f"{k} = ?" for k in used), tuple(used.values())

@@ -1,0 +1,177 @@
+"""How a completed session's results become winners, inside its finishing transaction.
+
+Each result's pick always becomes its host's own winner (``host_winners``). It becomes
+the fleet's (``winners``) too, unless another host's incumbent disagrees with it beyond
+noise (:mod:`gpuwatchd.store.disagreement`): then the incumbent stays and the
+disagreement is recorded. Either way a winner is replaced only by a result measured at
+the same time or later, so a session finishing late does not overwrite a newer pick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gpuwatchd.store import codec
+from gpuwatchd.store.conn import Conn
+from gpuwatchd.store.disagreement import Incumbent, disagreement_gap
+from gpuwatchd.store.rows import Disagreement, StoredResult
+from gpuwatchd.tuning.types import CandidateStats
+from gpuwatchd.tuning.winners import pick_winner
+
+#: A winner's columns, in the order :func:`_values` gives them (both winner tables).
+WINNER_COLUMNS = (
+    "gpu_model",
+    "versions_key",
+    "driver_version",
+    "cuda_version",
+    "torch_version",
+    "triton_version",
+    "cudnn_version",
+    "workload",
+    "regime",
+    "candidate",
+    "family",
+    "median_s",
+    "sm_clock_hz",
+    "margin",
+    "tie",
+    "session_id",
+    "result_id",
+    "gpu_uuid",
+    "measured_at",
+)
+_KEY = ("gpu_model", "versions_key", "workload", "regime")
+_VERSION_FIELDS = ("driver", "cuda", "torch", "triton", "cudnn")
+#: What a newer pick replaces; the key and the versions it implies stay.
+_REPLACED = (
+    "candidate",
+    "family",
+    "median_s",
+    "sm_clock_hz",
+    "margin",
+    "tie",
+    "session_id",
+    "result_id",
+    "gpu_uuid",
+    "measured_at",
+)
+
+#: Called with (table, key, error) for a stored row that cannot be parsed.
+Skip = Callable[[str, object, Exception], None]
+
+
+def _upsert(table: str, *extra: str) -> str:
+    """Insert a winner (``extra`` columns first) or replace an older one for its key."""
+    columns = (*extra, *WINNER_COLUMNS)
+    updates = ", ".join(f"{c} = excluded.{c}" for c in _REPLACED)
+    return f"""INSERT INTO {table} ({", ".join(columns)})
+        VALUES ({", ".join("?" for _ in columns)})
+        ON CONFLICT ({", ".join((*extra, *_KEY))}) DO UPDATE SET {updates}
+        WHERE excluded.measured_at >= {table}.measured_at"""
+
+
+_UPSERT_FLEET = _upsert("winners")
+_UPSERT_HOST = _upsert("host_winners", "host")
+_INCUMBENT = """SELECT w.candidate, w.median_s, w.gpu_uuid, s.host
+    FROM winners w JOIN sessions s ON s.id = w.session_id
+    WHERE w.gpu_model = ? AND w.versions_key = ? AND w.workload = ? AND w.regime = ?"""
+_RECORD_DISAGREEMENT = """INSERT INTO disagreements (gpu_model, versions_key, workload, regime,
+        kept_candidate, kept_host, kept_gpu_uuid, kept_median_s, new_candidate, new_host,
+        new_gpu_uuid, new_median_s, gap, noise, recorded_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+
+
+def _values(stored: StoredResult, result_id: int, pick: CandidateStats) -> tuple[object, ...]:
+    res, v = stored.result, stored.versions
+    return (
+        stored.gpu_model,
+        v.key(),
+        *(getattr(v, f) for f in _VERSION_FIELDS),
+        res.workload,
+        res.regime.value,
+        pick.name,
+        pick.family,
+        pick.median_s,
+        pick.sm_clock_hz,
+        res.margin,
+        int(res.tie),
+        stored.session_id,
+        result_id,
+        stored.gpu_uuid,
+        stored.recorded_at,
+    )
+
+
+def _incumbent(conn: Conn, key: tuple[object, ...], skip: Skip) -> Incumbent | None:
+    row = conn.execute(_INCUMBENT, key).fetchone()
+    if row is None:
+        return None
+    try:
+        return codec.incumbent_from_row(row)
+    except (ValueError, TypeError) as e:  # a damaged incumbent cannot be defended
+        skip("winners", key, e)
+        return None
+
+
+def commit_winners(
+    conn: Conn,
+    host: str,
+    results: Sequence[tuple[int, StoredResult]],
+    now: float,
+    skip: Skip,
+) -> list[Disagreement]:
+    """Write the winners of one session's ``(result_id, result)`` pairs measured on ``host``.
+
+    Returns the disagreements recorded (the fleet kept its incumbent for those keys).
+    """
+    found: list[Disagreement] = []
+    for result_id, stored in results:
+        res = stored.result
+        pick = pick_winner(res)
+        if pick is None:
+            continue
+        values = _values(stored, result_id, pick)
+        conn.execute(_UPSERT_HOST, (host, *values))
+        key = (stored.gpu_model, stored.versions.key(), res.workload, res.regime.value)
+        incumbent = _incumbent(conn, key, skip)
+        gap = disagreement_gap(incumbent, host, res) if incumbent is not None else None
+        if incumbent is None or gap is None:
+            conn.execute(_UPSERT_FLEET, values)
+            continue
+        found.append(
+            Disagreement(
+                gpu_model=stored.gpu_model,
+                versions=stored.versions,
+                workload=res.workload,
+                regime=res.regime,
+                kept_candidate=incumbent.candidate,
+                kept_host=incumbent.host,
+                kept_gpu_uuid=incumbent.gpu_uuid,
+                kept_median_s=incumbent.median_s,
+                new_candidate=pick.name,
+                new_host=host,
+                new_gpu_uuid=stored.gpu_uuid,
+                new_median_s=pick.median_s,
+                gap=gap,
+                noise=res.noise,
+                recorded_at=now,
+            )
+        )
+        conn.execute(_RECORD_DISAGREEMENT, (*key, *_disagreement_tail(found[-1])))
+    return found
+
+
+def _disagreement_tail(d: Disagreement) -> tuple[object, ...]:
+    return (
+        d.kept_candidate,
+        d.kept_host,
+        d.kept_gpu_uuid,
+        d.kept_median_s,
+        d.new_candidate,
+        d.new_host,
+        d.new_gpu_uuid,
+        d.new_median_s,
+        d.gap,
+        d.noise,
+        d.recorded_at,
+    )

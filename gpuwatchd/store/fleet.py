@@ -1,0 +1,178 @@
+"""What hosts sharing one store ask of it: fresh fleet winners, leases, disagreements, clocks.
+
+On an embedded (SQLite) store the fleet is the one host, and every query still answers
+correctly: a host's own winners are the fleet's and claims never contend.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gpuwatchd.store import claims as claim_sql
+from gpuwatchd.store import codec
+from gpuwatchd.store.core import StoreCore
+from gpuwatchd.store.errors import StoreError
+from gpuwatchd.store.rows import Claim, Disagreement, HostClock, WinnerRow
+from gpuwatchd.store.winner_sql import FLEET
+from gpuwatchd.tuning.types import Versions
+from gpuwatchd.validate import need_int, need_number
+
+
+class FleetStore(StoreCore):
+    """The fleet's queries, on the machinery of :class:`StoreCore`."""
+
+    # -- winners ---------------------------------------------------------------------------
+
+    def fleet_winners(
+        self,
+        gpu_model: str,
+        max_age_s: float,
+        *,
+        versions: Versions | None = None,
+        exclude_host: str | None = None,
+    ) -> list[WinnerRow]:
+        """The fleet's winners for a GPU model measured in the last ``max_age_s`` (store clock).
+
+        Optionally only those of one versions stack, or not measured by ``exclude_host``
+        (what other hosts did). Ordered by workload, regime.
+        """
+        codec.check_text(gpu_model, "gpu_model")
+        need_number(max_age_s, "max_age_s", minimum=0, error=StoreError)
+        if versions is not None and not isinstance(versions, Versions):
+            raise StoreError(f"versions must be Versions, got {type(versions).__name__}")
+        if exclude_host is not None:
+            codec.check_text(exclude_host, "exclude_host")
+        sql = f"SELECT * FROM ({FLEET}) AS src WHERE gpu_model = ? AND measured_at >= ?"
+        args: list[object] = [gpu_model, self._now() - max_age_s]
+        if versions is not None:
+            sql += " AND versions_key = ?"
+            args.append(versions.key())
+        if exclude_host is not None:
+            sql += " AND host <> ?"
+            args.append(exclude_host)
+        with self._read("read fleet winners") as conn:
+            rows = conn.execute(f"{sql} ORDER BY workload, regime, measured_at DESC", args)
+            return self._winner_rows(rows.fetchall())
+
+    def _winner_rows(self, rows: list[Any]) -> list[WinnerRow]:
+        out = []
+        for row in rows:
+            try:
+                out.append(codec.winner_from_row(row))
+            except (ValueError, TypeError) as e:
+                self._skip("winners", (row["gpu_model"], row["workload"], row["regime"]), e)
+        return out
+
+    # -- claims ----------------------------------------------------------------------------
+
+    def claim(self, key: str, host: str, gpu_uuid: str, ttl_s: float) -> bool:
+        """Take the lease on ``key`` for ``ttl_s`` seconds; False when another holds it.
+
+        Succeeds when the key is free, its lease expired, or this (host, GPU) holds it
+        already (a renewal). Atomic: of hosts racing for one key, exactly one wins.
+        """
+        for name, value in (("key", key), ("host", host), ("gpu_uuid", gpu_uuid)):
+            codec.check_text(value, name)
+        need_number(ttl_s, "ttl_s", minimum=0, error=StoreError)
+        if ttl_s <= 0:
+            raise StoreError(f"ttl_s: expected a positive number of seconds, got {ttl_s!r}")
+        with self._write("claim work") as conn:
+            return claim_sql.take(conn, key, host, gpu_uuid, os.getpid(), self._now(), ttl_s)
+
+    def release(self, key: str, host: str, gpu_uuid: str) -> None:
+        """Give a lease back before it expires; only the holder's own claim is removed."""
+        for name, value in (("key", key), ("host", host), ("gpu_uuid", gpu_uuid)):
+            codec.check_text(value, name)
+        with self._write("release a claim") as conn:
+            claim_sql.release(conn, key, host, gpu_uuid)
+
+    def claims(self) -> list[Claim]:
+        """The leases not yet expired, by key."""
+        with self._read("read claims") as conn:
+            rows = conn.execute(
+                "SELECT * FROM claims WHERE expires_at > ? ORDER BY claim_key", (self._now(),)
+            ).fetchall()
+        out = []
+        for row in rows:
+            try:
+                out.append(codec.claim_from_row(row))
+            except (ValueError, TypeError) as e:
+                self._skip("claims", row["claim_key"], e)
+        return out
+
+    # -- disagreements ---------------------------------------------------------------------
+
+    def disagreements(self, limit: int = 100) -> list[Disagreement]:
+        """Recorded disagreements between hosts, newest first."""
+        need_int(limit, "limit", minimum=1, error=StoreError)
+        with self._read("read disagreements") as conn:
+            rows = conn.execute(
+                "SELECT * FROM disagreements ORDER BY recorded_at DESC, id DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        out = []
+        for row in rows:
+            try:
+                out.append(codec.disagreement_from_row(row))
+            except (ValueError, TypeError) as e:
+                self._skip("disagreements", row["id"], e)
+        return out
+
+    def disagreement_counts(self) -> dict[tuple[str, str, str], int]:
+        """Disagreements recorded so far per (GPU model, workload, regime)."""
+        with self._read("count disagreements") as conn:
+            rows = conn.execute(
+                """SELECT gpu_model, workload, regime, COUNT(*) AS n FROM disagreements
+                   GROUP BY gpu_model, workload, regime ORDER BY gpu_model, workload, regime"""
+            ).fetchall()
+        return {(r["gpu_model"], r["workload"], r["regime"]): int(r["n"]) for r in rows}
+
+    # -- host clocks -----------------------------------------------------------------------
+
+    def report_host_clock(self, clock: HostClock) -> None:
+        """Record a GPU's learned sustained clock; an older report never replaces a newer one."""
+        codec.check_host_clock(clock)
+        with self._write("report a host clock") as conn:
+            conn.execute(
+                """INSERT INTO host_clocks (host, gpu_uuid, gpu_model, power_limit_w,
+                       sustained_clock_hz, updated_at)
+                   VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (host, gpu_uuid) DO UPDATE SET
+                       gpu_model = excluded.gpu_model,
+                       power_limit_w = excluded.power_limit_w,
+                       sustained_clock_hz = excluded.sustained_clock_hz,
+                       updated_at = excluded.updated_at
+                   WHERE excluded.updated_at >= host_clocks.updated_at""",
+                (
+                    clock.host,
+                    clock.gpu_uuid,
+                    clock.gpu_model,
+                    clock.power_limit_w,
+                    clock.sustained_clock_hz,
+                    clock.updated_at,
+                ),
+            )
+
+    def host_clocks(self, max_age_s: float | None = None) -> list[HostClock]:
+        """Every GPU's reported clock (only those reported in the last ``max_age_s``).
+
+        Ordered by GPU model, host, GPU UUID.
+        """
+        where = ""
+        args: tuple[float, ...] = ()
+        if max_age_s is not None:
+            need_number(max_age_s, "max_age_s", minimum=0, error=StoreError)
+            where = "WHERE updated_at >= ?"
+            args = (self._now() - max_age_s,)
+        with self._read("read host clocks") as conn:
+            rows = conn.execute(
+                f"SELECT * FROM host_clocks {where} ORDER BY gpu_model, host, gpu_uuid", args
+            ).fetchall()
+        out = []
+        for row in rows:
+            try:
+                out.append(codec.host_clock_from_row(row))
+            except (ValueError, TypeError) as e:
+                self._skip("host_clocks", (row["host"], row["gpu_uuid"]), e)
+        return out
