@@ -4,7 +4,8 @@ The dashboard and alert tests check every query against this catalogue, so a ren
 metric or a misspelt label fails a test instead of leaving a blank panel or an alert
 that can never fire. ``SOURCE`` says where each name comes from: ``exporter`` names
 are cross-checked against the real exporter's output; ``tuning`` (issue 3), ``drift``
-(issue 4) and ``prometheus`` names are taken from their specification.
+(issue 4), ``fleet`` (issue 10, checked against its collector in test_fleet_views.py)
+and ``prometheus`` names are taken from their specification.
 """
 
 from __future__ import annotations
@@ -85,6 +86,17 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_clock_drift_ratio": _GPU,
     "gpuwatchd_retune_pending": _m("reason"),
     "gpuwatchd_tune_running": _GPU,
+    # fleet views over a shared store (issue 10)
+    "gpuwatchd_fleet_sustained_clock_hertz": _m("gpu_model", "power_limit_watts"),
+    "gpuwatchd_fleet_median_sustained_clock_hertz": _m("gpu_model", "power_limit_watts"),
+    "gpuwatchd_fleet_peers": _m("gpu_model", "power_limit_watts", base=_NONE),
+    "gpuwatchd_fleet_disagreements": _m("gpu_model", "workload", "regime", base=_NONE),
+    "gpuwatchd_fleet_coverage_workloads": _m("gpu_model", "versions", base=_NONE),
+    "gpuwatchd_fleet_work_skipped_total": _m("reason", base=_NONE),
+    "gpuwatchd_fleet_verified_total": _NONE,
+    "gpuwatchd_fleet_claimed_elsewhere_total": _NONE,
+    "gpuwatchd_fleet_sync_age_seconds": _NONE,
+    "gpuwatchd_fleet_sync_success": _NONE,
     # Prometheus' own per-target series
     "up": _NONE,
 }
@@ -93,6 +105,8 @@ SOURCE: dict[str, str] = {
     name: (
         "prometheus"
         if name == "up"
+        else "fleet"
+        if name.startswith("gpuwatchd_fleet_")
         else "drift"
         if name
         in {"gpuwatchd_clock_drift_ratio", "gpuwatchd_retune_pending", "gpuwatchd_tune_running"}

@@ -26,7 +26,16 @@ PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
 SEVERITIES = {"critical", "warning", "info"}
 #: Alerts whose value is a measurement worth quoting, not a 0/1 flag.
-VALUE_ALERTS = {"GpuwatchdPowerCapped", "GpuwatchdClockDrift", "GpuwatchdPollStale"}
+VALUE_ALERTS = {
+    "GpuwatchdPowerCapped",
+    "GpuwatchdClockDrift",
+    "GpuwatchdPollStale",
+    "GpuwatchdHostSlowerThanFleet",
+    "GpuwatchdFleetDisagreement",
+}
+#: Alerts about the fleet as a whole: aggregated over the daemons that all export the same
+#: store-wide count, so one fires per fact, with no instance to name.
+FLEET_WIDE_ALERTS = {"GpuwatchdFleetDisagreement"}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -79,6 +88,8 @@ def test_expected_alerts_exist(rules: list[dict[str, Any]]) -> None:
         "GpuwatchdGpuLost",
         "GpuwatchdDown",
         "GpuwatchdCollectorFailing",
+        "GpuwatchdHostSlowerThanFleet",
+        "GpuwatchdFleetDisagreement",
     }
 
 
@@ -89,7 +100,8 @@ def test_every_alert_is_labelled_and_explained(rules: list[dict[str, Any]]) -> N
         assert re.fullmatch(r"\d+[smh]", rule["for"]), f"{name}: needs a `for` duration"
         notes = rule["annotations"]
         assert set(notes) >= {"summary", "description"}, name
-        assert "$labels.instance" in notes["summary"], name
+        if name not in FLEET_WIDE_ALERTS:
+            assert "$labels.instance" in notes["summary"], name
         metrics = scan(rule["expr"]).metrics
         if any("gpu" in KNOWN_METRICS[m] for m in metrics):
             for key in ("summary", "description"):
@@ -182,6 +194,49 @@ def test_unit_tests_fail_when_an_alert_is_broken(
         name for name, result in zip(names, results, strict=True) if result.returncode == 0
     ]
     assert survivors == [], f"unit tests still pass with these alerts broken ({change})"
+
+
+def test_fleet_wide_alerts_aggregate_away_the_instance(rules: list[dict[str, Any]]) -> None:
+    """One alert per disagreement however many daemons report it, naming what it is about."""
+    for rule in rules:
+        if rule["alert"] in FLEET_WIDE_ALERTS:
+            expr = " ".join(rule["expr"].split())
+            assert expr.startswith("max by (gpu_model, workload, regime) ("), rule["alert"]
+            for label in ("gpu_model", "workload", "regime"):
+                assert f"$labels.{label}" in rule["annotations"]["summary"], rule["alert"]
+
+
+def _fleet_case(unit_tests: dict[str, Any], name: str) -> dict[str, Any]:
+    (group,) = [g for g in unit_tests["tests"] if g["name"] == name]
+    return group
+
+
+def test_slower_than_fleet_cases_cover_the_threshold_and_the_peer_minimum(
+    unit_tests: dict[str, Any],
+) -> None:
+    """The promtool case holds a GPU 6% under (fires), 4% under and one with 2 peers (not)."""
+    group = _fleet_case(unit_tests, "host slower than its fleet")
+    first: dict[tuple[str, str], float] = {}
+    for series in group["input_series"]:
+        name, _, labels = series["series"].partition("{")
+        instance = re.search(r'instance="([^"]+)"', labels)
+        assert instance is not None
+        first[(name, instance.group(1))] = float(series["values"].split("x")[0])
+    ratio = {
+        inst: first[("gpuwatchd_fleet_sustained_clock_hertz", inst)]
+        / first[("gpuwatchd_fleet_median_sustained_clock_hertz", inst)]
+        for _, inst in first
+    }
+    peers = {inst: first[("gpuwatchd_fleet_peers", inst)] for _, inst in first}
+    assert ratio["h1:9844"] == pytest.approx(0.94) and peers["h1:9844"] == 3
+    assert ratio["h2:9844"] == pytest.approx(0.96) and peers["h2:9844"] == 3
+    assert ratio["h3:9844"] < 0.95 and peers["h3:9844"] == 2
+    fired = [
+        a["exp_labels"]["instance"]
+        for case in group["alert_rule_test"]
+        for a in case.get("exp_alerts") or []
+    ]
+    assert fired == ["h1:9844"]
 
 
 @needs_promtool

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import tomllib
 from pathlib import Path
 
 import pytest
+from fault_cases import BAD_NUMBERS
 
 from gpuwatchd.config import (
     Config,
@@ -18,6 +20,7 @@ from gpuwatchd.config import (
     store_password_file,
     store_path,
 )
+from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.tuning.windows import in_windows, parse_windows
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "config.toml"
@@ -26,7 +29,7 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "config.toml"
 def test_example_config_documents_exactly_the_defaults():
     cfg = parse_config(tomllib.loads(EXAMPLE.read_text()))
     defaults = Config()
-    for section in ("daemon", "sim", "replay", "gate", "tuning", "drift", "store"):
+    for section in ("daemon", "sim", "replay", "gate", "tuning", "drift", "store", "fleet"):
         assert getattr(cfg, section) == getattr(defaults, section), section
     names = [w.name for w in cfg.workloads]
     assert "attention-proj-fp16" in names and "sim-gemm" in names
@@ -193,3 +196,62 @@ def test_the_password_file_must_be_readable_and_not_empty_on_this_host(tmp_path:
     pw.write_text("s3cret\n")
     check_store_access(cfg)
     check_store_access(parse_config({}))  # the state-dir file needs nothing
+
+
+def test_the_example_documents_every_fleet_key():
+    assert set(tomllib.loads(EXAMPLE.read_text())["fleet"]) == {
+        f.name for f in dataclasses.fields(FleetConfig)
+    }
+
+
+def test_the_fleet_table_is_read_and_checked():
+    cfg = parse_config(
+        {
+            "fleet": {
+                "enabled": False,
+                "max_winner_age_s": 3600,
+                "verify_fraction": 1,
+                "claim_ttl_s": 60,
+            }
+        }
+    )
+    assert cfg.fleet == FleetConfig(
+        enabled=False, max_winner_age_s=3600.0, verify_fraction=1.0, claim_ttl_s=60.0
+    )
+    assert cfg.fleet.renew_every_s == 20.0
+    assert parse_config({}).fleet == FleetConfig()
+    assert FleetConfig().verify_fraction == 0.05 and FleetConfig().claim_ttl_s == 600.0
+
+
+@pytest.mark.parametrize(
+    ("fleet", "message"),
+    [
+        ({"verify_fraction": 1.5}, "c.toml: fleet.verify_fraction: must be within [0, 1], got 1.5"),
+        ({"verify_fraction": -0.1}, "c.toml: fleet.verify_fraction: must be within [0, 1]"),
+        ({"verify_fraction": "5%"}, "c.toml: fleet.verify_fraction: expected a number, got '5%'"),
+        ({"max_winner_age_s": 0}, "c.toml: fleet.max_winner_age_s: must be > 0, got 0"),
+        ({"max_winner_age_s": 1e12}, "c.toml: fleet.max_winner_age_s: expected seconds from 0"),
+        ({"claim_ttl_s": 5}, "c.toml: fleet.claim_ttl_s: must be >= 10, got 5"),
+        ({"enabled": "yes"}, "c.toml: fleet.enabled: expected true or false, got 'yes'"),
+        ({"ttl_s": 60}, "c.toml: fleet.ttl_s: unknown key (known keys: claim_ttl_s, enabled, "),
+        # renewed every third of the lease, from the scheduler's tick
+        ({"claim_ttl_s": 12}, "c.toml: fleet.claim_ttl_s: must be at least 3 x tuning.check"),
+    ],
+)
+def test_bad_fleet_keys_are_one_line(fleet, message):
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"fleet": fleet}, source="c.toml")
+    text = str(exc.value)
+    assert text.startswith(message) and "\n" not in text
+
+
+@pytest.mark.parametrize("value", BAD_NUMBERS)
+def test_no_fleet_number_takes_a_bad_value(value):
+    for key in ("max_winner_age_s", "verify_fraction", "claim_ttl_s", "sync_interval_s"):
+        with pytest.raises(ConfigError, match=f"^fleet.{key}: "):
+            parse_config(tomllib.loads(f"[fleet]\n{key} = {value}\n"))
+
+
+def test_a_faster_tick_allows_a_shorter_claim():
+    cfg = parse_config({"tuning": {"check_interval_s": 1}, "fleet": {"claim_ttl_s": 10}})
+    assert cfg.fleet.claim_ttl_s == 10.0

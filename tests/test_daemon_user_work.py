@@ -29,14 +29,15 @@ from gpuwatchd.daemon.control_server import ControlServer, PeerCred, RequestErro
 from gpuwatchd.daemon.process import Daemon
 from gpuwatchd.daemon.user_work import MAX_FAILURES, UserWork
 from gpuwatchd.jobside.requests import Submitter
-from gpuwatchd.sessions.events import SessionFinished
+from gpuwatchd.sessions.events import SessionFinished, WorkSkipped
+from gpuwatchd.sessions.fleet import SKIP_REASON
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.telemetry.factory import open_backend
 from gpuwatchd.tuning.kernels import KernelRequest
 from gpuwatchd.tuning.settings import TuningConfig
 from gpuwatchd.tuning.spool import REJECTED_DIR, write_request
 from gpuwatchd.tuning.types import SessionStatus, Workload
-from gpuwatchd.tuning.workload_requests import add_request
+from gpuwatchd.tuning.workload_requests import add_request, parse_add_request
 from gpuwatchd.tuning.workload_spool import SUBDIR, write_workload_request
 
 ME = PeerCred(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
@@ -382,6 +383,46 @@ def test_a_preempted_session_changes_nothing(tmp_path: Path) -> None:
     work.tune_kernel(kernel_request())
     work.session_finished(finished(SessionStatus.PREEMPTED, [name]))
     assert queue.withdrawn == [] and len(list((tmp_path / "spool").glob("*.json"))) == 1
+
+
+def skipped(names: Sequence[str], gpu: int = 0, model: str = SIM_MODEL) -> WorkSkipped:
+    return WorkSkipped(gpu, f"GPU-{gpu}", model, tuple(names), SKIP_REASON)
+
+
+def test_a_request_the_fleet_answered_is_done_as_if_tuned_here(tmp_path: Path) -> None:
+    """The scheduler skipped it (fresh winners from identical hosts, in the shared store):
+    no session ends here, yet the spool entry goes and the other GPUs stop waiting."""
+    name = kernel_request().workload_name
+    work, queue = two_gpu_work(tmp_path, tuned=set())
+    work.tune_kernel(kernel_request())
+    work.work_skipped(skipped(["someone.elses"], gpu=1))
+    assert len(list((tmp_path / "spool").glob("*.json"))) == 1 and queue.withdrawn == []
+    work.work_skipped(skipped([name], gpu=1))
+    assert not list((tmp_path / "spool").glob("*.json"))
+    assert not list((tmp_path / "spool").glob(f"{REJECTED_DIR}/*"))
+    assert queue.withdrawn == [((name,), (0,))]
+    assert work.listing(()) == []
+    assert [r for r in queue.requests if r[2] != "user kernel request"] == []  # no retry
+
+
+def test_an_added_workload_the_fleet_answered_leaves_the_other_gpus(tmp_path: Path) -> None:
+    work, queue = two_gpu_work(tmp_path, tuned=set())
+    work.add(parse_add_request(add_request([GEMM])))
+    work.work_skipped(skipped([GEMM.name], gpu=0))
+    assert queue.withdrawn == [((GEMM.name,), (1,))]
+    assert work.added_names() == {GEMM.name}  # still tuned on drift, like configured ones
+
+
+def test_the_daemon_tells_its_user_work_of_work_the_fleet_answered(daemon: Daemon) -> None:
+    req = kernel_request()
+    call(daemon, {"op": "tune_kernel", "request": req.to_json()})
+    spool = daemon.user_work.spool_dir
+    assert len(list(spool.glob("*.json"))) == 1
+    info = daemon.backend.device_info(0)
+    daemon.tuner.events.notify_skipped(skipped([req.workload_name], model=info.name))
+    assert not list(spool.glob("*.json"))
+    listed = call(daemon, {"op": "list_workloads"})
+    assert req.workload_name not in json.dumps(listed)
 
 
 def test_the_added_list_survives_a_corrupt_file_by_setting_it_aside(tmp_path: Path) -> None:

@@ -99,6 +99,13 @@ def test_generated_copies_are_current() -> None:
     assert _generate_module().stale_files() == []
 
 
+def test_prometheus_rule_carries_the_fleet_alerts(rendered: dict[str, list[Doc]]) -> None:
+    rule = _one(rendered["fleet"], "PrometheusRule")
+    groups = {g["name"]: g for g in rule["spec"]["groups"]}
+    fleet = {r["alert"] for r in groups["gpuwatchd-fleet"]["rules"]}
+    assert fleet == {"GpuwatchdHostSlowerThanFleet", "GpuwatchdFleetDisagreement"}
+
+
 def test_prometheus_rule_groups_equal_the_alerts_file(rendered: dict[str, list[Doc]]) -> None:
     alerts = yaml.safe_load((ROOT / "prometheus" / "alerts.yml").read_text(encoding="utf-8"))
     for docs in rendered.values():
@@ -113,8 +120,13 @@ def test_dashboard_configmap_is_the_dashboard_with_the_sidecar_label(
 ) -> None:
     cm = next(d for d in rendered["base"] if d["metadata"]["name"] == "gpuwatchd-grafana-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-    dashboard = json.loads((ROOT / "grafana" / "gpuwatchd.json").read_text(encoding="utf-8"))
-    assert json.loads(cm["data"]["gpuwatchd.json"]) == dashboard
+    # The per-host and the fleet dashboard, each under its file's name.
+    assert set(cm["data"]) == {"gpuwatchd.json", "gpuwatchd-fleet.json"}
+    for key, text in cm["data"].items():
+        dashboard = json.loads((ROOT / "grafana" / key).read_text(encoding="utf-8"))
+        assert json.loads(text) == dashboard, key
+    uids = {json.loads(text)["uid"] for text in cm["data"].values()}
+    assert uids == {"gpuwatchd", "gpuwatchd-fleet"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

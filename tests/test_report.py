@@ -1,9 +1,12 @@
-"""``gpuwatchd report`` formatting, on the raw report JSON kept from real H200 runs."""
+"""``gpuwatchd report`` formatting, on the raw report JSON kept from real H200 runs, and
+``report --fleet`` on a real SQLite store filled through the store API."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from gpuwatchd.report.text import format_report
 
@@ -66,3 +69,142 @@ def test_unthrottled_comes_first_in_the_json_and_the_table():
     text = format_report(doc).splitlines()
     rows = [line.split()[0] for line in text if line.startswith(("unthrottled", "sustained"))]
     assert rows == ["unthrottled", "sustained"] * 2
+
+
+# -- report --fleet: a real SQLite store filled through the store API ---------------------
+
+
+def _fleet_store(path: Path) -> None:
+    """Four H200 hosts at 700 W (one 8% under the rest), one H100 host; winners of two
+    stacks; one disagreement between two H200 hosts."""
+    import time
+
+    from builders import candidate
+
+    from gpuwatchd.store import Store
+    from gpuwatchd.store.rows import HostClock, SessionMeta
+    from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions, Workload
+
+    now = time.time()
+    stack = Versions(driver="580.159.04", cuda="12.8")
+    with Store(path) as store:
+        for host, mhz in (("node-a", 1440), ("node-b", 1450), ("node-c", 1430), ("node-d", 1325)):
+            store.report_host_clock(
+                HostClock(host, f"GPU-{host}", "NVIDIA H200", 700.0, mhz * 1e6, now)
+            )
+        store.report_host_clock(
+            HostClock("node-h", "GPU-node-h", "NVIDIA H100 80GB HBM3", 700.0, 1.3e9, now)
+        )
+        store.report_host_clock(  # reported long ago: left out
+            HostClock("node-old", "GPU-old", "NVIDIA H200", 700.0, 0.9e9, now - 86400)
+        )
+
+        def session(host: str, workload: str, times: dict[str, float], versions: Versions) -> None:
+            regime = Regime.SUSTAINED
+            work = Workload(workload, "matmul", {"m": 64, "n": 64, "k": 64}, "bf16", ("f",))
+            meta = SessionMeta(
+                f"GPU-{host}", 0, "NVIDIA H200", "sim", (work,), (regime,), versions, host=host
+            )
+            cands = tuple(
+                candidate(n, regime, t) for n, t in sorted(times.items(), key=lambda kv: kv[1])
+            )
+            sid = store.start_session(meta)
+            store.record_result(
+                sid, RegimeResult(workload, regime, cands, cands[0].name, False, 0.2, 0.01)
+            )
+            store.finish_session(sid, SessionStatus.COMPLETED)
+
+        session("node-a", "gemm", {"cublas": 1e-3, "triton": 2e-3}, stack)
+        session("node-b", "gemm", {"cublas": 1.1e-3, "triton": 1e-3}, stack)  # disagrees
+        session("node-a", "conv", {"cudnn": 1e-3}, stack)
+        session("node-c", "gemm", {"cublas": 1e-3}, Versions(driver="575.57"))
+
+
+def test_fleet_report_marks_the_slow_host_and_lists_disagreements_and_coverage(
+    tmp_path: Path,
+) -> None:
+    from gpuwatchd.report.fleet import build_fleet_report, format_fleet_report
+    from gpuwatchd.store import Store
+
+    _fleet_store(tmp_path / "fleet.db")
+    with Store(tmp_path / "fleet.db", readonly=True) as store:
+        doc = build_fleet_report(store)
+    h200, h100 = sorted(doc["groups"], key=lambda g: g["gpu_model"], reverse=True)
+    assert h200["gpu_model"] == "NVIDIA H200" and h200["power_limit_w"] == "700"
+    assert h200["peers"] == 4 and h200["median_sustained_clock_hz"] == 1435e6
+    flagged = {g["host"]: g["outlier"] for g in h200["gpus"]}
+    assert flagged == {"node-a": False, "node-b": False, "node-c": False, "node-d": True}
+    assert h100["peers"] == 1 and not h100["gpus"][0]["outlier"]
+    assert doc["disagreements"] == [
+        {"gpu_model": "NVIDIA H200", "workload": "gemm", "regime": "sustained", "count": 1}
+    ]
+    (latest,) = doc["recent_disagreements"]
+    assert (latest["kept_host"], latest["new_host"]) == ("node-a", "node-b")
+    assert doc["coverage"] == [
+        {"gpu_model": "NVIDIA H200", "versions": "driver=575.57", "workloads": 1},
+        {"gpu_model": "NVIDIA H200", "versions": "driver=580.159.04,cuda=12.8", "workloads": 2},
+    ]
+    text = format_fleet_report(doc)
+    (slow,) = [line for line in text.splitlines() if "node-d" in line]
+    assert "1325" in slow and "-7.7%" in slow and "<< OUTLIER" in slow
+    assert text.count("<< OUTLIER") == 2  # the legend and node-d
+    assert "NVIDIA H200, 700 W: median 1435 MHz over 4 GPU(s)" in text
+    assert "over 1 GPU(s); outliers need 3+" in text
+    assert "cublas (node-a)" in text and "triton (node-b)" in text and "+10.0%" in text
+    assert "node-old" not in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_report_fleet_command_table_json_and_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuwatchd.cli.main import main
+
+    path = tmp_path / "fleet.db"
+    _fleet_store(path)
+    assert main(["report", "--fleet", "--store", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Sustained SM clocks") and "Tuning coverage" in out
+    assert main(["report", "--fleet", "--store", str(path), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["format"] == "gpuwatchd-fleet-report/1"
+    arg = ["report", "--fleet", "--format", "json", "--gpu-model", "NVIDIA H100 80GB HBM3"]
+    assert main([*arg, "--store", str(path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [g["gpu_model"] for g in doc["groups"]] == ["NVIDIA H100 80GB HBM3"]
+    assert doc["disagreements"] == [] and doc["coverage"] == []
+
+    assert main(["report", "--fleet", "--store", str(tmp_path / "none.db")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"gpuwatchd: store {tmp_path / 'none.db'} does not exist"
+    url = "postgresql://gpuwatchd:secret@127.0.0.1:1/gpuwatchd"
+    assert main(["report", "--fleet", "--store", url]) == 1
+    err = capsys.readouterr().err
+    assert "holds a password" in err and "secret" not in err and len(err.splitlines()) == 1
+    assert main(["report", "--fleet", "--plot", "x.png", "--store", str(path)]) == 2
+    assert "--plot" in capsys.readouterr().err
+
+
+def test_report_fleet_on_a_store_older_than_the_fleet_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuwatchd.cli.main import main
+    from gpuwatchd.store import MIGRATIONS, Store
+
+    Store(tmp_path / "old.db", migrations=MIGRATIONS[:2]).close()
+    assert main(["report", "--fleet", "--store", str(tmp_path / "old.db")]) == 1
+    err = capsys.readouterr().err
+    assert "schema version 2" in err and len(err.splitlines()) == 1
+
+
+def test_report_fleet_on_an_empty_store_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuwatchd.cli.main import main
+    from gpuwatchd.store import Store
+
+    Store(tmp_path / "empty.db").close()
+    assert main(["report", "--fleet", "--store", str(tmp_path / "empty.db")]) == 0
+    out = capsys.readouterr().out
+    assert "no host reported a learned sustained clock in the last 1800 s" in out
+    assert "none recorded" in out and "no fresh winners" in out

@@ -92,15 +92,20 @@ def winners_json(
     gpu_model: str | None = None,
     workload: str | None = None,
     regime: Regime | str | None = None,
+    prefer_host: str | None = None,
     now: Callable[[], float] = time.time,
 ) -> JsonDict:
     """The document: the newest winner per (GPU model, workload, regime).
 
     Each winner carries its candidate's meta and every candidate of the result it came
     from, fastest first (what :mod:`gpuwatchd.triton_configs` turns into configs).
+    ``prefer_host`` (the daemon's own host on a shared store) takes that host's own
+    winner of a key where it measured one, and the fleet's otherwise.
     Read-only; safe on the daemon's store from HTTP threads.
     """
-    rows = store.winners(gpu_model, workload, parse_regime(regime), latest=True)
+    rows = store.winners(
+        gpu_model, workload, parse_regime(regime), latest=True, prefer_host=prefer_host
+    )
     by_session: dict[int, dict[tuple[str, Regime], list[CandidateStats]]] = {}
     out = []
     for row in rows:
@@ -221,10 +226,15 @@ def _read_required_number(d: DocReader, w: Mapping[str, Any], name: str, where: 
     return value
 
 
+def _read_optional_text(d: DocReader, w: Mapping[str, Any], name: str, where: str) -> str | None:
+    return None if w.get(name) is None else d.text(w, name, where)
+
+
 _FieldReader = Callable[[DocReader, Mapping[str, Any], str, str], Any]
 #: How a field of each type :class:`WinnerRow` uses is read.
 _READ_BY_TYPE: dict[object, _FieldReader] = {
     str: DocReader.text,
+    str | None: _read_optional_text,
     int: DocReader.integer,
     bool: DocReader.flag,
     float: _read_required_number,

@@ -1,8 +1,10 @@
 """``gpuwatchd report``: the latest winners per workload and regime, as a table or JSON.
 
 Opens the store read-only, so it is safe against a live daemon's database; ``--plot``
-also draws the candidates' times (matplotlib, imported only then). The store and the
-report modules are imported when the command runs (see :mod:`gpuwatchd.cli.common`).
+also draws the candidates' times (matplotlib, imported only then); ``--fleet`` reports
+the shared store's fleet instead: hosts' sustained clocks against their fleet's median,
+disagreements, tuning coverage. The store and the report modules are imported when the
+command runs (see :mod:`gpuwatchd.cli.common`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TextIO
 
 from gpuwatchd.cli.common import (
     CONFIG_HELP,
+    EXIT_CONFIG,
     CliError,
     Subparsers,
     add_command,
@@ -31,22 +34,32 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "per workload and regime: winners, times, clocks",
         "The latest winners per workload, unthrottled regime first, from the store (opened\n"
         "read-only: safe beside a running daemon). --plot draws every candidate's time per\n"
-        "regime; it needs matplotlib: pip install 'gpuwatchd[plot]'.",
+        "regime; it needs matplotlib: pip install 'gpuwatchd[plot]'. --fleet reports the\n"
+        "fleet instead: per GPU model and power limit each host's sustained clock against\n"
+        "the median (outliers marked), winners two hosts disagreed on, tuning coverage.",
         (
             "gpuwatchd report",
             "gpuwatchd report --format json --gpu-model 'NVIDIA H200'",
             "gpuwatchd report --plot report.png",
+            "gpuwatchd report --fleet",
+            "PGPASSWORD=... gpuwatchd report --fleet --store postgresql://gpuwatchd@db/gpuwatchd",
         ),
     )
     p.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     p.add_argument(
         "--store",
-        metavar="PATH",
-        help="SQLite store file (default: [store] url, else STATE_DIR/gpuwatchd.db)",
+        metavar="PATH|URL",
+        help="SQLite store file or postgresql:// URL without a password (libpq reads it from "
+        "PGPASSWORD or ~/.pgpass; default: [store] url, else STATE_DIR/gpuwatchd.db)",
     )
     p.add_argument("--state-dir", metavar="DIR", help="state directory holding the store")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output")
     p.add_argument("--gpu-model", metavar="NAME", help="only this GPU model")
+    p.add_argument(
+        "--fleet",
+        action="store_true",
+        help="report the fleet: hosts' sustained clocks vs the median, disagreements, coverage",
+    )
     p.add_argument(
         "--plot",
         metavar="FILE.png",
@@ -57,12 +70,23 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def _store_location(text: str) -> Path | str:
+    """``--store``: a PostgreSQL URL as given, anything else a SQLite file path."""
+    from gpuwatchd.store import is_postgres_url
+
+    return text if is_postgres_url(text) else Path(text)
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from gpuwatchd.report.text import build_report, format_report
     from gpuwatchd.store import StoreError
 
+    out = out if out is not None else sys.stdout  # looked up now: tests replace it
+
+    if args.fleet:
+        return run_fleet(args, out)
     if args.store:
-        store = open_store(Path(args.store), readonly=True)
+        store = open_store(_store_location(args.store), readonly=True)
     else:
         cfg, _ = load_with_overrides(args)
         store = open_configured_store(cfg, readonly=True)
@@ -86,4 +110,44 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True), file=out)
     else:
         print(format_report(doc), file=out)
+    return 0
+
+
+def run_fleet(args: argparse.Namespace, out: TextIO) -> int:
+    """``report --fleet``: the fleet document, with the ages the daemon's config uses."""
+    from gpuwatchd.report.fleet import (
+        DEFAULT_CLOCK_MAX_AGE_S,
+        DEFAULT_WINNER_MAX_AGE_S,
+        build_fleet_report,
+        format_fleet_report,
+    )
+    from gpuwatchd.store import StoreError
+
+    if args.plot:
+        raise CliError(
+            "--plot draws one host's candidates; it does not combine with --fleet", EXIT_CONFIG
+        )
+    clock_age, winner_age = DEFAULT_CLOCK_MAX_AGE_S, DEFAULT_WINNER_MAX_AGE_S
+    if args.store:
+        store = open_store(_store_location(args.store), readonly=True)
+    else:
+        cfg, _ = load_with_overrides(args)
+        clock_age = 3 * cfg.drift.window_s
+        winner_age = cfg.fleet.max_winner_age_s
+        store = open_configured_store(cfg, readonly=True)
+    try:
+        doc = build_fleet_report(
+            store,
+            clock_max_age_s=clock_age,
+            winner_max_age_s=winner_age,
+            gpu_model=args.gpu_model,
+        )
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        store.close()
+    if args.format == "json":
+        print(json.dumps(doc, indent=2, sort_keys=True), file=out)
+    else:
+        print(format_fleet_report(doc), file=out)
     return 0

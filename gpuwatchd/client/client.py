@@ -3,6 +3,8 @@
 Talks to a running daemon's read-only JSON endpoints (``/api/v1/state``,
 ``/api/v1/winners``) and, for winners, falls back to reading the store directly
 (read-only): the store file, or the fleet's PostgreSQL store the daemon config names.
+Read directly, the winners are the ones the daemon would serve: this host's own where it
+measured one, else the fleet's (``$GPUWATCHD_HOST`` names the host, as for the daemon).
 Importable without torch: a training job can ask before it touches CUDA.
 Both documents are parsed by :mod:`gpuwatchd.api`, the same code ``gpuwatchd status``
 uses; the defaults come from :mod:`gpuwatchd.client.discovery`.
@@ -32,6 +34,7 @@ from gpuwatchd.client.discovery import (
 from gpuwatchd.client.errors import GpuwatchdError, GpuwatchdUnavailable, NotServed
 from gpuwatchd.client.own_gate import _DaemonJobGate, _OwnProcessGate
 from gpuwatchd.store import StoreError, open_store
+from gpuwatchd.store.rows import host_name
 from gpuwatchd.telemetry.types import normalize_uuid
 from gpuwatchd.tuning.types import Regime
 from gpuwatchd.validate import field_error, is_finite, is_number
@@ -187,7 +190,8 @@ class Client:
         regime: Regime | str | None = None,
         gpu_model: str | None = None,
     ) -> list[Winner]:
-        """The newest winner per (GPU model, workload, regime) matching the filters."""
+        """The newest winner per (GPU model, workload, regime) matching the filters; on a
+        store shared by a fleet, this host's own where it measured one."""
         filters: dict[str, Any] = {
             "workload": _opt_name(workload, "workload"),
             "regime": parse_regime(regime),
@@ -202,9 +206,10 @@ class Client:
                 problems.append(str(exc))
         try:
             location, password_file = self._store_location()
+            host = host_name()  # the daemon's name for this host: its own winners first
             store = open_store(location, readonly=True, password_file=password_file)
             try:
-                doc = winners_json(store, **filters)
+                doc = winners_json(store, **filters, prefer_host=host)
             finally:
                 store.close()
             return parse_winners(doc, store.where)

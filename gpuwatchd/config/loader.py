@@ -1,12 +1,13 @@
 """Load and validate ``config.toml`` into one :class:`Config` of section dataclasses.
 
 Tables: ``[daemon]``, ``[sim]``, ``[replay]``, ``[gate]``, ``[tuning]`` (with
-``[tuning.protocol]``), ``[drift]``, ``[store]`` and ``[[workload]]``. Anything unknown is an error:
-a typo in a threshold must not silently fall back to a default on a production host.
+``[tuning.protocol]``), ``[drift]``, ``[store]``, ``[fleet]`` and ``[[workload]]``. Anything
+unknown is an error: a typo in a threshold must not silently fall back to a default on a
+production host.
 Each component defines its own section type (telemetry the sim and replay ones, the gate
 its thresholds, tuning its own, drift its own) and never imports this package; the
 loader only assembles them, and hands each component its part (:meth:`Config.backend_spec`,
-:meth:`Config.tuning_setup`, ``cfg.gate``, ``cfg.drift``).
+:meth:`Config.tuning_setup`, ``cfg.gate``, ``cfg.drift``, ``cfg.fleet``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from gpuwatchd.config.store import StoreConfig, parse_store
 from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.gate import GateConfig
+from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.telemetry.settings import BACKENDS, BackendSpec, ReplayConfig
 from gpuwatchd.telemetry.sim.settings import SimConfig
 from gpuwatchd.tuning.settings import ProtocolConfig, TuningConfig, TuningSetup
@@ -78,9 +80,10 @@ class DaemonConfig:
     poll_interval_s: float = field(
         default=0.5, metadata=check(lambda v: 0.01 <= v <= 1.0, "must be in [0.01, 1.0]")
     )
-    #: The energy counter costs ~4 ms a call on an H200: read it at a lower rate.
+    #: The energy counter and the health fields cost ~5 ms of CPU per GPU per read (H100,
+    #: bench/RESULTS.md "The daemon's cost"): every 30 s, as dcgm-exporter collects.
     energy_interval_s: float = field(
-        default=5.0, metadata=check(lambda v: 0.1 <= v <= 3600, "must be in [0.1, 3600]")
+        default=30.0, metadata=check(lambda v: 0.1 <= v <= 3600, "must be in [0.1, 3600]")
     )
     #: Static facts (power limit, max clocks, thresholds) are re-read this often.
     info_refresh_s: float = field(
@@ -202,6 +205,7 @@ class Config:
     tuning: TuningConfig = field(default_factory=TuningConfig)
     drift: DriftConfig = field(default_factory=DriftConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     workloads: tuple[Workload, ...] = DEFAULT_WORKLOADS
     source: str | None = None  # the file it came from, for logs
 
@@ -255,7 +259,19 @@ _SECTIONS = {
     "tuning": _tuning,
     "drift": DriftConfig.from_mapping,
     "store": parse_store,
+    "fleet": FleetConfig.from_mapping,
 }
+
+
+def _check_claim_renewal(cfg: Config) -> None:
+    """A running session renews its fleet claims from the scheduler's tick, every third
+    of ``claim_ttl_s``: a tick slower than that would let them lapse mid-session."""
+    need = 3 * cfg.tuning.check_interval_s
+    if cfg.fleet.claim_ttl_s < need:
+        raise ValueError(
+            f"fleet.claim_ttl_s: must be at least 3 x tuning.check_interval_s ({need:g}) so"
+            f" running sessions renew their claims in time, got {cfg.fleet.claim_ttl_s:g}"
+        )
 
 
 def parse_config(data: Mapping[str, Any], source: str | None = None) -> Config:
@@ -283,6 +299,10 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> Config:
                 msg = f"{name}.{msg}"
             raise ConfigError(f"{where}{msg}") from None
     cfg = Config(**sections, source=source)
+    try:
+        _check_claim_renewal(cfg)
+    except ValueError as exc:
+        raise ConfigError(f"{where}{exc}") from None
     for i, name in enumerate(cfg.tuning.workloads):  # the planner looks each one up
         try:
             cfg.workload(name)

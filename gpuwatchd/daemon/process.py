@@ -33,15 +33,24 @@ from gpuwatchd.config import (
 from gpuwatchd.daemon.added_workloads import FILE_NAME as ADDED_FILE
 from gpuwatchd.daemon.added_workloads import AddedWorkloads
 from gpuwatchd.daemon.control_server import ControlServer, default_socket_path
+from gpuwatchd.daemon.fleet_sync import FleetSync
 from gpuwatchd.daemon.history import SampleHistory
 from gpuwatchd.daemon.job_gate import JobGates, job_ops
 from gpuwatchd.daemon.jobs import JobRegistry
 from gpuwatchd.daemon.ops import OpTable
-from gpuwatchd.daemon.retune import retune_ops
+from gpuwatchd.daemon.retune import MANUAL_REASON, retune_ops
 from gpuwatchd.daemon.sdnotify import Notifier
 from gpuwatchd.daemon.user_ops import user_ops
 from gpuwatchd.daemon.user_work import UserWork
-from gpuwatchd.drift import DriftDetector, DriftJob, ReferenceSync, current_versions
+from gpuwatchd.drift import (
+    DriftDetector,
+    DriftJob,
+    ReferenceSync,
+    RetuneReason,
+    changed_versions,
+    current_versions,
+)
+from gpuwatchd.drift.fleet import FleetSnapshot
 from gpuwatchd.exporter import (
     DaemonInfo,
     HttpServer,
@@ -50,14 +59,17 @@ from gpuwatchd.exporter import (
     parse_listen,
 )
 from gpuwatchd.exporter.collectors.drift import DriftCollector
+from gpuwatchd.exporter.collectors.fleet import FleetCollector
 from gpuwatchd.exporter.collectors.tuning import TuningCollector
 from gpuwatchd.exporter.web.config import WebConfig, load_web_config
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
+from gpuwatchd.sessions.fleet import fleet_policy
 from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.sessions.scheduler import TuneScheduler
 from gpuwatchd.store import TuningStore, open_store
+from gpuwatchd.store.rows import host_name
 from gpuwatchd.telemetry.backend import Backend, FeelsSessionLoad, GpuLost
 from gpuwatchd.telemetry.factory import open_backend
 from gpuwatchd.tuning.types import Workload
@@ -65,8 +77,30 @@ from gpuwatchd.validate import describe
 
 log = logging.getLogger("gpuwatchd")
 
+#: The APScheduler job id of the fleet sync (rescheduled when a reload changes its interval).
+FLEET_SYNC_JOB = "fleet-sync"
+#: Work asked for for these reasons is tuned even when the fleet has fresh winners for it:
+#: an operator asked, or something changed on this host's own GPU.
+MEASURED_ANYWAY = (
+    MANUAL_REASON,
+    RetuneReason.CLOCK_DRIFT,
+    RetuneReason.POWER_LIMIT_CHANGED,
+    RetuneReason.MAX_CLOCK_CHANGED,
+)
 #: How often the spool is read again for requests jobs left while the daemon runs.
 SPOOL_RESCAN_S = 60.0
+#: The main loop's longest sleep: a config reload (SIGHUP) waits at most this long.
+MAX_TICK_S = 1.0
+#: A host's sustained clock in the store older than this many drift windows (or fleet
+#: syncs, if longer) is left out of the fleet's medians: that host is gone, or has not
+#: seen sustained load for that long.
+FLEET_CLOCK_MAX_AGE_WINDOWS = 3.0
+
+
+def fleet_clock_max_age_s(cfg: Config) -> float:
+    """How old (seconds) another host's sustained clock may be and still count."""
+    longest = max(cfg.drift.window_s, cfg.fleet.sync_interval_s)
+    return FLEET_CLOCK_MAX_AGE_WINDOWS * longest
 
 
 def setup_logging(level: str) -> None:
@@ -116,6 +150,7 @@ class Daemon:
         self.overrides = overrides or {}
         self.backend = backend if backend is not None else open_backend(cfg.backend_spec())
         self.board = StateBoard()
+        self.host = host_name()  # how this host is named in a store shared by a fleet
         self.store = open_state_store(cfg)
         self.tuner = TuneScheduler(
             cfg.tuning_setup(),
@@ -126,6 +161,15 @@ class Daemon:
             # the worker imports users' kernels: it runs in their Python environment
             runner_factory=functools.partial(TuneRunner, python=cfg.tuning.worker_executable),
             session_load=self.backend if isinstance(self.backend, FeelsSessionLoad) else None,
+            # a shared store: skip what identical hosts tuned, claim the rest (else None)
+            fleet=fleet_policy(
+                self.store,
+                cfg.fleet,
+                versions_now=current_versions,
+                changed=changed_versions,
+                measure_anyway=MEASURED_ANYWAY,
+                host=self.host,
+            ),
         )
         # Users' own work (kernel tuning requests, captured workloads), kept across restarts.
         self.user_work = UserWork(
@@ -139,6 +183,7 @@ class Daemon:
             tuned=self.tuned_workloads,
         )
         self.tuner.events.add_listener(self.user_work.session_finished)
+        self.tuner.events.add_skip_listener(self.user_work.work_skipped)  # the fleet tuned it
         self.poller = Poller(
             self.backend,
             self.board,
@@ -160,14 +205,28 @@ class Daemon:
         # clock the winners were measured at, power/max-clock/version changes, stale winners.
         self.drift = DriftDetector(cfg.drift, current_versions)
         self.poller.add_listener(self.drift.observe)
-        references = ReferenceSync(self.drift, self.store)
+        # References from the winners this host serves (its own, else the fleet's).
+        references = ReferenceSync(
+            self.drift, self.store, host=self.host, versions_now=current_versions
+        )
         self.tuner.events.add_listener(references.session_finished)  # re-read after a tune
+        self.tuner.events.add_skip_listener(references.work_skipped)  # and after a fleet skip
         self.drift_job = DriftJob(
             self.drift,
             references,
             self.board,
             request=self.tuner.request,
             workloads=self.runnable,
+        )
+        # This host's learned sustained clocks to the store, the fleet's back (fleet views).
+        self.fleet_sync = FleetSync(
+            self.store,
+            self.board,
+            self.drift.view,
+            max_age_s=fleet_clock_max_age_s(cfg),
+            winner_max_age_s=cfg.fleet.max_winner_age_s,
+            interval_s=cfg.fleet.sync_interval_s,
+            host=self.host,
         )
         self.info = DaemonInfo.current(self.backend.name)
         self.registry = build_registry(
@@ -178,6 +237,7 @@ class Daemon:
                     self.board, lambda: self.tuner.snapshot, added=self.user_work.added_names
                 ),
                 DriftCollector(self.drift.view),
+                FleetCollector(self.fleet_snapshot, lambda: self.tuner.snapshot),
             ],
         )
         self.http = HttpServer(
@@ -278,12 +338,6 @@ class Daemon:
         self.control.start()
         self.poller.start()
         self.scheduler.add_job(
-            self.poller.dispatch_slow_reads,
-            "interval",
-            seconds=self.cfg.daemon.energy_interval_s,
-            id="slow-fields",
-        )
-        self.scheduler.add_job(
             self.tuning_tick, "interval", seconds=self.cfg.tuning.check_interval_s, id="tune"
         )
         self.scheduler.add_job(
@@ -296,6 +350,14 @@ class Daemon:
             id="drift",
             # first look once the GPUs have been polled, not a whole interval later
             next_run_time=datetime.datetime.now() + datetime.timedelta(seconds=2),
+        )
+        self.scheduler.add_job(
+            self.fleet_tick,
+            "interval",
+            seconds=self.cfg.fleet.sync_interval_s,
+            id=FLEET_SYNC_JOB,
+            # once the drift detector had a first look, not a whole interval later
+            next_run_time=datetime.datetime.now() + datetime.timedelta(seconds=3),
         )
         self.scheduler.start()
         self.poller.dispatch_slow_reads()  # energy and static facts right away
@@ -316,8 +378,11 @@ class Daemon:
     def _main_loop(self) -> None:
         ping_every = self.notifier.watchdog_interval_s()
         last_ping = 0.0
-        tick = min(0.25, self.poller.period_s)
-        while not self._stop.wait(tick):
+        # Wake when a read in flight could have stalled, at most MAX_TICK_S apart (a
+        # SIGHUP is applied within that), not every poll period: each wake-up costs CPU.
+        while not self._stop.wait(
+            min(self.poller.stall_check_due_in(), MAX_TICK_S, ping_every or MAX_TICK_S)
+        ):
             self.poller.check_stalls()
             if self._reload.is_set():
                 self._reload.clear()
@@ -341,14 +406,25 @@ class Daemon:
         return doc
 
     def winners_json(self, target: str) -> dict[str, object]:
-        """/api/v1/winners[?workload=&regime=&gpu_model=]: what jobs should run."""
+        """/api/v1/winners[?workload=&regime=&gpu_model=]: what jobs should run: per key
+        this host's own winner where it measured one, else the fleet's (a shared store)."""
         from gpuwatchd.api.winners import parse_winners_query, winners_json
 
-        return winners_json(self.store, **parse_winners_query(target))
+        return winners_json(self.store, **parse_winners_query(target), prefer_host=self.host)
+
+    def fleet_snapshot(self) -> FleetSnapshot:
+        """What the fleet collector shows: nothing while ``fleet.enabled`` is off."""
+        return self.fleet_sync.snapshot if self.cfg.fleet.enabled else FleetSnapshot()
 
     def tuning_tick(self) -> None:
         """APScheduler job: start pending tuning behind open gates (never blocks)."""
         self.tuner.tick()
+
+    def fleet_tick(self) -> None:
+        """APScheduler job: this host's sustained clocks to the store, the fleet's clocks,
+        disagreements and coverage back (never raises: a store error marks it stale)."""
+        if self.cfg.fleet.enabled:
+            self.fleet_sync()
 
     def drift_tick(self) -> None:
         """APScheduler job: decide what needs tuning — a GPU never tuned, clock drift,
@@ -399,13 +475,25 @@ class Daemon:
             log.warning("config reload: %s change only on restart", ", ".join(restart_needed))
         self.http.reload_web_config(web)
         self.poller.reconfigure(new.gate, period_s=new.daemon.poll_interval_s)
-        self.tuner.reconfigure(new.tuning_setup())
+        self.tuner.reconfigure(new.tuning_setup(), new.fleet)
         self.drift.reconfigure(new.drift)
+        self._reconfigure_fleet_sync(new)
         logging.getLogger().setLevel(new.daemon.log_level.upper())
         self.cfg = new
         log.info("config reloaded from %s", self.config_path or "defaults")
         self.notifier.ready("config reloaded")
         return True
+
+    def _reconfigure_fleet_sync(self, new: Config) -> None:
+        """Apply a reloaded ``[fleet]``/``[drift]`` to the fleet sync and its job."""
+        self.fleet_sync.max_age_s = fleet_clock_max_age_s(new)
+        self.fleet_sync.winner_max_age_s = new.fleet.max_winner_age_s
+        if new.fleet.sync_interval_s != self.fleet_sync.interval_s:
+            self.fleet_sync.interval_s = new.fleet.sync_interval_s
+            if self.scheduler.get_job(FLEET_SYNC_JOB) is not None:  # not before run()
+                self.scheduler.reschedule_job(
+                    FLEET_SYNC_JOB, trigger="interval", seconds=new.fleet.sync_interval_s
+                )
 
     def shutdown(self) -> None:
         self.notifier.stopping()

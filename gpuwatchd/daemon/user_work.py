@@ -5,8 +5,9 @@ serve them; the first GPU of a model to tune one takes it off the others of that
 (winners are per GPU model). Both survive a restart:
 
 - a user kernel's request (``tune_kernel``) is written into the spool, the folder jobs
-  use when no daemon runs, and removed once a session tuned it; at start the spool is
-  read and what is there is queued again;
+  use when no daemon runs, and removed once a session tuned it, or once the scheduler
+  skipped it because identical hosts of a fleet did (their winners are in the shared
+  store); at start the spool is read and what is there is queued again;
 - added workloads (``add_workloads``) are kept in :class:`AddedWorkloads` until removed,
   tuned like configured ones (drift re-tunes them, ``retune`` can name them); at start
   the ones with no winner yet on a GPU's model are queued, and requests that jobs
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuwatchd.daemon.added_workloads import AddedWorkloads
-from gpuwatchd.sessions.events import SessionFinished
+from gpuwatchd.sessions.events import SessionFinished, WorkSkipped
 from gpuwatchd.tuning.kernels import KernelRequest, KernelRequestError
 from gpuwatchd.tuning.settings import TuningConfig
 from gpuwatchd.tuning.spool import (
@@ -322,15 +323,7 @@ class UserWork:
             return  # preempted: still pending, retried at the next open gate
         tuned = set(self._tuned(event.gpu_model))
         done = [n for n in mine if n in tuned or n not in self._kernels]
-        with self._lock:
-            for name in done:
-                kernel = self._kernels.pop(name, None)
-                if kernel is not None:
-                    _forget(kernel)
-        others = [g for g, m in self._models().items() if m == event.gpu_model]
-        others = [g for g in others if g != event.gpu_index]
-        if others:
-            self._queue.withdraw(done, others)
+        self._answered(event.gpu_index, event.gpu_model, done)
         missed = [n for n in mine if n not in done]
         kept = self._count_failure(missed, "the session recorded no winner in every regime")
         for name in kept:
@@ -338,6 +331,28 @@ class UserWork:
                 kernel = self._kernels.get(name)
             if kernel is not None:
                 self._queue.request(event.gpu_index, [kernel.workload], RETRY_REASON)
+
+    def work_skipped(self, event: WorkSkipped) -> None:
+        """Skip listener: work the fleet answered (fresh winners in every regime, measured
+        by identical hosts, in the shared store) is done on that GPU model, as if a session
+        here had tuned it: no session will end for it on this host."""
+        with self._lock:
+            mine = [n for n in event.workloads if n in self._kernels or n in self._added]
+        if mine:
+            log.info("user work answered by the fleet (%s): %s", event.reason, ", ".join(mine))
+            self._answered(event.gpu_index, event.gpu_model, mine)
+
+    def _answered(self, gpu: int, gpu_model: str, names: Sequence[str]) -> None:
+        """``names`` have winners on ``gpu_model``: kernel requests leave the spool, and
+        the model's other GPUs stop waiting for them."""
+        with self._lock:
+            for name in names:
+                kernel = self._kernels.pop(name, None)
+                if kernel is not None:
+                    _forget(kernel)
+        others = [g for g, m in self._models().items() if m == gpu_model and g != gpu]
+        if others and names:
+            self._queue.withdraw(names, others)
 
     def _count_failure(self, names: Sequence[str], why: str) -> list[str]:
         """One more failure for each named kernel request; the ones still kept."""

@@ -18,8 +18,8 @@ def build_registry(
 ) -> CollectorRegistry:
     """A private registry (never the global one) holding gpuwatchd's collectors.
 
-    ``extra`` sub-collectors (the daemon adds "tuning" and "drift") are scraped after "gpu"
-    and "gpu_health".
+    ``extra`` sub-collectors (the daemon adds "tuning", "drift" and "fleet") are scraped
+    after "gpu" and "gpu_health".
     """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BuildInfoCollector(info))

@@ -8,6 +8,11 @@ reason, or :meth:`TuneRunner.cancel`), then tells ``on_finished`` with a
 :class:`~gpuwatchd.sessions.events.SessionFinished`. The worker runs in its own process
 group so a kill also reaches its children (Triton's compilers); every wait is bounded,
 every child is reaped, and nothing here imports torch.
+
+Sessions resume: results that preempted sessions of the same GPU recorded recently, under
+the same conditions and stack (:mod:`gpuwatchd.sessions.resume` has the rule), are
+copied into the new session, and the worker measures only the (workload, regime) pairs
+still missing; a regime interrupted half way is measured again from the start.
 """
 
 from __future__ import annotations
@@ -24,13 +29,22 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import gpuwatchd
 from gpuwatchd.sessions.events import SessionFinished, SessionListener
-from gpuwatchd.store import SessionMeta, StoreError, TuningStore
+from gpuwatchd.sessions.resume import (
+    DEFAULT_RESUME_MAX_AGE_S,
+    Pair,
+    check_max_age,
+    describe_reuse,
+    pair_text,
+    remaining_job,
+    reusable_results,
+)
+from gpuwatchd.store import SessionMeta, StoredResult, StoreError, TuningStore
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.jobspec import (
     MAX_LINE_BYTES,
@@ -55,16 +69,19 @@ _PACKAGE_ROOT = str(Path(gpuwatchd.__file__).resolve().parent.parent)
 
 ShouldPreempt = Callable[[], "str | None"]
 OnProgress = Callable[[dict[str, Any]], None]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
 class SessionOutcome:
-    """How a session ended, and the results the worker delivered (also in the store)."""
+    """How a session ended, and its results (also in the store), in the job's order:
+    those the worker delivered and those ``reused_from`` earlier sessions (pair -> id)."""
 
     status: SessionStatus
     why: str | None
     session_id: int
     results: tuple[RegimeResult, ...]
+    reused_from: dict[Pair, int] = field(default_factory=dict)
 
 
 class RunnerBusy(RuntimeError):
@@ -245,6 +262,9 @@ class TuneRunner:
     a worker that reported an error, may linger before its group is killed.
     ``on_finished`` is told about every session this runner ends, once the store holds
     its final status (the daemon passes :meth:`SessionEvents.notify`).
+    ``resume_max_age_s`` is how old a preempted session's result may be and still be
+    reused (0: never reuse, measure every pair); ``now`` is the clock it is judged on,
+    the store's (unix seconds).
     """
 
     def __init__(
@@ -259,7 +279,11 @@ class TuneRunner:
         exit_wait_s: float = 1.0,
         reap_timeout_s: float = 5.0,
         on_finished: SessionListener | None = None,
+        resume_max_age_s: float = DEFAULT_RESUME_MAX_AGE_S,
+        now: Callable[[], float] = time.time,
     ) -> None:
+        self.resume_max_age_s = check_max_age(resume_max_age_s)
+        self._now = now
         for name, value in (
             ("term_grace_s", term_grace_s),
             ("poll_s", poll_s),
@@ -306,6 +330,14 @@ class TuneRunner:
             self._cancel = reason or "cancelled"
             return True
 
+    def reusable(self, job: JobSpec, meta: SessionMeta) -> dict[Pair, StoredResult]:
+        """What earlier preempted sessions measured of ``job`` that a session with
+        ``meta`` may reuse (the stack is checked later, at the worker's hello)."""
+        if self.resume_max_age_s <= 0:
+            return {}
+        since = self._now() - self.resume_max_age_s
+        return reusable_results(self.store, job, meta, since=since)
+
     def run_session(
         self,
         job: JobSpec,
@@ -325,6 +357,9 @@ class TuneRunner:
         is stored as its state at the start. Raises :class:`RunnerBusy` if a session
         is running already, ``ValueError`` for a job that is not for ``info``, and
         :class:`~gpuwatchd.store.StoreError` if the session cannot even be started.
+
+        Pairs that preempted sessions already measured are reused (see the module's
+        docstring); when none is left to measure the session completes without a worker.
         """
         if not isinstance(timeout_s, int | float) or not math.isfinite(timeout_s):
             raise ValueError(f"timeout_s must be a finite number, got {timeout_s!r}")
@@ -346,7 +381,7 @@ class TuneRunner:
             meta = _with_extra(meta, job)
             sid = self.store.start_session(meta)
             log.info("tuning session %d on GPU %d (%s) started", sid, info.index, info.uuid)
-            session = _Session(self, job, info, sid, should_preempt, on_progress, timeout_s)
+            session = _Session(self, job, info, sid, should_preempt, on_progress, timeout_s, meta)
             try:
                 status, why = session.run()
             except BaseException as e:  # KeyboardInterrupt, a bug: never leave it running
@@ -356,7 +391,8 @@ class TuneRunner:
                 raise
             self._finish(sid, info, status, why, job)
             log.info("tuning session %d ended %s%s", sid, status.value, f": {why}" if why else "")
-            return SessionOutcome(status, why, sid, tuple(session.results.values()))
+            reused = {p: s.session_id for p, s in session.carried.items()}
+            return SessionOutcome(status, why, sid, session.ordered_results(), reused)
 
     # -- internals -------------------------------------------------------------------
 
@@ -402,7 +438,7 @@ class TuneRunner:
             self._worker = worker
         return worker
 
-    def _set_hello_pid(self, pid: int) -> None:
+    def _set_hello_pid(self, pid: int | None) -> None:
         with self._lock:
             self._hello_pid = pid
 
@@ -427,6 +463,7 @@ class _Session:
         should_preempt: ShouldPreempt,
         on_progress: OnProgress | None,
         timeout_s: float,
+        meta: SessionMeta,
     ) -> None:
         self.r = runner
         self.job = job
@@ -435,15 +472,52 @@ class _Session:
         self.should_preempt = should_preempt
         self.on_progress = on_progress
         self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.work = job  # what the worker is asked to measure: the job less what is reused
         self.expected = set(job.pairs())
         self.results: dict[tuple[str, Regime], RegimeResult] = {}
         self.hello: Hello | None = None
         self.error: str | None = None
         self.worker: WorkerProcess | None = None
+        self.meta = meta
+        #: Reusable results, carried into the session once the worker's stack matches.
+        self.reuse: dict[Pair, StoredResult] = {}
+        self.carried: dict[Pair, StoredResult] = {}
+        self.stack_changed = False  # the hello showed another stack than ``reuse``'s
 
     def run(self) -> tuple[SessionStatus, str | None]:
+        self.deadline = time.monotonic() + self.timeout_s
         try:
-            self.worker = self.r._spawn(self.job)
+            self.reuse = self.r.reusable(self.job, self.meta)
+        except StoreError as e:  # resuming saves time; without it the job still runs
+            log.warning("session %d: cannot look for results to reuse: %s", self.sid, e)
+        if self.reuse:
+            work = remaining_job(self.job, self.reuse)
+            if work is None:
+                return self._complete_from_reuse()
+            log.info(
+                "session %d: %d of %d pairs measured by preempted sessions; measuring %s",
+                self.sid,
+                len(self.reuse),
+                len(self.job.pairs()),
+                ", ".join(pair_text(p) for p in work.pairs()),
+            )
+            verdict = self._run_worker(work)
+            if not self.stack_changed:
+                return verdict
+            self.reuse, self.stack_changed, self.hello, self.error = {}, False, None, None
+            self.results = {}
+            self.r._set_hello_pid(None)
+        return self._run_worker(self.job)
+
+    def ordered_results(self) -> tuple[RegimeResult, ...]:
+        """Measured and carried results, in the job's (workload, regime) order."""
+        return tuple(self.results[p] for p in self.job.pairs() if p in self.results)
+
+    def _run_worker(self, work: JobSpec) -> tuple[SessionStatus, str | None]:
+        self.work, self.expected = work, set(work.pairs())
+        try:
+            self.worker = self.r._spawn(work)
         except OSError as e:
             return SessionStatus.FAILED, f"cannot start the worker: {describe(e)}"
         worker = self.worker
@@ -456,6 +530,45 @@ class _Session:
         self._drain(worker)
         return verdict or self._judge(worker, rc)
 
+    def _complete_from_reuse(self) -> tuple[SessionStatus, str | None]:
+        """Every pair was measured already: no worker, so nothing reports the libraries;
+        the session takes the stack the results were measured on (driver checked)."""
+        versions = next(iter(self.reuse.values())).versions
+        try:
+            self._store(lambda: self.r.store.set_session_versions(self.sid, versions))
+            self._carry()
+        except _Failed as e:
+            return SessionStatus.FAILED, str(e)
+        return SessionStatus.COMPLETED, None
+
+    def _carry(self) -> None:
+        """Copy the reusable results into this session (one transaction in the store)."""
+        reuse, self.reuse = self.reuse, {}
+        rows = list(reuse.values())
+        n = self._store(lambda: self.r.store.carry_results(self.sid, rows))
+        if n != len(rows):
+            raise _Failed(f"store error: {n} of {len(rows)} earlier results carried")
+        self.carried = reuse
+        self.results.update({p: s.result for p, s in reuse.items()})
+        log.info("session %d reuses %s", self.sid, describe_reuse(reuse))
+
+    def _check_stack(self, versions: Versions) -> None:
+        """At hello: carry the reusable results if they were measured on this stack."""
+        if not self.reuse:
+            return
+        was = next(iter(self.reuse.values())).versions
+        if was.key() == versions.key():
+            self._carry()
+            return
+        log.info(
+            "session %d: the stack changed since the preempted sessions (%s, now %s);"
+            " measuring every pair again",
+            self.sid,
+            was.key(),
+            versions.key(),
+        )
+        self.stack_changed = True
+
     def kill(self) -> None:
         if self.worker is not None:
             self.worker.stop(0)
@@ -463,8 +576,7 @@ class _Session:
 
     def _watch(self, worker: WorkerProcess) -> tuple[SessionStatus, str] | None:
         """Until the worker is done; a verdict when the runner ended it, else None."""
-        start = time.monotonic()
-        deadline = start + self.timeout_s
+        deadline = self.deadline
         eof = False
         exited_at: float | None = None
         error_at: float | None = None
@@ -487,6 +599,9 @@ class _Session:
                 raise _Failed(f"worker sent invalid output: {event.why}")
             elif event is not None:
                 self._handle(event)
+                if self.stack_changed:  # the run() that called us starts the whole job
+                    worker.stop(0)
+                    return None
                 if isinstance(event, ErrorMessage) and error_at is None:
                     error_at = time.monotonic()
             if worker.exited():
@@ -524,6 +639,8 @@ class _Session:
         return reason if reason else None
 
     def _handle(self, msg: Message) -> None:
+        if self.stack_changed:
+            return  # this worker measures a job that is no longer wanted
         if isinstance(msg, Hello):
             if self.hello is not None:
                 raise _Failed("worker sent invalid output: a second hello")
@@ -531,6 +648,7 @@ class _Session:
             self.r._set_hello_pid(msg.pid)
             versions = Versions(driver=self.info.driver_version).merge(msg.versions)
             self._store(lambda: self.r.store.set_session_versions(self.sid, versions))
+            self._check_stack(versions)
             return
         if isinstance(msg, ErrorMessage):  # may come first: opening the device can fail
             self.error = self.error or msg.message
@@ -542,6 +660,8 @@ class _Session:
             if self.on_progress is not None:
                 payload = msg.to_json()
                 payload["session_id"] = self.sid
+                payload["done"] += len(self.carried)  # of the whole job, reused pairs included
+                payload["total"] += len(self.carried)
                 try:
                     self.on_progress(payload)
                 except Exception:
@@ -551,20 +671,20 @@ class _Session:
             key = (res.workload, res.regime)
             self._check_pair(res.workload, res.regime, "result")
             if key in self.results:
-                raise _Failed(f"worker sent invalid output: a second result for {_pair_text(key)}")
+                raise _Failed(f"worker sent invalid output: a second result for {pair_text(key)}")
             self._store(lambda: self.r.store.record_result(self.sid, res))
             self.results[key] = res
 
     def _check_pair(self, workload: str, regime: Regime, what: str) -> None:
         if (workload, regime) not in self.expected:
             raise _Failed(
-                f"worker sent invalid output: {what} for {_pair_text((workload, regime))},"
+                f"worker sent invalid output: {what} for {pair_text((workload, regime))},"
                 " which is not in the job"
             )
 
-    def _store(self, write: Callable[[], None]) -> None:
+    def _store(self, write: Callable[[], _T]) -> _T:
         try:
-            write()
+            return write()
         except StoreError as e:
             raise _Failed(f"store error: {e}") from None
 
@@ -580,15 +700,11 @@ class _Session:
             return SessionStatus.FAILED, f"{why}: {last}" if last else why
         if self.hello is None:
             return SessionStatus.FAILED, "worker sent invalid output: it exited without a hello"
-        missing = [p for p in self.job.pairs() if p not in self.results]
+        missing = [p for p in self.work.pairs() if p not in self.results]
         if missing:
-            text = ", ".join(_pair_text(p) for p in missing)
+            text = ", ".join(pair_text(p) for p in missing)
             return SessionStatus.FAILED, f"worker finished without a result for {text}"
         return SessionStatus.COMPLETED, None
-
-
-def _pair_text(pair: tuple[str, Regime]) -> str:
-    return f"{pair[0]} ({pair[1].value})"
 
 
 def _with_extra(meta: SessionMeta, job: JobSpec) -> SessionMeta:

@@ -10,6 +10,16 @@ Every session its runners end is announced on :attr:`TuneScheduler.events`
 (:class:`~gpuwatchd.sessions.events.SessionFinished`): the scheduler's own tuning
 snapshot listens there to refresh what the store says (totals, winners, last tune), and
 so can anything else that depends on finished sessions (drift references).
+
+On a store shared by a fleet (:mod:`gpuwatchd.sessions.fleet`) a session's thread first
+drops the work other hosts have answered and claims the rest; it runs only what it
+claimed, renews the claims from :meth:`TuneScheduler.tick` while it runs and gives them
+back when it ends. Those store calls happen on the session's thread or outside the
+scheduler's lock, never while ``tick`` holds it. The fleet is asked again once the claims
+are held: a host that finished the same work and gave its claims back between the first
+question and the claim has answered it, and that work is given back and skipped too.
+Skipped work is announced on ``events`` (:class:`~gpuwatchd.sessions.events.WorkSkipped`),
+since no session here will end for it.
 """
 
 from __future__ import annotations
@@ -19,19 +29,28 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpuwatchd.monitor.board import StateBoard
-from gpuwatchd.sessions.events import SessionEvents, SessionFinished, SessionListener
+from gpuwatchd.monitor.board import GpuSnapshot, StateBoard
+from gpuwatchd.sessions.events import (
+    SessionEvents,
+    SessionFinished,
+    SessionListener,
+    WorkSkipped,
+)
+from gpuwatchd.sessions.fleet import SKIP_REASON, FleetAnswer, FleetPolicy
+from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.sessions.plan import build_jobs, preempt_reason
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.store import FINAL_STATUSES, TuningStore
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.telemetry.backend import FeelsSessionLoad
+from gpuwatchd.telemetry.types import DeviceInfo
+from gpuwatchd.tuning.jobspec import JobSpec
 from gpuwatchd.tuning.settings import TuningSetup
-from gpuwatchd.tuning.types import Regime, SessionStatus, Workload
+from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.windows import in_windows, parse_windows
 
 log = logging.getLogger(__name__)
@@ -42,8 +61,35 @@ class Pending:
     """Work waiting for one GPU's gate."""
 
     workloads: list[Workload]
-    reasons: set[str] = field(default_factory=set)  # why it was requested (manual, drift, ...)
     not_before: float = 0.0  # unix time; set after a failure
+    #: Why each workload was requested (manual, drift, ...): logged when its session
+    #: starts, and the fleet measures some reasons' work whatever other hosts measured.
+    why: dict[str, set[str]] = field(default_factory=dict)
+    recheck_at: float = 0.0  # unix time; set when every workload was claimed elsewhere
+
+    def drop(self, names: Collection[str]) -> None:
+        """Take the named workloads off this list."""
+        self.workloads = [w for w in self.workloads if w.name not in names]
+        for name in names:
+            self.why.pop(name, None)
+
+
+@dataclass(slots=True)
+class _Held:
+    """The fleet claims a running session holds, and when they were last renewed."""
+
+    gpu_uuid: str
+    keys: dict[str, str]  # workload -> claim key
+    renewed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Chosen:
+    """What a session runs: the job, the claims it holds, the workloads it verifies."""
+
+    job: JobSpec
+    keys: dict[str, str] = field(default_factory=dict)
+    verify: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +114,12 @@ class TuningSnapshot:
     last_tune_unix: float | None
     winners: tuple[WinnerRow, ...] = ()
     last_tune_by_uuid: dict[str, float] = field(default_factory=dict)  # completed, per GPU
+    #: Workloads taken off the pending lists without tuning them, by reason.
+    fleet_skipped_total: dict[str, int] = field(default_factory=dict)
+    #: Workloads the fleet had answered that a completed session measured again anyway.
+    fleet_verified_total: int = 0
+    #: Workloads found claimed by another host (or GPU) when this one wanted to tune them.
+    claimed_elsewhere_total: int = 0
 
 
 class RunnerFactory(Protocol):
@@ -80,7 +132,7 @@ class TuneScheduler:
     """Starts tuning sessions on GPUs whose gate is open, one GPU at a time by default.
 
     ``events`` (a fresh :class:`SessionEvents` when not given) hears of every session
-    the scheduler's runners end.
+    the scheduler's runners end. ``fleet`` is given only for a store shared by hosts.
     """
 
     def __init__(
@@ -95,8 +147,10 @@ class TuneScheduler:
         local_now: Callable[[], dt.datetime] = dt.datetime.now,
         events: SessionEvents | None = None,
         session_load: FeelsSessionLoad | None = None,
+        fleet: FleetPolicy | None = None,
     ) -> None:
         self.cfg = cfg
+        self._fleet = fleet
         self._session_load = session_load  # the sim backend: its GPU feels our sessions
         self.board = board
         self.store = store
@@ -114,6 +168,13 @@ class TuneScheduler:
         self._tuning: dict[int, frozenset[str]] = {}
         self._again: dict[int, set[str]] = {}
         self._deferred: Counter[str] = Counter()
+        self._skipped: Counter[str] = Counter()
+        self._verified = 0
+        self._claimed_elsewhere = 0
+        self._held: dict[int, _Held] = {}  # per running GPU: its fleet claims
+        # Renewing and releasing a session's claims never overlap: a renewal after the
+        # release would take the claims again for a session that has ended.
+        self._claims_lock = threading.Lock()
         # Counted from our own runners' events: a standalone `tune` on the same store is
         # not this daemon's session (the store's totals would count it).
         self._ended: Counter[str] = Counter(dict.fromkeys((s.value for s in FINAL_STATUSES), 0))
@@ -124,6 +185,7 @@ class TuneScheduler:
         self.snapshot = self._make_snapshot()
         self.events = events if events is not None else SessionEvents()
         self.events.add_listener(self._session_finished)
+        self.events.add_skip_listener(self._work_skipped)
 
     # -- requests --------------------------------------------------------------------
 
@@ -135,8 +197,10 @@ class TuneScheduler:
             p = self._pending.setdefault(gpu, Pending(workloads=[]))
             names = {w.name for w in p.workloads}
             p.workloads.extend(w for w in workloads if w.name not in names)
-            p.reasons.add(reason)
+            for w in workloads:
+                p.why.setdefault(w.name, set()).add(reason)
             p.not_before = 0.0
+            p.recheck_at = 0.0
             running = self._tuning.get(gpu)
             if running:  # asked for again while being tuned: stays pending when it ends
                 again = self._again.setdefault(gpu, set())
@@ -160,7 +224,7 @@ class TuneScheduler:
                 if gpus is not None and gpu not in gpus:
                     continue
                 p = self._pending[gpu]
-                p.workloads = [w for w in p.workloads if w.name not in drop]
+                p.drop(drop)
                 if not p.workloads:
                     del self._pending[gpu]
         self._publish()
@@ -176,32 +240,39 @@ class TuneScheduler:
             pids |= runner.pids()
         return frozenset(pids)
 
-    def reconfigure(self, cfg: TuningSetup) -> None:
+    def reconfigure(self, cfg: TuningSetup, fleet: FleetConfig | None = None) -> None:
+        """Apply a reloaded config; ``fleet`` (when given) replaces the fleet settings."""
         with self._lock:
             self.cfg = cfg
             self._windows = parse_windows(cfg.tuning.windows)
+            if fleet is not None and self._fleet is not None:
+                self._fleet.cfg = fleet
 
     # -- the periodic decision ---------------------------------------------------------
 
     def tick(self) -> None:
-        """Start what may start now; count the rest as deferred. Never blocks."""
+        """Start what may start now; count the rest as deferred; renew running sessions'
+        fleet claims that are due. Never blocks on a GPU."""
         with self._lock:
-            if self._stopping or not self.cfg.tuning.enabled:
-                return
-            for gpu in sorted(self._pending):
-                if gpu in self._threads:
-                    continue  # its session is running
-                why = self._blocker(gpu)
-                if why is not None:
-                    self._deferred[why] += 1
-                    continue
-                self._start(gpu)
+            due = self._renewals_due()
+            if not self._stopping and self.cfg.tuning.enabled:
+                for gpu in sorted(self._pending):
+                    if gpu in self._threads:
+                        continue  # its session is running
+                    why = self._blocker(gpu)
+                    if why is not None:
+                        self._deferred[why] += 1
+                        continue
+                    self._start(gpu)
+        self._renew(due)
         self._publish()
 
     def _blocker(self, gpu: int) -> str | None:
         p = self._pending[gpu]
         if self._now() < p.not_before:
             return "retry_backoff"
+        if self._now() < p.recheck_at:
+            return "claimed_elsewhere"
         if not in_windows(self._windows, self._local_now()):
             return "outside_window"
         if len(self._threads) >= self.cfg.tuning.max_concurrent:
@@ -213,37 +284,67 @@ class TuneScheduler:
             return snap.gate.state.value
         return None
 
+    def _fleet_on(self) -> FleetPolicy | None:
+        fleet = self._fleet
+        return fleet if fleet is not None and fleet.active else None
+
+    def _job(self, info: DeviceInfo, workloads: Sequence[Workload], sim_t: float) -> JobSpec:
+        """The first device kind's job for ``workloads`` (the others wait their turn)."""
+        regimes = tuple(Regime(r) for r in self.cfg.tuning.regimes)
+        speed = self.cfg.sim.speed if self._session_load is not None else None
+        return build_jobs(self.cfg, info, workloads, regimes, sim_t, speed)[0]
+
     def _start(self, gpu: int) -> None:
         snap = self.board.get(gpu)
         assert snap is not None and snap.info is not None
         p = self._pending[gpu]
-        regimes = tuple(Regime(r) for r in self.cfg.tuning.regimes)
-        speed = self.cfg.sim.speed if self._session_load is not None else None
-        job = build_jobs(self.cfg, snap.info, p.workloads, regimes, self._sim_time(), speed)[0]
         runner = self._runners.get(gpu)
         if runner is None:
             runner = self._runners[gpu] = self._runner_factory(
                 self.store, on_finished=self.events.notify
             )
+        work = tuple(p.workloads)
+        why = {w.name: frozenset(p.why.get(w.name, ())) for w in work}
+        sim_t = self._sim_time()
+        chosen = None
+        if self._fleet_on() is None:  # decided here; with a fleet, on the session's thread
+            chosen = _Chosen(self._job(snap.info, work, sim_t))
+            work = chosen.job.workloads
         t = threading.Thread(
-            target=self._run, args=(gpu, runner, job, snap), name=f"gpuwatchd-tune-{gpu}",
-            daemon=True,
+            target=self._run, args=(gpu, runner, snap, work, why, chosen, sim_t),
+            name=f"gpuwatchd-tune-{gpu}", daemon=True,
         )  # fmt: skip
         self._threads[gpu] = t
-        self._tuning[gpu] = frozenset(w.name for w in job.workloads)
+        self._tuning[gpu] = frozenset(w.name for w in work)
         self._again.pop(gpu, None)
-        log.info(
-            "GPU %d: gate open, tuning %s (%s)",
-            gpu,
-            ", ".join(w.name for w in job.workloads),
-            ", ".join(sorted(p.reasons)),
-        )
         t.start()
 
-    def _run(self, gpu: int, runner: TuneRunner, job, snap) -> None:  # type: ignore[no-untyped-def]
+    def _run(
+        self,
+        gpu: int,
+        runner: TuneRunner,
+        snap: GpuSnapshot,
+        work: tuple[Workload, ...],
+        why: Mapping[str, frozenset[str]],
+        chosen: _Chosen | None,
+        sim_t: float,
+    ) -> None:
+        assert snap.info is not None
         try:
-            self._run_session(gpu, runner, job, snap)
+            if chosen is None:
+                chosen = self._choose_or_back_off(gpu, snap.info, work, why, sim_t)
+            if chosen is not None:
+                names = [w.name for w in chosen.job.workloads]
+                reasons = sorted(set().union(*(why.get(n, ()) for n in names)))
+                log.info("GPU %d: gate open, tuning %s (%s)", gpu, ", ".join(names),
+                         ", ".join(reasons))  # fmt: skip
+                self._run_session(gpu, runner, chosen.job, snap, chosen.verify)
         finally:  # whatever happened, this GPU is free for the next session
+            with self._lock:
+                held = self._held.pop(gpu, None)
+            if held is not None and self._fleet is not None:
+                with self._claims_lock:
+                    self._fleet.release(held.gpu_uuid, held.keys.values())
             if self._session_load is not None:
                 self._session_load.session_ended(gpu)
             with self._lock:
@@ -252,7 +353,181 @@ class TuneScheduler:
                 self._again.pop(gpu, None)
             self._publish()
 
-    def _run_session(self, gpu: int, runner: TuneRunner, job, snap) -> None:  # type: ignore[no-untyped-def]
+    # -- the fleet -----------------------------------------------------------------------
+
+    def _choose_or_back_off(
+        self,
+        gpu: int,
+        info: DeviceInfo,
+        work: Sequence[Workload],
+        why: Mapping[str, frozenset[str]],
+        sim_t: float,
+    ) -> _Chosen | None:
+        """:meth:`_choose`; when the shared store fails, the GPU backs off as after a
+        failed session and nothing runs."""
+        try:
+            return self._choose(gpu, info, work, why, sim_t)
+        except Exception as exc:
+            log.warning("GPU %d: asking the fleet's store what to tune failed: %s", gpu, exc)
+            with self._lock:
+                p = self._pending.get(gpu)
+                if p is not None:
+                    p.not_before = self._now() + self.cfg.tuning.retry_failed_after_s
+            return None
+
+    def _choose(
+        self,
+        gpu: int,
+        info: DeviceInfo,
+        work: Sequence[Workload],
+        why: Mapping[str, frozenset[str]],
+        sim_t: float,
+    ) -> _Chosen | None:
+        """Drop the work the fleet answered, claim the rest; None when nothing is left."""
+        fleet = self._fleet
+        if fleet is None or not fleet.active:
+            return _Chosen(self._job(info, work, sim_t))
+        regimes = tuple(Regime(r) for r in self.cfg.tuning.regimes)
+        versions = fleet.versions(info)
+        plan = fleet.plan(info, versions, work, regimes, why)
+        if plan.skipped:
+            self._skip(gpu, info, plan.skipped)
+        if not plan.run:
+            return None
+        first = self._job(info, plan.run, sim_t).workloads
+        claimed = fleet.claim(info, versions, first)
+        if claimed.elsewhere:
+            self._claimed_by_others(gpu, claimed.elsewhere, all_of_them=not claimed.keys)
+        if not claimed.keys:
+            return None
+        keys, verify = self._answered_meanwhile(
+            gpu, info, versions, [w for w in first if w.name in claimed.keys], why, claimed.keys
+        )
+        if not keys:
+            return None
+        with self._lock:
+            self._held[gpu] = _Held(info.uuid, dict(keys), self._now())
+            self._tuning[gpu] = frozenset(keys)
+        job = self._job(info, [w for w in first if w.name in keys], sim_t)
+        for name in sorted(verify):
+            log.info("GPU %d: %s has fresh fleet winners; measuring it again to verify them"
+                     " (verify_fraction %g)", gpu, name, fleet.cfg.verify_fraction)  # fmt: skip
+        return _Chosen(job, keys, verify)
+
+    def _answered_meanwhile(
+        self,
+        gpu: int,
+        info: DeviceInfo,
+        versions: Versions,
+        held: Sequence[Workload],
+        why: Mapping[str, frozenset[str]],
+        keys: Mapping[str, str],
+    ) -> tuple[dict[str, str], frozenset[str]]:
+        """Ask the fleet again about the claimed work ``held`` (claim ``keys``): what
+        another host answered between the first question and the claim is given back and
+        skipped. Returns the claims kept and the workloads measured to verify the fleet.
+
+        A store error gives every claim back and is raised.
+        """
+        fleet = self._fleet
+        assert fleet is not None
+        regimes = tuple(Regime(r) for r in self.cfg.tuning.regimes)
+        try:
+            again = fleet.plan(info, versions, held, regimes, why)
+        except Exception:
+            fleet.release(info.uuid, keys.values())
+            raise
+        late = {w.name for w, _ in again.skipped}
+        if late:
+            fleet.release(info.uuid, [keys[n] for n in sorted(late)])
+            self._skip(gpu, info, again.skipped)
+        kept = {name: key for name, key in keys.items() if name not in late}
+        return kept, again.verify & frozenset(kept)
+
+    def _skip(
+        self, gpu: int, info: DeviceInfo, skipped: Sequence[tuple[Workload, FleetAnswer]]
+    ) -> None:
+        """Take work the fleet answered off the GPU's pending list, count it, and tell
+        the skip listeners."""
+        names = {w.name for w, _ in skipped}
+        with self._lock:
+            p = self._pending.get(gpu)
+            if p is not None:
+                p.drop(names)
+                if not p.workloads:
+                    del self._pending[gpu]
+            self._skipped[SKIP_REASON] += len(names)
+        self._publish()
+        now = self._now()
+        for w, answer in skipped:
+            log.info(
+                "GPU %d: %s skipped (%s): every regime has a winner measured by %s %.1f h ago"
+                " on the same GPU model and stack",
+                gpu, w.name, SKIP_REASON, ", ".join(answer.hosts),
+                max(0.0, now - answer.measured_at) / 3600.0,
+            )  # fmt: skip
+        ordered = tuple(dict.fromkeys(w.name for w, _ in skipped))
+        self.events.notify_skipped(WorkSkipped(gpu, info.uuid, info.name, ordered, SKIP_REASON))
+
+    def _claimed_by_others(self, gpu: int, names: Sequence[str], *, all_of_them: bool) -> None:
+        """Work another holder has claimed stays pending; with nothing left to run, the
+        GPU waits a little before looking again."""
+        fleet = self._fleet
+        assert fleet is not None
+        with self._lock:
+            self._claimed_elsewhere += len(names)
+            p = self._pending.get(gpu)
+            if all_of_them:
+                self._deferred["claimed_elsewhere"] += 1
+                if p is not None:
+                    p.recheck_at = self._now() + fleet.recheck_s
+        self._publish()
+        log.info("GPU %d: %s claimed by another host (or GPU); left pending, retried later",
+                 gpu, ", ".join(names))  # fmt: skip
+
+    def _renewals_due(self) -> list[tuple[int, _Held]]:
+        """Running sessions whose claims are due for renewal (called with the lock held)."""
+        fleet = self._fleet
+        if fleet is None or not self._held:
+            return []
+        now = self._now()
+        due = []
+        for gpu, held in self._held.items():
+            if now - held.renewed_at >= fleet.cfg.renew_every_s:
+                held.renewed_at = now
+                due.append((gpu, held))
+        return due
+
+    def _renew(self, due: Sequence[tuple[int, _Held]]) -> None:
+        """Extend the due sessions' claims, unless their session ended meanwhile."""
+        fleet = self._fleet
+        for gpu, held in due:
+            assert fleet is not None
+            with self._claims_lock:
+                with self._lock:
+                    if self._held.get(gpu) is not held:
+                        continue  # ended, its claims given back
+                try:
+                    lost = fleet.renew(held.gpu_uuid, held.keys)
+                except Exception as exc:  # the next tick tries again, before the lease lapses
+                    log.warning("GPU %d: renewing the fleet claims failed: %s", gpu, exc)
+                    held.renewed_at = 0.0
+                    continue
+            if lost:
+                log.warning("GPU %d: the claim on %s lapsed and another host holds it now;"
+                            " the session goes on", gpu, ", ".join(lost))  # fmt: skip
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def _run_session(
+        self,
+        gpu: int,
+        runner: TuneRunner,
+        job: JobSpec,
+        snap: GpuSnapshot,
+        verify: frozenset[str] = frozenset(),
+    ) -> None:
+        assert snap.info is not None
         try:
             outcome = runner.run_session(
                 job,
@@ -270,8 +545,10 @@ class TuneScheduler:
         with self._lock:
             done = {w.name for w in job.workloads} - self._again.get(gpu, set())
             p = self._pending.get(gpu)
+            if status is SessionStatus.COMPLETED:
+                self._verified += len(verify)
             if status is SessionStatus.COMPLETED and p is not None:
-                p.workloads = [w for w in p.workloads if w.name not in done]
+                p.drop(done)
                 if not p.workloads:
                     del self._pending[gpu]
             elif status is SessionStatus.FAILED and p is not None:
@@ -295,6 +572,11 @@ class TuneScheduler:
         """A session's row is final: what the store says about tuning has changed."""
         with self._lock:
             self._ended[event.status.value] += 1
+        self._stored = self._read_store()
+        self._publish()
+
+    def _work_skipped(self, event: WorkSkipped) -> None:
+        """The fleet answered work here: the store holds winners this host had not seen."""
         self._stored = self._read_store()
         self._publish()
 
@@ -322,6 +604,8 @@ class TuneScheduler:
             pending = {g: tuple(w.name for w in p.workloads) for g, p in self._pending.items()}
             deferred = dict(self._deferred)
             ended = dict(self._ended)
+            skipped = dict(self._skipped)
+            verified, elsewhere = self._verified, self._claimed_elsewhere
         return TuningSnapshot(
             ended,
             deferred,
@@ -330,6 +614,9 @@ class TuneScheduler:
             stored.last_tune_unix,
             stored.winners,
             stored.last_tune_by_uuid,
+            fleet_skipped_total=skipped,
+            fleet_verified_total=verified,
+            claimed_elsewhere_total=elsewhere,
         )
 
     def _publish(self) -> None:

@@ -1,4 +1,5 @@
-"""Clocks for simulated time: manual (tests), paced (sim tuning workers), scaled (demos)."""
+"""Clocks for simulated time: manual (tests), paced (sim tuning workers), scaled (demos),
+offset (a sim backend started part-way into its scenario)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuwatchd.telemetry.backend import Clock
 
 
 class ManualClock:
@@ -104,3 +109,24 @@ class FastForwardClock:
 
     def sleep(self, seconds: float) -> None:
         self._scaled.sleep(seconds)
+
+
+class OffsetClock:
+    """Another clock's reading plus a fixed ``offset``; ``sleep`` is the other clock's.
+
+    A sim backend started at scenario time ``sim.start_s`` reads its clock through one,
+    so every user of ``backend.clock`` (the scheduler handing a sim tuning worker its
+    start time, ``tune``'s progress) sees scenario time, as with a backend started at 0.
+    """
+
+    def __init__(self, inner: Clock, offset: float) -> None:
+        if not math.isfinite(offset):
+            raise ValueError(f"offset must be finite, got {offset}")
+        self.inner = inner
+        self.offset = offset
+
+    def now(self) -> float:
+        return self.inner.now() + self.offset
+
+    def sleep(self, seconds: float) -> None:
+        self.inner.sleep(seconds)

@@ -27,6 +27,7 @@ def open_backend(spec: BackendSpec, sim_clock: Clock | None = None) -> Backend:
                 scenario=sim.scenario,
                 seed=sim.seed,
                 clock=sim_clock or ScaledClock(sim.speed),
+                start_s=sim.start_s,
             )
         except ValueError as exc:
             raise BackendUnavailable(f"sim: {exc}") from None

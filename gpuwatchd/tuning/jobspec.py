@@ -257,7 +257,9 @@ class JobSpec:
     the worker to with ``CUDA_VISIBLE_DEVICES``. ``time_budget_s`` is the whole job's
     measuring time on the device session's clock (simulated time on ``sim``): the
     worker shares what is left equally between the remaining (workload, regime) pairs,
-    each capped at ``protocol.time_budget_s``.
+    each capped at ``protocol.time_budget_s``. ``workload_regimes`` narrows the regimes
+    of the workloads it names (a resumed session measures only what is still missing);
+    every other workload gets all of ``regimes``.
     """
 
     gpu_index: int
@@ -268,6 +270,7 @@ class JobSpec:
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     time_budget_s: float = 600.0
     sim: SimSpec | None = None
+    workload_regimes: Mapping[str, tuple[Regime, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _int(self.gpu_index, "job.gpu_index")
@@ -304,10 +307,32 @@ class JobSpec:
             _num(self.sim.start_t, "job.sim.start_t", nonneg=True)
             if self.sim.speed is not None and not _num(self.sim.speed, "job.sim.speed") > 0:
                 raise _fail("job.sim.speed", "expected a number > 0", self.sim.speed)
+        self._check_workload_regimes(seen)
+
+    def _check_workload_regimes(self, names: set[str]) -> None:
+        """Each named workload is in the job; its regimes a non-empty, ordered subset."""
+        if not isinstance(self.workload_regimes, Mapping):
+            raise _fail("job.workload_regimes", "expected an object", self.workload_regimes)
+        for name, regimes in self.workload_regimes.items():
+            where = f"job.workload_regimes.{name}"
+            if name not in names:
+                raise _fail("job.workload_regimes", "expected names of the job's workloads", name)
+            if not isinstance(regimes, tuple) or not regimes:
+                raise _fail(where, "expected a non-empty tuple of regimes", regimes)
+            if any(r not in self.regimes for r in regimes) or list(regimes) != [
+                r for r in self.regimes if r in regimes
+            ]:
+                job = [r.value for r in self.regimes]
+                got = [getattr(r, "value", r) for r in regimes]
+                raise _fail(where, f"expected some of {job}, each once, in that order", got)
+
+    def regimes_of(self, workload: str) -> tuple[Regime, ...]:
+        """The regimes the worker measures ``workload`` in."""
+        return self.workload_regimes.get(workload, self.regimes)
 
     def pairs(self) -> list[tuple[str, Regime]]:
         """Every (workload, regime) the worker must report a result for, in order."""
-        return [(w.name, r) for w in self.workloads for r in self.regimes]
+        return [(w.name, r) for w in self.workloads for r in self.regimes_of(w.name)]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -319,6 +344,15 @@ class JobSpec:
             "regimes": [r.value for r in self.regimes],
             "protocol": asdict(self.protocol),
             "time_budget_s": self.time_budget_s,
+            **(
+                {
+                    "workload_regimes": {
+                        n: [r.value for r in rs] for n, rs in self.workload_regimes.items()
+                    }
+                }
+                if self.workload_regimes
+                else {}
+            ),
         }
 
     def dumps(self) -> str:
@@ -330,7 +364,7 @@ class JobSpec:
             d,
             "job",
             ("gpu_index", "gpu_uuid", "device", "workloads", "regimes", "protocol"),
-            ("time_budget_s", "sim"),
+            ("time_budget_s", "sim", "workload_regimes"),
         )
         sim = None
         if d.get("sim") is not None:
@@ -344,6 +378,9 @@ class JobSpec:
             )
         workloads = _list(d["workloads"], "job.workloads")
         regimes = _list(d["regimes"], "job.regimes")
+        by_workload = d.get("workload_regimes", {})
+        if not isinstance(by_workload, dict):
+            raise _fail("job.workload_regimes", "expected an object", by_workload)
         if not isinstance(d["protocol"], dict):
             raise _fail("job.protocol", "expected an object", d["protocol"])
         try:
@@ -361,6 +398,13 @@ class JobSpec:
             protocol=protocol,
             time_budget_s=_num(d.get("time_budget_s", 600.0), "job.time_budget_s"),
             sim=sim,
+            workload_regimes={
+                str(name): tuple(
+                    _regime(r, f"job.workload_regimes.{name}[{i}]")
+                    for i, r in enumerate(_list(rs, f"job.workload_regimes.{name}"))
+                )
+                for name, rs in by_workload.items()
+            },
         )
 
     @classmethod

@@ -16,7 +16,7 @@ import threading
 import uuid
 
 from gpuwatchd.telemetry.backend import BackendUnavailable, Clock, GpuLost
-from gpuwatchd.telemetry.clocks import ScaledClock
+from gpuwatchd.telemetry.clocks import OffsetClock, ScaledClock
 from gpuwatchd.telemetry.sim.health import XidEvent, slow_reading
 from gpuwatchd.telemetry.sim.model import GpuModel, Load, ModelState
 from gpuwatchd.telemetry.sim.scenarios import SCENARIOS, Scenario
@@ -61,7 +61,12 @@ class SimGpuView:
 
 
 class SimBackend:
-    """Simulated GPUs behind the :class:`~gpuwatchd.telemetry.backend.Backend` protocol."""
+    """Simulated GPUs behind the :class:`~gpuwatchd.telemetry.backend.Backend` protocol.
+
+    ``start_s`` is the scenario time the GPUs start at (a fan-failure GPU already hours
+    into its decline): the constructor plays the scenario up to it (~50 ms per GPU for
+    3.5 h), so the first poll does not stall.
+    """
 
     name = "sim"
 
@@ -71,6 +76,7 @@ class SimBackend:
         scenario: str = "idle",
         seed: int = 0,
         clock: Clock | None = None,
+        start_s: float = 0.0,
     ) -> None:
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise ValueError(f"gpus must be an integer >= 1, got {gpus!r}")
@@ -79,12 +85,25 @@ class SimBackend:
             raise ValueError(f"scenario: unknown {scenario!r}; valid scenarios: {valid}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an integer, got {seed!r}")
-        self.clock: Clock = clock if clock is not None else ScaledClock(1.0)
+        if (
+            isinstance(start_s, bool)
+            or not isinstance(start_s, int | float)
+            or not (0 <= start_s < math.inf)
+        ):
+            raise ValueError(f"start_s must be a finite number >= 0, got {start_s!r}")
+        base: Clock = clock if clock is not None else ScaledClock(1.0)
+        # Started part-way into the scenario, the clock reads scenario time, as a backend
+        # started at 0 does: a sim tuning worker given ``clock.now()`` as its start time
+        # simulates the same point of the scenario.
+        self.clock: Clock = OffsetClock(base, start_s) if start_s else base
         self.scenario: Scenario = SCENARIOS[scenario]
         self.seed = seed
-        self._origin = self.clock.now()
+        self.start_s = float(start_s)
+        self._origin = self.clock.now() - self.start_s
         preset = self.scenario.preset
         self._models = [GpuModel(preset, self.scenario.source(i)) for i in range(gpus)]
+        for model in self._models if self.start_s else ():
+            model.advance(self.start_s)  # play the scenario up to the start now, not in a poll
         self._sensors = [
             Sensor(i, preset, random.Random(f"gpuwatchd-sim:{seed}:{i}")) for i in range(gpus)
         ]

@@ -27,3 +27,6 @@ class SimConfig:
     speed: float = field(
         default=1.0, metadata=check(lambda v: 0 < v <= 1000, "must be in (0, 1000]")
     )
+    #: Scenario time (simulated seconds) the GPUs start at: ``fan-failure`` with 12600
+    #: starts 3.5 h into its cooling decline. The model plays the scenario up to it first.
+    start_s: float = field(default=0.0, metadata=check(lambda v: v >= 0, "must be >= 0"))

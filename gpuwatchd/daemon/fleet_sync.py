@@ -1,0 +1,145 @@
+"""The daemon's periodic exchange with the shared store for the fleet views.
+
+Every ``interval_s`` (an APScheduler job) it writes this host's learned sustained clock
+of each GPU (the drift detector's view; the model and power limit from the state board)
+and reads back the fleet's fresh clocks, its disagreement counts and its tuning coverage.
+The result is published as one immutable :class:`FleetSnapshot` that the ``fleet``
+collector reads without a lock or I/O. A store that fails is logged once per distinct
+message and leaves the last good snapshot in place, marked stale; nothing raises into
+the scheduler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from gpuwatchd.drift.detector import GpuDriftView
+from gpuwatchd.drift.fleet import ClockGroup, FleetSnapshot, OwnClock, coverage, group_clocks
+from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.store import StoreError, TuningStore
+from gpuwatchd.store.rows import HostClock, WinnerRow, host_name
+from gpuwatchd.validate import describe
+
+log = logging.getLogger(__name__)
+
+#: How often the daemon syncs with the shared store.
+DEFAULT_INTERVAL_S = 60.0
+
+
+def _positive(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"fleet sync: {name} must be a number > 0, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"fleet sync: {name} must be finite, got {value!r}")
+    return float(value)
+
+
+class FleetSync:
+    """One call = one sync with the store; :attr:`snapshot` is the latest result.
+
+    ``max_age_s``: a host's clock row older than this is left out of the medians (a host
+    gone, or one that has not seen sustained load for that long); a few drift windows.
+    ``winner_max_age_s``: winners older than this do not count towards coverage (the
+    fleet's ``max_winner_age_s``, as the scheduler uses it).
+    """
+
+    def __init__(
+        self,
+        store: TuningStore,
+        board: StateBoard,
+        drift_view: Callable[[], Mapping[int, GpuDriftView]],
+        *,
+        max_age_s: float,
+        winner_max_age_s: float,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        host: str | None = None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._board = board
+        self._drift_view = drift_view
+        self.max_age_s = _positive("max_age_s", max_age_s)
+        self.winner_max_age_s = _positive("winner_max_age_s", winner_max_age_s)
+        self.interval_s = _positive("interval_s", interval_s)
+        self.host = host if host is not None else host_name()
+        self._now = now
+        self._snapshot = FleetSnapshot()
+        self._logged: set[str] = set()  # messages logged during the current failure streak
+
+    @property
+    def snapshot(self) -> FleetSnapshot:
+        """The latest published snapshot; never blocks."""
+        return self._snapshot
+
+    def __call__(self) -> FleetSnapshot:
+        """Write this host's clocks, read the fleet's; never raises."""
+        try:
+            fresh = self._sync()
+        except Exception as exc:  # a dead store must not stop the scheduler's other jobs
+            self._failed(describe(exc, with_type=not isinstance(exc, StoreError)))
+            return self._snapshot
+        if self._logged:
+            log.info("fleet sync with the store %s works again", self._store.where)
+            self._logged.clear()
+        self._snapshot = fresh
+        return fresh
+
+    def _failed(self, message: str) -> None:
+        if message not in self._logged:
+            self._logged.add(message)
+            log.warning(
+                "fleet sync with the store %s failed (fleet metrics keep their last values): %s",
+                self._store.where,
+                message,
+            )
+        self._snapshot = dataclasses.replace(self._snapshot, stale=True)
+
+    def own_clocks(self) -> list[tuple[OwnClock, HostClock]]:
+        """This host's GPUs that have a learned sustained clock, as published and as stored."""
+        view = self._drift_view()
+        out: list[tuple[OwnClock, HostClock]] = []
+        for snap in self._board.all():
+            info = snap.info
+            drift = view.get(snap.index)
+            if info is None or drift is None or drift.learned_clock_hz is None:
+                continue
+            clock_hz = drift.learned_clock_hz
+            group = ClockGroup.of(info.name, info.power_limit_w)
+            own = OwnClock(snap.index, info.uuid, group, clock_hz)
+            row = HostClock(
+                host=self.host,
+                gpu_uuid=info.uuid,
+                gpu_model=info.name,
+                power_limit_w=info.power_limit_w,
+                sustained_clock_hz=clock_hz,
+                updated_at=self._now(),
+            )
+            out.append((own, row))
+        return out
+
+    def _sync(self) -> FleetSnapshot:
+        own = self.own_clocks()
+        for _, row in own:
+            self._store.report_host_clock(row)
+        rows = self._store.host_clocks(max_age_s=self.max_age_s)
+        groups = group_clocks(rows)
+        disagreements = self._store.disagreement_counts()
+        models = {s.info.name for s in self._board.all() if s.info is not None}
+        models |= {r.gpu_model for r in rows}
+        return FleetSnapshot(
+            own=tuple(clock for clock, _ in own),
+            groups=groups,
+            disagreements=dict(disagreements),
+            coverage=coverage(self._fresh_winners(sorted(models))),
+            synced_at=self._now(),
+        )
+
+    def _fresh_winners(self, models: Iterable[str]) -> list[WinnerRow]:
+        winners: list[WinnerRow] = []
+        for model in models:
+            winners += self._store.fleet_winners(model, self.winner_max_age_s)
+        return winners

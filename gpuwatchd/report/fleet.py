@@ -1,0 +1,202 @@
+"""``gpuwatchd report --fleet``: the fleet as the shared store sees it.
+
+Per GPU model and power limit, every host's learned sustained clock against the group's
+median, outliers (more than 5% under, in groups of 3 or more GPUs) marked; the winners
+two hosts disagreed on; and tuning coverage (workloads with fresh winners per GPU model
+and software stack). The numbers are those the daemons export and alert on
+(:mod:`gpuwatchd.drift.fleet`), read from the store read-only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from gpuwatchd.drift.config import DriftConfig
+from gpuwatchd.drift.fleet import MIN_PEERS, OUTLIER_SHORTFALL, coverage, group_clocks
+from gpuwatchd.sessions.fleet_settings import FleetConfig
+from gpuwatchd.store import TuningStore
+from gpuwatchd.store.rows import Disagreement, WinnerRow
+
+FLEET_REPORT_FORMAT = "gpuwatchd-fleet-report/1"
+#: Host clocks older than this are left out by default: three drift windows, as the daemon.
+DEFAULT_CLOCK_MAX_AGE_S = 3 * DriftConfig().window_s
+#: Winners older than this do not count as coverage by default (``[fleet] max_winner_age_s``).
+DEFAULT_WINNER_MAX_AGE_S = FleetConfig().max_winner_age_s
+#: The most recent disagreements listed one by one (all are counted).
+RECENT_DISAGREEMENTS = 20
+TABLE_WIDTH = 100
+
+
+def _disagreement_json(d: Disagreement) -> dict[str, Any]:
+    doc = dataclasses.asdict(d)
+    doc["regime"] = d.regime.value
+    return doc
+
+
+def build_fleet_report(
+    store: TuningStore,
+    *,
+    clock_max_age_s: float = DEFAULT_CLOCK_MAX_AGE_S,
+    winner_max_age_s: float = DEFAULT_WINNER_MAX_AGE_S,
+    gpu_model: str | None = None,
+) -> dict[str, Any]:
+    """The JSON document of ``report --fleet --format json``. Raises StoreError."""
+    rows = [
+        r
+        for r in store.host_clocks(max_age_s=clock_max_age_s)
+        if gpu_model is None or r.gpu_model == gpu_model
+    ]
+    groups = []
+    for group in group_clocks(rows).values():
+        gpus = [
+            {
+                "host": c.host,
+                "gpu_uuid": c.gpu_uuid,
+                "sustained_clock_hz": c.sustained_clock_hz,
+                "ratio_to_median": group.ratio(c.sustained_clock_hz),
+                "outlier": group.is_outlier(c.sustained_clock_hz),
+                "updated_at": c.updated_at,
+            }
+            for c in group.clocks
+        ]
+        groups.append(
+            {
+                "gpu_model": group.group.gpu_model,
+                "power_limit_w": group.group.power_limit or None,
+                "median_sustained_clock_hz": group.median_hz,
+                "peers": group.peers,
+                "gpus": gpus,
+            }
+        )
+    counts = [
+        {"gpu_model": m, "workload": w, "regime": r, "count": n}
+        for (m, w, r), n in sorted(store.disagreement_counts().items())
+        if gpu_model is None or m == gpu_model
+    ]
+    recent = [
+        _disagreement_json(d)
+        for d in store.disagreements(limit=RECENT_DISAGREEMENTS)
+        if gpu_model is None or d.gpu_model == gpu_model
+    ]
+    models = sorted({gpu_model} if gpu_model else _models(store, rows))
+    winners: list[WinnerRow] = []
+    for model in models:
+        winners += store.fleet_winners(model, winner_max_age_s)
+    return {
+        "format": FLEET_REPORT_FORMAT,
+        "clock_max_age_s": clock_max_age_s,
+        "winner_max_age_s": winner_max_age_s,
+        "outlier_shortfall": OUTLIER_SHORTFALL,
+        "min_peers": MIN_PEERS,
+        "groups": groups,
+        "disagreements": counts,
+        "recent_disagreements": recent,
+        "coverage": [
+            {"gpu_model": m, "versions": v, "workloads": n}
+            for (m, v), n in coverage(winners).items()
+        ],
+    }
+
+
+def _models(store: TuningStore, rows: Sequence[Any]) -> set[str]:
+    """Every GPU model with a winner or a fresh host clock."""
+    return {w.gpu_model for w in store.winners()} | {r.gpu_model for r in rows}
+
+
+# -- text -------------------------------------------------------------------------------
+
+
+def _mhz(hz: float) -> str:
+    return f"{hz / 1e6:.0f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[str]:
+    """Rows laid out by rich in ``width`` columns (no colour, no box); the last column folds."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="none")
+    for i, name in enumerate(header):
+        last = i == len(header) - 1
+        table.add_column(name, no_wrap=not last, overflow="fold" if last else "ellipsis")
+    for r in rows:
+        table.add_row(*(Text(cell) for cell in r))
+    buf = io.StringIO()
+    Console(file=buf, width=width, no_color=True, highlight=False, emoji=False).print(table)
+    return [line.rstrip() for line in buf.getvalue().splitlines()]
+
+
+def _limit(power_limit_w: str | None) -> str:
+    return "unknown power limit" if not power_limit_w else f"{power_limit_w} W"
+
+
+def _clock_lines(doc: dict[str, Any], width: int) -> list[str]:
+    shortfall = f"{doc['outlier_shortfall']:.0%}"
+    lines = [f"Sustained SM clocks (<< OUTLIER: more than {shortfall} under the median)"]
+    if not doc["groups"]:
+        age = doc["clock_max_age_s"]
+        return [*lines, f"  no host reported a learned sustained clock in the last {age:g} s", ""]
+    for g in doc["groups"]:
+        few = "" if g["peers"] >= doc["min_peers"] else f"; outliers need {doc['min_peers']}+"
+        lines.append(
+            f"{g['gpu_model']}, {_limit(g['power_limit_w'])}: median "
+            f"{_mhz(g['median_sustained_clock_hz'])} MHz over {g['peers']} GPU(s){few}"
+        )
+        rows = [
+            [
+                gpu["host"],
+                gpu["gpu_uuid"],
+                _mhz(gpu["sustained_clock_hz"]),
+                f"{gpu['ratio_to_median'] - 1:+.1%}",
+                "<< OUTLIER" if gpu["outlier"] else "",
+            ]
+            for gpu in g["gpus"]
+        ]
+        lines += _table(("HOST", "GPU", "SM MHz", "VS MEDIAN", ""), rows, width)
+        lines.append("")
+    return lines
+
+
+def _disagreement_lines(doc: dict[str, Any], width: int) -> list[str]:
+    lines = ["Disagreements (two hosts picked different winners beyond noise)"]
+    if not doc["disagreements"]:
+        return [*lines, "  none recorded", ""]
+    counts = [
+        [d["gpu_model"], d["workload"], d["regime"], str(d["count"])] for d in doc["disagreements"]
+    ]
+    lines += _table(("GPU MODEL", "WORKLOAD", "REGIME", "COUNT"), counts, width)
+    if doc["recent_disagreements"]:
+        lines += ["", "Latest:"]
+        recent = [
+            [
+                d["workload"],
+                d["regime"],
+                f"{d['kept_candidate']} ({d['kept_host']})",
+                f"{d['new_candidate']} ({d['new_host']})",
+                f"{d['gap']:+.1%}",
+            ]
+            for d in doc["recent_disagreements"]
+        ]
+        lines += _table(("WORKLOAD", "REGIME", "KEPT", "OTHER HOST'S PICK", "GAP"), recent, width)
+    lines.append("")
+    return lines
+
+
+def _coverage_lines(doc: dict[str, Any], width: int) -> list[str]:
+    days = doc["winner_max_age_s"] / 86400.0
+    lines = [f"Tuning coverage (workloads with winners measured in the last {days:g} days)"]
+    if not doc["coverage"]:
+        return [*lines, "  no fresh winners"]
+    rows = [[c["gpu_model"], str(c["workloads"]), c["versions"]] for c in doc["coverage"]]
+    return lines + _table(("GPU MODEL", "WORKLOADS", "VERSIONS"), rows, width)
+
+
+def format_fleet_report(doc: dict[str, Any], width: int = TABLE_WIDTH) -> str:
+    """Clocks per group, disagreements, coverage: one section each."""
+    lines = _clock_lines(doc, width) + _disagreement_lines(doc, width)
+    lines += _coverage_lines(doc, width)
+    return "\n".join(lines).rstrip()

@@ -1,0 +1,126 @@
+"""Which results of earlier, preempted sessions a new session may reuse, and what is left.
+
+A production host's gate may open for 20 s at a time: a plan longer than that only
+finishes if each session keeps what the ones before it measured. A result is reused
+when it was recorded by a **preempted** session (a completed session's results are
+winners already; a failed one's may carry the failure) of the **same GPU** (UUID),
+at most ``max_age_s`` ago (winners measured under older conditions are measured
+again), on the **same driver, power limit and maximum SM clock** as the session being
+started, and, checked when the worker says hello, the **same software stack**
+(:class:`~gpuwatchd.tuning.types.Versions` key). Reusable results from different
+stacks are never mixed: only those of the newest result's stack are kept.
+
+The unit is the (workload, regime) pair: a regime interrupted half way is measured
+again from the start.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import replace
+
+from gpuwatchd.store import SessionMeta, StoredResult, TuningStore
+from gpuwatchd.tuning.jobspec import JobSpec
+from gpuwatchd.tuning.types import Regime
+
+log = logging.getLogger("gpuwatchd.sessions.resume")
+
+Pair = tuple[str, Regime]
+
+#: How old a preempted session's result may be and still be reused (6 h).
+DEFAULT_RESUME_MAX_AGE_S = 6 * 3600.0
+#: Power limits closer than this are the same (NVML reports milliwatts).
+POWER_LIMIT_TOLERANCE_W = 0.5
+#: Maximum SM clocks closer than this are the same.
+MAX_CLOCK_TOLERANCE_HZ = 0.5e6
+
+
+def check_max_age(value: object) -> float:
+    """``resume_max_age_s`` as a float: a finite number >= 0 (0 turns resuming off)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf:
+        return float(value)
+    raise ValueError(f"resume_max_age_s must be a finite number >= 0, got {value!r}")
+
+
+def _differs(now: float | None, then: float | None, tolerance: float) -> bool:
+    """Known on one side only, or further apart than ``tolerance``."""
+    if now is None or then is None:
+        return (now is None) != (then is None)
+    return abs(now - then) > tolerance
+
+
+def conditions_differ(meta: SessionMeta, source: SessionMeta) -> str | None:
+    """Why results measured in session ``source`` do not hold for ``meta``, or None."""
+    if meta.gpu_uuid != source.gpu_uuid:
+        return f"GPU {source.gpu_uuid}, now {meta.gpu_uuid}"
+    if meta.versions.driver != source.versions.driver:
+        return f"driver {source.versions.driver}, now {meta.versions.driver}"
+    if _differs(meta.power_limit_w, source.power_limit_w, POWER_LIMIT_TOLERANCE_W):
+        return f"power limit {source.power_limit_w} W, now {meta.power_limit_w} W"
+    if _differs(meta.max_sm_clock_hz, source.max_sm_clock_hz, MAX_CLOCK_TOLERANCE_HZ):
+        return f"max SM clock {source.max_sm_clock_hz} Hz, now {meta.max_sm_clock_hz} Hz"
+    return None
+
+
+def reusable_results(
+    store: TuningStore, job: JobSpec, meta: SessionMeta, *, since: float
+) -> dict[Pair, StoredResult]:
+    """The job's pairs already measured by a preempted session that still hold for ``meta``.
+
+    ``since`` (unix seconds, the store's clock) is the oldest ``recorded_at`` accepted.
+    The stack is not known yet (the worker reports it): the caller checks it at hello.
+    """
+    found = store.resumable_results(job.gpu_uuid, job.pairs(), since=since)
+    sources: dict[int, SessionMeta | None] = {}
+    kept: dict[Pair, StoredResult] = {}
+    for pair, stored in found.items():
+        if stored.session_id not in sources:
+            row = store.session(stored.session_id)
+            sources[stored.session_id] = row.meta if row is not None else None
+        source = sources[stored.session_id]
+        why = "its session is gone" if source is None else conditions_differ(meta, source)
+        if why is not None:
+            log.info("not reusing %s from session %d: %s", pair_text(pair), stored.session_id, why)
+            continue
+        kept[pair] = stored
+    if not kept:
+        return {}
+    newest = max(kept.values(), key=lambda s: s.recorded_at).versions.key()
+    return {p: s for p, s in kept.items() if s.versions.key() == newest}
+
+
+def remaining_job(job: JobSpec, done: Collection[Pair]) -> JobSpec | None:
+    """``job`` without the pairs in ``done``, or None when nothing is left.
+
+    A workload with every regime done is dropped; one with some left keeps only those
+    (``JobSpec.workload_regimes``). The time budget shrinks in proportion, so each
+    remaining pair gets the share it had in the whole job.
+    """
+    pairs = job.pairs()
+    left: dict[str, tuple[Regime, ...]] = {}
+    for w in job.workloads:
+        regimes = tuple(r for r in job.regimes_of(w.name) if (w.name, r) not in done)
+        if regimes:
+            left[w.name] = regimes
+    n_left = sum(map(len, left.values()))
+    if n_left == 0:
+        return None
+    if n_left == len(pairs):
+        return job
+    return replace(
+        job,
+        workloads=tuple(w for w in job.workloads if w.name in left),
+        workload_regimes={n: rs for n, rs in left.items() if rs != job.regimes},
+        time_budget_s=job.time_budget_s * n_left / len(pairs),
+    )
+
+
+def describe_reuse(reuse: Mapping[Pair, StoredResult]) -> str:
+    """``mm (unthrottled) from session 3, mm (sustained) from session 5``: for the log."""
+    return ", ".join(f"{pair_text(p)} from session {s.session_id}" for p, s in reuse.items())
+
+
+def pair_text(pair: Pair) -> str:
+    return f"{pair[0]} ({pair[1].value})"
