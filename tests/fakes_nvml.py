@@ -13,6 +13,8 @@ Usage::
     fake.fail_field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, pynvml.NVML_ERROR_UNKNOWN)
     release = fake.hang("nvmlDeviceGetUtilizationRates", gpu=1)  # blocks until release.set()
     fake.xid(0, 48)                                        # GPU 0 reports XID 48
+    costed = FakeNvml(8, costs=REAL_CALL_COSTS)   # each call takes what a real one does
+    paced = FakeNvml(8, costs=DAEMON_PACE_CALL_COSTS)  # ... when made at 10 Hz
 
 Field values (``nvmlDeviceGetFieldValues``) take field ids or ``(id, scope)`` pairs like
 pynvml; a field the GPU's ``fields`` lacks answers NOT_SUPPORTED in its own entry.
@@ -20,15 +22,109 @@ pynvml; a field the GPU's ``fields`` lacks answers NOT_SUPPORTED in its own entr
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
+import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pynvml  # type: ignore[import-untyped]
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """What one real pynvml call costs: wall time, and how much of it is CPU time.
+
+    The CPU part is spent busy (the GIL released for parts over 50 µs, as ctypes releases
+    it around a real call); the rest is slept, as a real call waits in the driver.
+    """
+
+    wall_us: float
+    cpu_us: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.cpu_us <= self.wall_us:
+            raise ValueError(f"CallCost: need 0 <= cpu_us <= wall_us, got {self}")
+
+
+def _fast(us: float) -> CallCost:
+    return CallCost(us, us)
+
+
+#: Measured costs of real pynvml calls in a hot loop (the driver's caches warm). Fast
+#: fields, energy, max clock and the memory temperature field: H200,
+#: ``bench/data/h200-nvml-poll-cost.json`` (median of 5 runs); health fields, PCIe
+#: throughput and XID events: H100, bench/RESULTS.md "NVML health fields". Static facts
+#: not measured alone: the 1-3 µs of a plain getter. CPU shares: every getter is all CPU
+#: but the PCIe throughput sample (4%) and the event wait, which sleeps its timeout and
+#: then costs ~165 µs of CPU (``bench/data/h100-nvml-call-cpu.json``).
+REAL_CALL_COSTS: dict[str, CallCost] = {
+    "nvmlDeviceGetTemperature": _fast(1.83),
+    "nvmlDeviceGetPowerUsage": _fast(1.65),
+    "nvmlDeviceGetClockInfo": _fast(2.0),
+    "nvmlDeviceGetCurrentClocksEventReasons": _fast(1.66),
+    "nvmlDeviceGetCurrentClocksThrottleReasons": _fast(1.66),
+    "nvmlDeviceGetUtilizationRates": _fast(1.56),
+    "nvmlDeviceGetComputeRunningProcesses_v3": _fast(8.96),
+    "nvmlDeviceGetComputeRunningProcesses_v2": _fast(8.96),
+    "nvmlDeviceGetComputeRunningProcesses": _fast(8.96),
+    "nvmlDeviceGetPerformanceState": _fast(1.54),
+    "nvmlDeviceGetTotalEnergyConsumption": _fast(3996.0),
+    "nvmlDeviceGetMaxClockInfo": _fast(1315.0),
+    "nvmlDeviceGetTemperatureThreshold": _fast(140.0),
+    "nvmlDeviceGetFieldValues": _fast(815.0),
+    "nvmlDeviceGetMemoryInfo": _fast(8.0),
+    "nvmlDeviceGetRemappedRows": _fast(3.0),
+    "nvmlDeviceGetFanSpeed": _fast(2.0),
+    "nvmlDeviceGetPcieThroughput": CallCost(20909.0, 784.0),
+    "nvmlDeviceRegisterEvents": _fast(837.0),
+    "nvmlEventSetCreate": _fast(10.0),
+    "nvmlEventSetWait_v2": _fast(165.0),  # after the timeout it waits (a sleep)
+}
+#: The fast getters at a daemon's pace: CPU µs of each call in the poll's order, the
+#: sequence run 0.1 s after the last (10 Hz), median of 20 rounds on an H100
+#: (``bench/nvml_cold_cost.py``, ``bench/data/h100-nvml-cold-cost.json``). The first call
+#: of a poll pays for cold caches (52 µs), the process list is 75 µs: 176 µs a GPU, 7x
+#: the hot loop. Every GPU of a fake pays it, so for several GPUs this bounds the cost
+#: from above (a real host's second GPU follows the first with warmer caches).
+DAEMON_PACE_CALL_COSTS: dict[str, CallCost] = {
+    **REAL_CALL_COSTS,
+    "nvmlDeviceGetTemperature": _fast(51.8),
+    "nvmlDeviceGetPowerUsage": _fast(12.7),
+    "nvmlDeviceGetClockInfo": _fast(6.3),  # SM 8.9, memory 3.6
+    "nvmlDeviceGetCurrentClocksEventReasons": _fast(9.2),
+    "nvmlDeviceGetCurrentClocksThrottleReasons": _fast(9.2),
+    "nvmlDeviceGetUtilizationRates": _fast(7.0),
+    "nvmlDeviceGetComputeRunningProcesses_v3": _fast(75.5),
+    "nvmlDeviceGetComputeRunningProcesses_v2": _fast(75.5),
+    "nvmlDeviceGetComputeRunningProcesses": _fast(75.5),
+    "nvmlDeviceGetPerformanceState": _fast(5.8),
+    "nvmlDeviceGetTotalEnergyConsumption": _fast(3516.0),
+    "nvmlDeviceGetMaxClockInfo": _fast(1626.0),
+}
+#: A getter the table does not name.
+DEFAULT_CALL_COST = _fast(2.0)
+_GIL_FREE_BURN_US = 50.0  # CPU parts longer than this are burnt with the GIL released
+_BURN_BLOCK = bytes(16384)
+
+
+def _spend(started: float, cost: CallCost) -> None:
+    """Make a call that began at ``started`` (perf_counter) last as long as ``cost`` says."""
+    cpu_end = started + cost.cpu_us * 1e-6
+    now = time.perf_counter
+    if cost.cpu_us > _GIL_FREE_BURN_US:
+        while now() < cpu_end:  # hashlib releases the GIL while it hashes a block
+            hashlib.sha256(_BURN_BLOCK).digest()
+    else:
+        while now() < cpu_end:
+            pass
+    rest = started + cost.wall_us * 1e-6 - now()
+    if rest > 0:
+        time.sleep(rest)
 
 
 @dataclass
@@ -96,6 +192,9 @@ class FakeNvml(ModuleType):
     ``legacy=True`` mimics old bindings: strings come back as ``bytes`` and
     ``nvmlDeviceGetCurrentClocksEventReasons`` does not exist. ``missing`` names more
     functions the module lacks. ``init_error`` is the NVML error code ``nvmlInit`` raises.
+    ``costs`` (e.g. :data:`REAL_CALL_COSTS`) makes every call take what the real one
+    takes (:data:`DEFAULT_CALL_COST` for one it does not name), so the daemon's CPU use
+    can be measured without a GPU; the fake's own bookkeeping counts inside that time.
     """
 
     def __init__(
@@ -106,8 +205,10 @@ class FakeNvml(ModuleType):
         legacy: bool = False,
         missing: Iterable[str] = (),
         driver_version: str = "580.159.04",
+        costs: Mapping[str, CallCost] | None = None,
     ) -> None:
         super().__init__("fake_pynvml")
+        self.costs = costs
         self.gpus: list[FakeGpu] = (
             [FakeGpu() for _ in range(gpus)] if isinstance(gpus, int) else list(gpus)
         )
@@ -200,6 +301,23 @@ class FakeNvml(ModuleType):
         raise pynvml.NVMLError(code)
 
     def _wrap(self, name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
+        if self.costs is None:
+            return self._checked(name, impl)
+        checked = self._checked(name, impl)
+        cost = self.costs.get(name, DEFAULT_CALL_COST)
+        clock = time.perf_counter
+
+        def costed(*args: Any) -> Any:
+            started = clock()
+            try:
+                return checked(*args)
+            finally:
+                _spend(started, cost)
+
+        costed.__name__ = name
+        return costed
+
+    def _checked(self, name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
             gpu = args[0].index if args and isinstance(args[0], FakeHandle) else None
             with self._lock:

@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
 from prometheus_client.registry import CollectorRegistry
 
 from gpuwatchd.exporter.singleflight import SingleFlight
+from gpuwatchd.exporter.text_format import TextEncoder
 
 #: Default upper bound on how long a rendered body is reused.
 DEFAULT_MAX_AGE_S = 1.0
@@ -67,6 +68,7 @@ class MetricsRenderer:
         self._entries: dict[tuple[str, bool], _Entry] = {}
         self._entries_lock = threading.Lock()
         self._flights: SingleFlight[_Entry] = SingleFlight()
+        self._text = TextEncoder()  # the plain text format, Prometheus' default
 
     def cached(self, accept: str, accept_encoding: str) -> Rendered | None:
         """The body :meth:`render` would reuse right now, or None; never blocks."""
@@ -78,6 +80,8 @@ class MetricsRenderer:
 
     def render(self, accept: str, accept_encoding: str) -> Rendered:
         encoder, content_type = choose_encoder(accept)
+        if encoder is generate_latest:
+            encoder = self._text.encode
         key = (content_type, gzip_accepted(accept_encoding))
         version = tuple(self._version())
         entry = self._entries.get(key)

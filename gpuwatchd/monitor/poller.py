@@ -11,9 +11,12 @@ other GPUs, so the supervisor check (``check_stalls``, run by the daemon's main 
 notices a read in flight longer than ``stall_periods`` periods, quarantines that GPU
 and starts a fresh sweeper for the rest. When the stuck call finally returns, its
 old sweeper publishes that reading, releases the GPU back to the current sweeper and
-exits. Slow fields (energy counter, static facts) are read off the hot path by a
-dispatch that never blocks: a GPU whose previous slow read is still running is
-skipped, not queued.
+exits. ``stall_check_due_in`` tells that loop when to look next, so it wakes once per
+stall limit rather than every period. Slow fields (energy counter, static facts) are
+read off the hot path by a dispatch that never blocks: a GPU whose previous slow read
+is still running is skipped, not queued. The sweeper starts that dispatch itself every
+``energy_period_s`` (no scheduler thread wakes for it); ``dispatch_slow_reads`` also
+starts one at once and restarts that clock.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class Poller:
         self._sweep_lock = threading.Lock()
         self._tracks: dict[int, _GpuTrack] = {}
         self._slow_pool: ThreadPoolExecutor | None = None
+        self._next_slow_at = float("inf")  # time.monotonic() of the sweeper's next dispatch
 
     # -- configuration -------------------------------------------------------------
 
@@ -120,6 +124,7 @@ class Poller:
         )
         for gpu in gpus:
             self._tracks[gpu] = self._new_track(gpu)
+        self._next_slow_at = time.monotonic() + self.energy_period_s
         self._start_sweeper()
 
     def _new_track(self, gpu: int) -> _GpuTrack:
@@ -176,6 +181,22 @@ class Poller:
             self._publish(track, sample=None, health=health)
         return stalled
 
+    def stall_check_due_in(self) -> float:
+        """Seconds until :meth:`check_stalls` can next find something new.
+
+        A read in flight becomes a stall ``stall_periods`` periods after it began; one
+        not yet begun cannot stall sooner than that from now. A GPU already stalled is
+        re-published once per limit, as the gate's unavailable spell goes on.
+        """
+        limit = self.stall_periods * self.period_s
+        now = time.monotonic()
+        due = limit
+        for track in list(self._tracks.values()):
+            since = track.in_flight_since
+            if since is not None and not track.stall_logged:
+                due = min(due, since + limit - now)
+        return max(0.01, due)
+
     def longest_stall_s(self) -> float:
         """How long the oldest in-flight read has been running (0 when none is)."""
         now = time.monotonic()
@@ -187,7 +208,8 @@ class Poller:
         pool = self._slow_pool
         if pool is None or self._stop.is_set():
             return
-        for track in self._tracks.values():
+        self._next_slow_at = time.monotonic() + self.energy_period_s
+        for track in list(self._tracks.values()):
             if track.slow_busy:
                 log.debug("GPU %d: previous slow read still running; skipped", track.index)
                 continue
@@ -209,6 +231,8 @@ class Poller:
                         track.quarantined = False
                     return
             self._prune_threads()
+            if time.monotonic() >= self._next_slow_at:
+                self.dispatch_slow_reads()
             next_at += self.period_s
             delay = next_at - time.monotonic()
             if delay < 0:  # fell behind (a slow read): don't burst to catch up
