@@ -5,9 +5,13 @@ protocol in this process, over the real candidate families on a ``CudaSession`` 
 NVML telemetry (as ``gpuwatchd.tuning.worker.main`` does), under three settings:
 
 - ``classic``: racing off, every regime warmed up afresh, the sustained regime always
-  measured, five rounds for everyone (the protocol before issue 13);
-- ``fast``: today's defaults (racing, reused calibration, sustained skipped when the
-  unthrottled regime shows no power or thermal limit), one workload at a time;
+  measured, five rounds for everyone, 0.2 s warm-ups, 50 ms pauses, a 3 s settle window
+  (the protocol before issue 13, ``bench/protocol_history.py``);
+- ``fast``: today's defaults (racing in both regimes, a stop once more rounds cannot
+  change the pick by 0.5%, warm-ups that end once calibrated, 25 ms pauses and none for
+  kernels that cannot reach the power limit, reused calibration, the sustained regime
+  skipped when the unthrottled one shows no power or thermal limit and otherwise started
+  once the clock's trend is flat), one workload at a time;
 - ``fast.queued``: the same through ``tune_queue``: every workload's unthrottled regime,
   then the sustained regimes back to back, each after the first settling on the heat
   the previous one left.
@@ -37,7 +41,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from protocol_history import CLASSIC
 
 from gpuwatchd.telemetry.nvml import NvmlBackend
 from gpuwatchd.telemetry.types import Sample
@@ -56,7 +63,6 @@ GPU_WORKLOADS = (
     "conv-fp16-channels-last",
 )
 REGIMES = (Regime.UNTHROTTLED, Regime.SUSTAINED)
-CLASSIC = ProtocolConfig(min_rounds=5, race=False, reuse_calibration=False, skip_sustained=False)
 SETTINGS = ("classic", "fast", "fast.queued")
 
 
@@ -201,6 +207,16 @@ def run_setting(
                     "samples": {c.name: c.samples for c in r.candidates},
                     "skipped": r.candidates[0].meta.get("sustained_skipped"),
                     "settle_s": r.candidates[0].meta.get("settle_s"),
+                    "rounds": r.candidates[0].meta.get("rounds"),
+                    "rejected": {c.name: c.rejected for c in r.candidates},
+                    "spread": {c.name: c.spread for c in r.candidates},
+                    "out_after": {
+                        c.name: c.meta.get("out_of_race_after_rounds") for c in r.candidates
+                    },
+                    **{
+                        key: r.candidates[0].meta.get(key)
+                        for key in ("unpaused", "probe_ended", "pause_s", "settled")
+                    },
                 }
                 for r in results
             ]

@@ -6,8 +6,10 @@ or a just-loaded GPU, with timing noise, outliers, clock steps and throttle epis
 every protocol runs on its own fresh copy of the same simulated GPU, in simulated time:
 
 - ``gpuwatchd``: the real :func:`gpuwatchd.tuning.worker.protocol.tune`, both regimes,
-  with today's ``ProtocolConfig`` defaults (and ``gpuwatchd.classic`` with racing and
-  the sustained-regime skip turned off, to see what deciding faster buys);
+  with today's ``ProtocolConfig`` defaults, one set per job; ``gpuwatchd.queued`` the
+  same, ``--queue`` sets per job through ``tune_queue`` (as the worker does);
+  ``gpuwatchd.round1`` and ``gpuwatchd.classic`` the defaults after the first round of
+  deciding faster and before issue 13 (``bench/protocol_history.py``);
 - ``cudnn.sample_once`` / ``cudnn.median_of_three`` / ``cudnn.till_stable``,
   ``triton.do_bench`` (as ``triton.autotune`` uses it) and ``nvbench`` (cold, stdrel):
   ``bench/anchor_protocols.py``. An anchor makes one pick, judged against both regimes.
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from anchor_protocols import cudnn_find, nvbench_cold, triton_autotune
+from protocol_history import CLASSIC, ROUND_1
 from sim_world import BenchKernel, CandidateSet, NoisySession, make_set
 
 from gpuwatchd.tuning.settings import ProtocolConfig
@@ -80,11 +83,6 @@ def anchor_runner(pick: Callable[[NoisySession, list[BenchKernel]], str]) -> Run
     return run
 
 
-#: The protocol as it was before issue 13: every candidate timed for five rounds, every
-#: regime warmed up afresh, the sustained regime always measured.
-CLASSIC = ProtocolConfig(min_rounds=5, race=False, reuse_calibration=False, skip_sustained=False)
-
-
 #: Protocols that tune ``--queue`` sets together on one device, as one worker job does.
 QUEUED = ("gpuwatchd.queued",)
 
@@ -93,6 +91,7 @@ def protocols() -> dict[str, Runner]:
     return {
         "gpuwatchd": gpuwatchd_runner(ProtocolConfig()),
         "gpuwatchd.queued": gpuwatchd_runner(ProtocolConfig()),
+        "gpuwatchd.round1": gpuwatchd_runner(ROUND_1),
         "gpuwatchd.classic": gpuwatchd_runner(CLASSIC),
         "cudnn.sample_once": anchor_runner(lambda s, k: cudnn_find(s, k, "sample_once").pick),
         "cudnn.median_of_three": anchor_runner(
@@ -178,19 +177,25 @@ def breakdown(rows: Sequence[Row], field: str) -> dict[str, dict[str, Any]]:
     return {v: summarize(r for r in rows if getattr(r, field) == v) for v in values}
 
 
+#: The anchor whose measurement time the goal is stated against.
+TIME_REFERENCE = "triton.do_bench"
+
+
 def markdown(summary: dict[str, Any]) -> str:
+    ref = summary.get(TIME_REFERENCE)
     lines = [
         "| protocol | regime | wrong picks | picks >0.5% slower | mean regret | p95 | worst |"
-        " GPU held per set | GPU busy | energy |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        " GPU held per set | x do_bench's | GPU busy | energy |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, e in summary.items():
+        ratio = f"{e['mean_wall_s'] / ref['mean_wall_s']:.2f}x" if ref else "-"
         for regime in REGIMES:
             g = e[regime]
             lines.append(
                 f"| {name} | {regime} | {g['wrong_pick_rate']:.1%} | {g['costly_pick_rate']:.1%}"
                 f" | {g['mean_regret']:.2%} | {g['p95_regret']:.2%} | {g['worst_regret']:.2%}"
-                f" | {e['mean_wall_s']:.2f} s | {e['mean_busy_s']:.2f} s"
+                f" | {e['mean_wall_s']:.2f} s | {ratio} | {e['mean_busy_s']:.2f} s"
                 f" | {e['mean_energy_j']:.0f} J |"
             )
     return "\n".join(lines)

@@ -284,12 +284,18 @@ def test_racing_stops_timing_clearly_slower_candidates_after_min_rounds() -> Non
     assert {_accepted(recs2, f"k{i}") for i in range(4)} == {off.min_rounds}
 
 
-def test_sustained_regime_does_not_race_but_times_everyone_for_contender_rounds() -> None:
+def test_sustained_regime_races_once_settled_and_not_when_turned_off() -> None:
     cfg = ProtocolConfig(**{**_asdict(CFG), "skip_sustained": False})
     recs: list[BatchRecord] = []
-    tune(WL, kernels(1.0e-3, 1.10e-3), ScriptedSession(power_w=690.0), ["sustained"], cfg,
-         recs.append)  # fmt: skip
-    assert _accepted(recs, "k1") == _accepted(recs, "k0") == cfg.contender_rounds
+    tune(WL, kernels(1.0e-3, 1.003e-3, 1.10e-3), ScriptedSession(power_w=690.0), ["sustained"],
+         cfg, recs.append)  # fmt: skip
+    assert _accepted(recs, "k2") == cfg.min_rounds  # clearly out after the minimum
+    assert _accepted(recs, "k0") == _accepted(recs, "k1") == cfg.contender_rounds
+    for off in ({"race_sustained": False}, {"transient_max_s": 0.0}):
+        recs = []
+        tune(WL, kernels(1.0e-3, 1.003e-3, 1.10e-3), ScriptedSession(power_w=690.0),
+             ["sustained"], ProtocolConfig(**{**_asdict(cfg), **off}), recs.append)  # fmt: skip
+        assert {_accepted(recs, f"k{i}") for i in range(3)} == {cfg.contender_rounds}, off
 
 
 def test_racing_waits_while_the_leader_is_unsteady() -> None:
@@ -300,7 +306,9 @@ def test_racing_waits_while_the_leader_is_unsteady() -> None:
         return 1.08 if n % 2 else 1.0  # the leader's batches alternate: spread ~4%
 
     recs: list[BatchRecord] = []
-    cfg = ProtocolConfig(**{**_asdict(CFG), "max_rounds": 8})
+    # Stopping on a settled pick would end the regime after the contender rounds: off, to
+    # see racing alone.
+    cfg = ProtocolConfig(**{**_asdict(CFG), "max_rounds": 8, "stop_when_decided": False})
     tune(WL, kernels(1.0e-3, 1.2e-3), ScriptedSession(slow=wobble), ["unthrottled"], cfg,
          recs.append)  # fmt: skip
     assert _accepted(recs, "k1") == 8  # never dropped: the leader never steadied
@@ -325,9 +333,14 @@ def test_light_kernels_skip_the_sustained_regime_with_the_reason_recorded() -> N
     assert [c.median_s for c in su.candidates] == [c.median_s for c in un.candidates]
     assert all(c.regime is Regime.SUSTAINED for c in su.candidates)
     assert "350 W" in su.candidates[0].meta["sustained_skipped"]
-    # The warm-ups ran back-to-back (no pause between them) long enough for a 1 s average.
-    first_pause = session.pauses[0]
-    assert first_pause == CFG.cool_pause_s
+    # The warm-ups ran back-to-back long enough for a 1 s average, and that evidence (the
+    # kernels cannot reach the power limit) also dropped every unthrottled pause.
+    assert session.pauses == []
+    assert un.candidates[0].meta["unpaused"] == "cannot reach the power limit"
+    paused = ScriptedSession(power_w=350.0)
+    tune(WL, kernels(1e-3, 1.02e-3), paused, ["unthrottled", "sustained"],
+         ProtocolConfig(**{**_asdict(CFG), "unpaused_when_unlimited": False}))  # fmt: skip
+    assert paused.pauses[0] == CFG.cool_pause_s and CFG.pause_s in paused.pauses
 
 
 @pytest.mark.parametrize(

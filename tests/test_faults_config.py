@@ -37,6 +37,7 @@ VALID = {
     f"tuning.max_concurrent={_HUGE}",
     *(f"tuning.protocol.{k}={_HUGE}" for k in ("max_calls", "max_retries", "max_rounds")),
     *(f"tuning.protocol.{k}={_HUGE}" for k in ("l2_bytes", "seed", "contender_rounds")),
+    f"tuning.protocol.queue_workloads={_HUGE}",
     *(
         f"tuning.protocol.{k}={v}"
         for k in ("spread_target", "settle_clock_rel", "settle_power_rel", "noise_k", "min_margin")

@@ -311,11 +311,33 @@ def test_stops_when_spread_is_under_target_and_when_budget_ends() -> None:
     quiet = measure(WL, cands, FakeSession(noise=0.0005), Regime.UNTHROTTLED, CFG)
     assert quiet.candidates[0].meta["rounds"] == CFG.min_rounds
     assert all(c.spread is not None and c.spread < CFG.spread_target for c in quiet.candidates)
+    # Under 5% noise the spread never gets under 1%: only the budget stops them (stopping
+    # on a settled pick, which would end it sooner, is tested below).
     noisy_session = FakeSession(noise=0.05)
-    noisy_cfg = ProtocolConfig.from_mapping({**_cfg_dict(), "time_budget_s": 2.0})
+    noisy_cfg = ProtocolConfig.from_mapping(
+        {**_cfg_dict(), "time_budget_s": 2.0, "stop_when_decided": False}
+    )
     noisy = measure(WL, cands, noisy_session, Regime.UNTHROTTLED, noisy_cfg)
     assert noisy.candidates[0].meta["rounds"] < CFG.max_rounds
     assert 2.0 <= noisy_session.t < 2.2
+
+
+def test_a_pick_no_more_rounds_can_change_stops_the_regime_before_a_stable_spread() -> None:
+    """10% apart under 5% noise: the spread never gets under 1%, but after the minimum
+    rounds the winner's margin beats the noise, so the regime stops there; with
+    ``stop_when_decided`` off it runs on to the budget."""
+    cands = [FakeCandidate("a", 1e-3), FakeCandidate("b", 1.1e-3)]
+    cfg = ProtocolConfig.from_mapping({**_cfg_dict(), "time_budget_s": 2.0})
+    fast_session = FakeSession(noise=0.05)
+    fast = measure(WL, cands, fast_session, Regime.UNTHROTTLED, cfg)
+    assert fast.winner == "a" and fast.candidates[0].spread > cfg.spread_target
+    assert fast.candidates[0].meta["rounds"] < 2 * cfg.min_rounds and fast_session.t < 1.0
+    off = ProtocolConfig.from_mapping({**_cfg_dict(), "time_budget_s": 2.0,
+                                       "stop_when_decided": False})  # fmt: skip
+    slow_session = FakeSession(noise=0.05)
+    measure(WL, [FakeCandidate("a", 1e-3), FakeCandidate("b", 1.1e-3)], slow_session,
+            Regime.UNTHROTTLED, off)  # fmt: skip
+    assert slow_session.t >= 2.0
 
 
 def test_calls_per_batch_calibrated_to_target() -> None:

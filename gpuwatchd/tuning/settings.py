@@ -31,7 +31,7 @@ class ProtocolConfig:
     Defaults follow nvbench where it has an opinion (recovery pause, clock threshold),
     but the clock threshold is 0.9 rather than 0.75: an H200 at its power cap runs at
     ~0.73 of max, which a 0.75 threshold would wave through as "unthrottled". Short
-    batches at a 25% duty cycle keep a heavy kernel inside the ~0.2 s the H200's power
+    batches at a 29% duty cycle keep a heavy kernel inside the ~0.2 s the H200's power
     limiter takes to engage (DESIGN.md trace), so it is timed at full clock.
     """
 
@@ -39,9 +39,23 @@ class ProtocolConfig:
     #: a batch before the power limiter reacts (about 0.2 s on an H200).
     batch_target_s: float = 0.01
     warmup_s: float = 0.2  # back-to-back warm-up per candidate (ramps clocks, calibrates)
+    #: A warm-up ends after this long once its calibration has converged (the last two
+    #: batch-size estimates within 5%); ``warmup_s`` is then only the longest it may last.
+    warmup_min_s: float = 0.05
     min_calls: int = 1
     max_calls: int = 100_000
-    pause_s: float = 0.05  # unthrottled: idle between batches so the clock stays up
+    #: Unthrottled: idle between batches so the power limiter never engages. The H200's
+    #: limiter acts on power filtered over ~0.4 s (0.23 s to cap a heavy GEMM from idle), so
+    #: a 10 ms batch per 35 ms (29% duty) keeps even a 1325 W-demand GEMM's filtered power
+    #: under 600 W of the 700 W limit; a batch rejected for power or clock doubles the pause
+    #: for the rest of the regime, up to ``max_pause_s`` (or ``pause_s`` if longer), in
+    #: case a limiter reacts faster.
+    pause_s: float = 0.025
+    max_pause_s: float = 0.2
+    #: Unthrottled: no pauses (and no cool-down pause) once the power probe showed the
+    #: candidates cannot be limited at all (the evidence that skips the sustained regime):
+    #: a pause then protects nothing.
+    unpaused_when_unlimited: bool = True
     #: Unthrottled: recovery pause after a rejected batch. On an H200 the clock is back
     #: the moment the load stops (DESIGN.md), so a quarter second is plenty.
     cool_pause_s: float = 0.25
@@ -53,13 +67,20 @@ class ProtocolConfig:
     max_rounds: int = 200
     spread_target: float = 0.02  # stop once every candidate's IQR/median is under this
     time_budget_s: float = 120.0  # per regime, warm-up and settling included
-    settle_window_s: float = 3.0  # sustained: rolling window judged for settling
+    #: Sustained: rolling window judged for settling, and the least time settling takes.
+    settle_window_s: float = 0.5
     settle_clock_rel: float = 0.01  # sustained: max relative change of mean SM clock
     settle_power_rel: float = 0.02  # sustained: max relative change of mean power
     settle_timeout_s: float = 30.0  # sustained: time anyway after this long
+    #: Sustained: settled when the least-squares trend of SM clock and power over the last
+    #: window, carried this far ahead (about as long as the timed rounds last), moves them
+    #: less than ``settle_clock_rel`` / ``settle_power_rel``; power only counts while not
+    #: pinned at the cap (a capped board reads its limit whatever happens). 0: the older
+    #: rule, the two half-window means agree (needs a longer window for the same safety).
+    settle_horizon_s: float = 1.0
     #: Sustained, in a queue (tune_queue): the settle window of a regime that starts on a
     #: device the previous workload's sustained regime just left at temperature.
-    warm_settle_window_s: float = 1.0
+    warm_settle_window_s: float = 0.5
     flush_l2: str = "auto"  # auto: when the working set fits in l2_bytes; always; never
     l2_bytes: int = 50 * 2**20  # H100/H200 L2 size
     noise_k: float = 1.0  # multiplier on the combined relative CI half-width
@@ -71,6 +92,20 @@ class ProtocolConfig:
     #: and no longer timed; the rest go on to ``contender_rounds`` rounds and a stable spread.
     race: bool = True
     contender_rounds: int = 5
+    #: Race in the sustained regime too. Safe because a sustained batch timed during a
+    #: transient hardware slowdown (HW slowdown or power brake, see ``transient_max_s``)
+    #: is rejected there, so a throttle episode cannot make a dropped candidate look fast.
+    race_sustained: bool = True
+    #: Sustained: a batch during a transient hardware slowdown is rejected and retried
+    #: back-to-back (the heat is kept) until that state has lasted this long; after that
+    #: it is the steady state and its batches count. 0: keep every sustained batch.
+    transient_max_s: float = 2.0
+    #: Stop a regime once more rounds cannot change the pick by more than ``min_margin``:
+    #: for every contender, the combined CI half-width (the noise of :func:`stats.decide`)
+    #: minus its margin behind the pick is at most ``min_margin``. A declared winner and a
+    #: tie whose noise is at its floor both qualify; so does a runner-up that launches the
+    #: same kernels as the pick. Otherwise rounds go on until the spread target is met.
+    stop_when_decided: bool = True
     #: A regime after the first reuses the first one's batch sizes instead of warming
     #: every candidate up again (settling warms them in the sustained regime).
     reuse_calibration: bool = True
@@ -82,6 +117,14 @@ class ProtocolConfig:
     skip_sustained: bool = True
     skip_power_ratio: float = 0.85
     power_probe_s: float = 1.0
+    #: End the power probe early once a sample after half of it shows a power or thermal
+    #: reason or a clock well under max: the sustained regime is then measured anyway.
+    probe_ends_on_limit: bool = True
+    #: The worker tunes a job's workloads this many at a time through ``tune_queue``: every
+    #: one's unthrottled regime, then their sustained regimes back to back on carried heat
+    #: (``warm_settle_window_s``). 1: one workload at a time. Bounded because every
+    #: candidate of a group is set up (inputs allocated, kernels compiled) before timing.
+    queue_workloads: int = 4
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -93,7 +136,8 @@ class ProtocolConfig:
             elif f.type == "bool":
                 need_bool(value, f"protocol.{f.name}")
         _check(self.batch_target_s > 0, "batch_target_s", "must be > 0", self.batch_target_s)
-        for name in ("warmup_s", "pause_s", "cool_pause_s", "settle_timeout_s"):
+        for name in ("warmup_s", "warmup_min_s", "pause_s", "max_pause_s", "cool_pause_s",
+                     "settle_timeout_s", "settle_horizon_s", "transient_max_s"):  # fmt: skip
             _check(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
         _check(self.min_calls >= 1, "min_calls", "must be >= 1", self.min_calls)
         _check(
@@ -118,6 +162,8 @@ class ProtocolConfig:
         _check(0 < self.skip_power_ratio <= 1, "skip_power_ratio", "must be in (0, 1]",
                self.skip_power_ratio)  # fmt: skip
         _check(self.power_probe_s >= 0, "power_probe_s", "must be >= 0", self.power_probe_s)
+        _check(self.queue_workloads >= 1, "queue_workloads", "must be >= 1",
+               self.queue_workloads)  # fmt: skip
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> ProtocolConfig:

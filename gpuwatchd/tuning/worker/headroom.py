@@ -96,3 +96,13 @@ def skip_reason(ev: LoadEvidence, info: DeviceInfo, power_ratio: float) -> str |
         f"{ev.loaded_s:.1f} s back-to-back, under {power_ratio:.0%} of the "
         f"{limit:.0f} W limit; SM clock never under {ev.min_clock_mhz:.0f} MHz; no throttle"
     )
+
+
+def shows_limit(s: Sample, info: DeviceInfo) -> bool:
+    """A power or thermal reason, or a clock well under max, in one sample: once such a
+    sample comes after half the probe's load, the sustained regime cannot be skipped and
+    the rest of the probe would only spend time."""
+    if s.reasons and s.reasons & (POWER_REASONS | THERMAL_REASONS):
+        return True
+    fmax, clock = info.max_sm_clock_mhz, s.sm_clock_mhz
+    return bool(fmax and clock is not None and clock < (1 - CLOCK_STEADY_REL) * fmax)

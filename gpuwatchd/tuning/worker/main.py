@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import FrameType
 from typing import BinaryIO, TextIO
 
@@ -39,10 +39,10 @@ from gpuwatchd.tuning.jobspec import (
     ResultMessage,
     encode_message,
 )
-from gpuwatchd.tuning.types import BatchRecord, Regime, Versions, Workload
-from gpuwatchd.tuning.worker.candidate import DeviceSession
+from gpuwatchd.tuning.types import BatchRecord, Regime, RegimeResult, Versions, Workload
+from gpuwatchd.tuning.worker.candidate import Candidate, DeviceSession
 from gpuwatchd.tuning.worker.families import candidates_for
-from gpuwatchd.tuning.worker.protocol import Preempted, tune
+from gpuwatchd.tuning.worker.protocol import BudgetSpent, Preempted, tune_queue
 from gpuwatchd.validate import describe
 
 log = logging.getLogger("gpuwatchd.tuning.worker")
@@ -209,6 +209,22 @@ class ProgressReporter:
         # A regime starts when the previous one's last batch ended; the first one about now.
         self._regime_start = now() if now is not None else None
         self._last_t = self._regime_start
+        self._done: int | None = None  # set by begin(): pairs of the job finished
+
+    def begin(self, regime: Regime, done: int, budget_s: float | None = None) -> None:
+        """This workload's ``regime`` starts now, ``done`` pairs of the job finished.
+
+        In a queue other workloads run between a workload's regimes, so its regime's
+        clock, round and place in the job are set here rather than guessed from its
+        previous batch.
+        """
+        now = self._now() if self._now is not None else None
+        self._regime, self._batches, self._last = regime, 0, -float("inf")
+        self._accepted = {}
+        self._regime_start = self._last_t = now
+        self._done = done
+        if budget_s is not None:
+            self._budget_s = budget_s
 
     def __call__(self, rec: BatchRecord) -> None:
         t = self._now() if self._now is not None else None
@@ -217,6 +233,7 @@ class ProgressReporter:
                 self._regime_start = self._last_t
             self._regime, self._batches, self._last = rec.regime, 0, -float("inf")
             self._accepted = {}
+            self._done = None
         self._last_t = t
         self._batches += 1
         if not rec.rejected:
@@ -230,7 +247,11 @@ class ProgressReporter:
                 workload=self._workload,
                 regime=rec.regime,
                 candidate=rec.candidate,
-                done=self._done_before + self._regimes.index(rec.regime),
+                done=(
+                    self._done
+                    if self._done is not None
+                    else self._done_before + self._regimes.index(rec.regime)
+                ),
                 total=self._total,
                 batches=self._batches,
                 candidates_done=min(
@@ -251,49 +272,111 @@ class ProgressReporter:
 
 
 def run_job(job: JobSpec, channel: Channel, stop: Callable[[], bool]) -> int:
-    """Measure every workload of the job; returns the exit code."""
+    """Measure every workload of the job; returns the exit code.
+
+    Workloads go ``protocol.queue_workloads`` at a time through :func:`tune_queue`, so
+    their sustained regimes run back to back on the heat the previous one left. Each
+    group gets the share of the job's remaining time budget its pairs are owed; within
+    it every regime run gets an equal share of what is left (at most the protocol's own
+    ``time_budget_s``). Each regime's result goes out as soon as it is decided: a
+    preemption later keeps it, and a resumed session measures only what is missing.
+    """
     if stop():
         return EXIT_TERMINATED
     dev = open_device(job)
     try:
         channel.send(Hello(pid=os.getpid(), versions=dev.versions))
-        session, n_regimes = dev.session, len(job.regimes)
-        total = len(job.workloads) * n_regimes
+        session = dev.session
+        total = len(job.pairs())
+        sent = 0  # results sent: pairs of the job finished
         start = session.now()
-        for i, workload in enumerate(job.workloads):
+        size = job.protocol.queue_workloads
+        for g in range(0, len(job.workloads), size):
+            group = job.workloads[g : g + size]
             if stop():
                 return EXIT_TERMINATED
             left = job.time_budget_s - (session.now() - start)
             if left <= 0:
                 raise WorkerError(
-                    f"time budget of {job.time_budget_s:g} s spent before workload {workload.name}"
+                    f"time budget of {job.time_budget_s:g} s spent before workload {group[0].name}"
                 )
-            share = left / ((len(job.workloads) - i) * n_regimes)
-            cfg = replace(job.protocol, time_budget_s=min(job.protocol.time_budget_s, share))
-            candidates = candidates_for(workload, session)
-            if not candidates:
-                raise WorkerError(f"workload {workload.name}: its families gave no candidates")
-            reporter = ProgressReporter(
-                channel,
-                workload,
-                job.regimes,
-                i * n_regimes,
-                total,
-                candidates=len(candidates),
-                min_batches=job.protocol.min_rounds,
-                budget_s=cfg.time_budget_s,
-                now=session.now,
-            )
-            log.info("tuning %s: %d candidates", workload.name, len(candidates))
-            results = tune(workload, candidates, session, job.regimes, cfg, reporter, stop)
-            for result in results:
-                channel.send(ResultMessage(result))
+            regimes = [job.regimes_of(w.name) for w in group]
+            queue = [(w, _candidates(w, session)) for w in group]
+            events = _QueueEvents(channel, job, queue, regimes, total, sent, session.now)
+            try:
+                tune_queue(
+                    queue,
+                    session,
+                    job.regimes,
+                    job.protocol,
+                    events.on_batch,
+                    stop,
+                    events.on_result,
+                    workload_regimes=regimes,
+                    on_start=events.on_start,
+                    total_budget_s=left * sum(map(len, regimes)) / (total - sent),
+                )
+            except BudgetSpent as e:
+                raise WorkerError(str(e)) from None
+            finally:
+                sent = events.sent
         return EXIT_OK
     except Preempted as e:
         log.info("stopping: %s", e)
         return EXIT_TERMINATED
     finally:
         dev.close()
+
+
+class _QueueEvents:
+    """The protocol's callbacks for one group of workloads: results go out at once,
+    batches to the progress reporter of the workload whose regime runs now."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        job: JobSpec,
+        queue: list[tuple[Workload, list[Candidate]]],
+        regimes: list[tuple[Regime, ...]],
+        total: int,
+        sent: int,
+        now: Callable[[], float],
+    ) -> None:
+        self._channel = channel
+        self.sent = sent  # pairs of the job finished
+        self._reporters = [
+            ProgressReporter(
+                channel,
+                w,
+                rs,
+                0,
+                total,
+                candidates=len(cands),
+                min_batches=job.protocol.min_rounds,
+                now=now,
+            )
+            for (w, cands), rs in zip(queue, regimes, strict=True)
+        ]
+        self._current = self._reporters[0]
+
+    def on_start(self, j: int, regime: Regime, budget_s: float) -> None:
+        self._current = self._reporters[j]
+        self._current.begin(regime, self.sent, budget_s)
+
+    def on_batch(self, rec: BatchRecord) -> None:
+        self._current(rec)
+
+    def on_result(self, j: int, result: RegimeResult) -> None:
+        self._channel.send(ResultMessage(result))
+        self.sent += 1
+
+
+def _candidates(workload: Workload, session: DeviceSession) -> list[Candidate]:
+    candidates = list(candidates_for(workload, session))
+    if not candidates:
+        raise WorkerError(f"workload {workload.name}: its families gave no candidates")
+    log.info("tuning %s: %d candidates", workload.name, len(candidates))
+    return candidates
 
 
 def _read_job(stream: BinaryIO) -> JobSpec:

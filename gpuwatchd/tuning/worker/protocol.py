@@ -5,8 +5,10 @@ rounds of short timed batches with pauses between them; a batch during which a l
 throttle reason appeared or the SM clock sat under ``clock_ratio_min`` of max is kept
 as a rejected record, followed by a recovery pause, and retried (nvbench-style).
 
-``sustained``: load the device back-to-back until SM clock and power settle, then time
-batches back-to-back: the steady state a training loop sees. Nothing is rejected.
+``sustained``: load the device back-to-back until SM clock and power settle
+(:mod:`~gpuwatchd.tuning.worker.settle`), then time batches back-to-back: the steady
+state a training loop sees. Only a batch during a transient hardware slowdown is
+rejected (and retried at once), until that state has lasted ``transient_max_s``.
 
 In both, candidates are interleaved in a freshly shuffled order each round (seeded) so
 drift does not favour whoever runs first, every batch is tagged with the telemetry read
@@ -16,11 +18,16 @@ ends. ``should_stop`` is polled between batches; when it says so, :class:`Preemp
 is raised and candidates are still torn down.
 
 Deciding faster (all in :class:`ProtocolConfig`): racing stops timing candidates clearly
-out of the race after ``min_rounds`` (:mod:`~gpuwatchd.tuning.worker.racing`); a regime
-after the first reuses the first's batch sizes; the sustained regime is skipped when the
-unthrottled one showed the kernels cannot be limited (:mod:`~gpuwatchd.tuning.worker.
-headroom`); and :func:`tune_queue` runs the sustained regimes of workloads queued
-together back to back, each after the first settling on the heat its predecessor left.
+out of the race after ``min_rounds``, in both regimes, and a regime stops once more
+rounds cannot change its pick by more than ``min_margin``
+(:mod:`~gpuwatchd.tuning.worker.racing`); a warm-up ends once its calibration has
+converged; a regime after the first reuses the first's batch sizes; unthrottled pauses
+are as short as the power limiter allows and dropped for kernels that cannot reach the
+limit; the sustained regime is skipped when the unthrottled one showed the kernels
+cannot be limited (:mod:`~gpuwatchd.tuning.worker.headroom`) and otherwise starts as
+soon as the clock's trend is flat; and :func:`tune_queue` runs the sustained regimes of
+workloads queued together back to back, each after the first settling on the heat its
+predecessor left.
 
 The verdict (:func:`gpuwatchd.tuning.worker.stats.decide`): ``winner`` is set only when the
 margin of the fastest median over the runner-up beats the noise; otherwise
@@ -35,13 +42,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuwatchd.telemetry.types import LIMITING_REASONS, Sample, ThrottleReason
+from gpuwatchd.telemetry.types import LIMITING_REASONS, POWER_REASONS, Sample, ThrottleReason
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import BatchRecord, CandidateStats, Regime, RegimeResult, Workload
 from gpuwatchd.tuning.worker import stats
 from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
-from gpuwatchd.tuning.worker.headroom import LoadEvidence, skip_reason
-from gpuwatchd.tuning.worker.racing import out_of_race
+from gpuwatchd.tuning.worker.headroom import LoadEvidence, shows_limit, skip_reason
+from gpuwatchd.tuning.worker.racing import decided, out_of_race
+from gpuwatchd.tuning.worker.settle import settled as device_settled
 from gpuwatchd.validate import describe
 
 #: The longest error text kept for one candidate.
@@ -49,9 +57,28 @@ _ERROR_MAX = 500
 
 OnBatch = Callable[[BatchRecord], None]
 ShouldStop = Callable[[], bool]
+#: Told (queue index, result) as each regime of each workload is decided.
+OnResult = Callable[[int, RegimeResult], None]
+#: Told (queue index, regime, its time budget in seconds) as a workload's regime run
+#: begins (not for a sustained regime that is skipped).
+OnStart = Callable[[int, Regime, float], None]
 #: A sustained regime that starts within this long of another one's last batch finds
 #: the device still at temperature (the H200's die cools with a ~0.3 s time constant).
 HEAT_GAP_S = 0.5
+#: Hardware slowdowns that come and go (a power brake, an HW slowdown signal, the
+#: hardware thermal clamp): not the steady state the sustained regime measures.
+TRANSIENT_REASONS = (
+    ThrottleReason.HW_SLOWDOWN
+    | ThrottleReason.HW_THERMAL_SLOWDOWN
+    | ThrottleReason.HW_POWER_BRAKE_SLOWDOWN
+)
+#: A warm-up's calibration has converged once a batch moved its per-call estimate by
+#: less than this.
+CALIBRATION_CONVERGED_REL = 0.05
+
+
+class BudgetSpent(Exception):
+    """A queue's ``total_budget_s`` ran out before every (workload, regime) was measured."""
 
 
 class Preempted(Exception):
@@ -103,15 +130,18 @@ def tune(
     cfg: ProtocolConfig | None = None,
     on_batch: OnBatch | None = None,
     should_stop: ShouldStop | None = None,
+    on_result: Callable[[RegimeResult], None] | None = None,
 ) -> list[RegimeResult]:
     """Measure the candidates in each regime in order, setting each up only once.
 
     Every candidate that was set up is torn down, whatever happens (Preempted, a CUDA
     error, ...); a candidate whose ``setup`` raises :class:`CandidateError` is kept in
-    the results with its error and never timed.
+    the results with its error and never timed. ``on_result`` gets each regime's result
+    as soon as it is decided, so a preemption in a later regime keeps the earlier ones.
     """
     queue = [(workload, candidates)]
-    return tune_queue(queue, session, regimes, cfg, on_batch, should_stop)[0]
+    each = None if on_result is None else (lambda _j, r: on_result(r))
+    return tune_queue(queue, session, regimes, cfg, on_batch, should_stop, each)[0]
 
 
 def tune_queue(
@@ -121,6 +151,11 @@ def tune_queue(
     cfg: ProtocolConfig | None = None,
     on_batch: OnBatch | None = None,
     should_stop: ShouldStop | None = None,
+    on_result: OnResult | None = None,
+    *,
+    workload_regimes: Sequence[Iterable[Regime | str] | None] | None = None,
+    on_start: OnStart | None = None,
+    total_budget_s: float | None = None,
 ) -> list[list[RegimeResult]]:
     """:func:`tune` for several workloads at once: one list of results per workload.
 
@@ -129,9 +164,17 @@ def tune_queue(
     first starts on a device its predecessor left at temperature and only needs
     ``warm_settle_window_s`` to show its own clock and power are flat. Every candidate
     of every workload is set up first and torn down at the end.
+
+    ``workload_regimes`` (one entry per workload, None for all of ``regimes``) narrows a
+    workload to some of the regimes, e.g. those a resumed session still lacks.
+    ``on_start`` is told as each workload's regime begins, so ``on_batch`` records can
+    be attributed. With ``total_budget_s`` each regime run gets an equal share of what is
+    left of it (at most ``cfg.time_budget_s``), so time a quick run leaves goes to later
+    ones; :class:`BudgetSpent` is raised when none is left for a run.
     """
     cfg = cfg or ProtocolConfig()
     order = [_regime(r) for r in regimes]
+    wanted = _wanted_regimes(queue, order, workload_regimes)
     for workload, candidates in queue:
         names = [c.name for c in candidates]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -147,22 +190,41 @@ def tune_queue(
         results: list[list[RegimeResult]] = [[] for _ in queue]
         evidence: list[LoadEvidence | None] = [None] * len(queue)
         hot_until: float | None = None  # when our last sustained batch ended
-        for i, regime in enumerate(order):
-            probe = (
-                cfg.skip_sustained
-                and regime is Regime.UNTHROTTLED
-                and order[i + 1 : i + 2] == [Regime.SUSTAINED]
-                and bool(session.info.power_limit_w and session.info.max_sm_clock_mhz)
-            )
+        runs_left = sum(len(w) for w in wanted)
+        began = session.now()
+        can_probe = cfg.skip_sustained and bool(
+            session.info.power_limit_w and session.info.max_sm_clock_mhz
+        )
+        for regime in order:
             for j, (workload, _) in enumerate(queue):
+                if regime not in wanted[j]:
+                    continue
+                runs_left -= 1
                 ev = evidence[j]
                 if regime is Regime.SUSTAINED and ev is not None:
                     evidence[j] = None
                     reason = skip_reason(ev, session.info, cfg.skip_power_ratio)
                     if reason is not None:
                         results[j].append(_sustained_from(results[j][-1], reason))
+                        if on_result is not None:
+                            on_result(j, results[j][-1])
                         continue
+                budget = cfg.time_budget_s
+                if total_budget_s is not None:
+                    left = total_budget_s - (session.now() - began)
+                    if left <= 0:
+                        raise BudgetSpent(
+                            f"time budget of {total_budget_s:g} s spent before "
+                            f"{workload.name} ({regime.value})"
+                        )
+                    budget = min(budget, left / (runs_left + 1))
+                if on_start is not None:
+                    on_start(j, regime, budget)
                 run = _RegimeRun(workload, prepared[j], session, regime, cfg, on_batch, should_stop)
+                run.budget_s = budget
+                mine = wanted[j]
+                follows = mine[mine.index(regime) + 1 : mine.index(regime) + 2]
+                probe = can_probe and regime is Regime.UNTHROTTLED and follows == [Regime.SUSTAINED]
                 run.evidence = LoadEvidence() if probe else None
                 run.warm = (
                     regime is Regime.SUSTAINED
@@ -170,6 +232,8 @@ def tune_queue(
                     and session.now() - hot_until <= HEAT_GAP_S
                 )
                 results[j].append(run.run())
+                if on_result is not None:
+                    on_result(j, results[j][-1])
                 evidence[j] = run.evidence
                 hot_until = session.now() if regime is Regime.SUSTAINED else None
         return results
@@ -178,6 +242,34 @@ def tune_queue(
             for slot in slots:
                 if slot.set_up:
                     _teardown(slot)
+
+
+def _wanted_regimes(
+    queue: Sequence[tuple[Workload, Sequence[Candidate]]],
+    order: list[Regime],
+    workload_regimes: Sequence[Iterable[Regime | str] | None] | None,
+) -> list[list[Regime]]:
+    """Each workload's regimes, in ``order``; ValueError naming a bad entry."""
+    if workload_regimes is None:
+        return [list(order) for _ in queue]
+    if len(workload_regimes) != len(queue):
+        raise ValueError(
+            f"workload_regimes: {len(workload_regimes)} entries for {len(queue)} workloads"
+        )
+    out = []
+    for (workload, _), mine in zip(queue, workload_regimes, strict=True):
+        if mine is None:
+            out.append(list(order))
+            continue
+        chosen = {_regime(r) for r in mine}
+        extra = chosen - set(order)
+        if extra or not chosen:
+            raise ValueError(
+                f"workload_regimes: {workload.name!r} needs some of "
+                f"{[r.value for r in order]}, got {sorted(r.value for r in chosen)}"
+            )
+        out.append([r for r in order if r in chosen])
+    return out
 
 
 def _sustained_from(unthrottled: RegimeResult, reason: str) -> RegimeResult:
@@ -265,6 +357,12 @@ class _RegimeRun:
         self.evidence: LoadEvidence | None = None
         #: Set (by tune_queue) when a sustained regime follows another one at once.
         self.warm = False
+        #: This run's time budget (tune_queue may hand it a share of a job's budget).
+        self.budget_s = cfg.time_budget_s
+        #: Unthrottled: the pause after a batch now (backs off after power rejections).
+        self.pause_s = cfg.pause_s
+        self._transient_since: float | None = None  # sustained: when HW slowdown began
+        self._load_began = self.start  # when this regime's back-to-back load began
         for slot in slots:
             slot.reset()
 
@@ -273,7 +371,7 @@ class _RegimeRun:
     def run(self) -> RegimeResult:
         sustained = self.regime is Regime.SUSTAINED
         probing = self.evidence is not None
-        load_began = self.s.now()
+        load_began = self._load_began = self.s.now()
         for slot in self._active():
             if self._over_budget():
                 break
@@ -282,11 +380,13 @@ class _RegimeRun:
             self._calibrate(slot, pause_after=not (sustained or probing))
             if probing:
                 self._read_load(load_began)
+        unlimited = False
         if probing:
             self._power_probe(load_began)
+            unlimited = self._unlimited()
         if sustained:
             self._settle()
-        else:  # let the warm-ups' (or an earlier regime's) heat and power go
+        elif not unlimited:  # let the warm-ups' (or an earlier regime's) heat and power go
             self.s.pause(self.cfg.cool_pause_s)
         rounds = 0
         while self._racing() and not self._over_budget() and rounds < self.cfg.max_rounds:
@@ -304,10 +404,38 @@ class _RegimeRun:
             rounds += 1
             if self._races() and rounds >= self.cfg.min_rounds:
                 self._drop_clearly_out(rounds)
-            if rounds >= self._rounds_needed() and self._stable():
+            if rounds >= self._rounds_needed() and (self._stable() or self._decided()):
                 break
         self.regime_meta["rounds"] = rounds
         return self._result()
+
+    def _unlimited(self) -> bool:
+        """After the power probe: drop the unthrottled pauses when the candidates showed
+        they cannot reach the power limit (the sustained-skip evidence)."""
+        ev = self.evidence
+        if not self.cfg.unpaused_when_unlimited or ev is None:
+            return False
+        if skip_reason(ev, self.s.info, self.cfg.skip_power_ratio) is None:
+            return False
+        self.pause_s = 0.0
+        self.regime_meta["unpaused"] = "cannot reach the power limit"
+        return True
+
+    def _decided(self) -> bool:
+        """``stop_when_decided``: more rounds cannot change the pick by over min_margin."""
+        cfg = self.cfg
+        if not cfg.stop_when_decided:
+            return False
+        racing = self._racing()
+        by_name = {s.name: s for s in racing}
+        return decided(
+            {s.name: [r.seconds_per_call for r in s.accepted] for s in racing},
+            confidence=cfg.confidence,
+            noise_k=cfg.noise_k,
+            min_margin=cfg.min_margin,
+            min_samples=cfg.min_rounds,
+            same_code=lambda a, b: _same_code(by_name[a], by_name[b]),
+        )
 
     def _active(self) -> list[_Slot]:
         return [s for s in self.slots if s.error is None]
@@ -317,15 +445,20 @@ class _RegimeRun:
         return [s for s in self._active() if s.out_after is None]
 
     def _races(self) -> bool:
-        """Racing runs in the unthrottled regime only.
+        """Racing runs in the unthrottled regime, and with ``race_sustained`` in the other.
 
-        There a batch costs a pause five times its length, and a throttled batch is
-        rejected, so every candidate's samples stay comparable whenever they were taken.
-        Sustained batches run back-to-back (racing would save little) and are all kept:
-        a throttle episode after a candidate dropped out would slow only the ones still
-        racing and make the dropped one look faster than it is.
+        Unthrottled, a throttled batch is rejected, so every candidate's samples stay
+        comparable whenever they were taken. Sustained, the steady power cap is kept but
+        a batch during a transient hardware slowdown is rejected too (when
+        ``transient_max_s`` > 0): without that, a throttle episode after a candidate
+        dropped out would slow only the ones still racing and make the dropped one look
+        faster than it is.
         """
-        return self.cfg.race and self.regime is Regime.UNTHROTTLED
+        if not self.cfg.race:
+            return False
+        if self.regime is Regime.UNTHROTTLED:
+            return True
+        return self.cfg.race_sustained and self.cfg.transient_max_s > 0
 
     def _rounds_needed(self) -> int:
         """Rounds before stopping on a stable spread: contenders' (everyone's, sustained)."""
@@ -338,7 +471,9 @@ class _RegimeRun:
 
         Only a candidate whose own spread is under target can drop out, and only while the
         leader's is too: a confidence interval assumes steady samples, and a drifting device
-        (heating, throttling) would judge them against a moving target.
+        (heating, throttling) would judge them against a moving target. A sustained regime
+        that settled has shown its device steady already: there the spread is the capped
+        clock's hunting (2.5-3% over 10 ms batches on an H200), which the intervals cover.
         """
         racing = self._racing()
         samples = {s.name: [r.seconds_per_call for r in s.accepted] for s in racing}
@@ -346,10 +481,11 @@ class _RegimeRun:
         if len(timed) < 2:
             return
         leader = min(timed, key=lambda name: (stats.median(timed[name]), name))
+        settled_device = self.regime is Regime.SUSTAINED and self.regime_meta.get("settled")
         steady = {
             name: xs
             for name, xs in timed.items()
-            if stats.relative_spread(xs) < self.cfg.spread_target
+            if settled_device or stats.relative_spread(xs) < self.cfg.spread_target
         }
         if leader not in steady:
             return
@@ -359,7 +495,7 @@ class _RegimeRun:
                 slot.out_after = rounds
 
     def _over_budget(self) -> bool:
-        return self.s.now() - self.start >= self.cfg.time_budget_s
+        return self.s.now() - self.start >= self.budget_s
 
     def _check_stop(self) -> None:
         if self.should_stop is not None and self.should_stop():
@@ -406,6 +542,7 @@ class _RegimeRun:
         calls = cfg.min_calls
         begin = self.s.now()
         best = math.inf
+        sized = False  # the previous batch was already big enough
         while not self._over_budget():
             self._last_wall = 0.0
             t = self._time(slot, calls)
@@ -413,18 +550,24 @@ class _RegimeRun:
                 return
             # A flushed batch costs its flushes too: size it by what it takes end to end,
             # or the flushes alone would eat the time budget.
+            before = best
             best = min(best, max(max(t, self._last_wall) / calls, 1e-12))
             big_enough = best * calls >= cfg.batch_target_s / 2 or calls >= cfg.max_calls
-            if big_enough and self.s.now() - begin >= cfg.warmup_s:
+            took = self.s.now() - begin
+            if big_enough and took >= cfg.warmup_s:
                 break
+            converged = sized and best >= (1.0 - CALIBRATION_CONVERGED_REL) * before
+            if big_enough and converged and took >= cfg.warmup_min_s:
+                break
+            sized = big_enough
             if not big_enough:
                 grow = math.ceil(cfg.batch_target_s / 2 / best)
                 calls = min(cfg.max_calls, max(2 * calls, grow))
         if math.isfinite(best):
             slot.calls = min(cfg.max_calls, max(cfg.min_calls, round(cfg.batch_target_s / best)))
             slot.calibrated = True
-        if pause_after:
-            self.s.pause(cfg.pause_s)
+        if pause_after and self.pause_s > 0:
+            self.s.pause(self.pause_s)
 
     def _read_load(self, load_began: float) -> None:
         """Read the device after back-to-back load since ``load_began`` (skip evidence)."""
@@ -438,11 +581,19 @@ class _RegimeRun:
         The warm-ups usually last long enough on their own; the probe tops them up (a
         few candidates, short warm-ups) so a 1 s power average covers load only.
         """
+        probe_s = self.cfg.power_probe_s
         while self._active() and not self._over_budget():
-            long_enough = self.s.now() - load_began >= self.cfg.power_probe_s
+            long_enough = self.s.now() - load_began >= probe_s
             for slot in self._active():
-                if self._time(slot, slot.calls) is not None and long_enough:
+                if self._time(slot, slot.calls) is None:
+                    continue
+                if long_enough:
                     self._read_load(load_began)
+                elif self.cfg.probe_ends_on_limit and self.s.now() - load_began >= probe_s / 2:
+                    s = self.s.sample()
+                    if shows_limit(s, self.s.info):  # our own load is limited: no skip
+                        self.regime_meta["probe_ended"] = "limited after half the probe"
+                        return
             if long_enough:
                 return
 
@@ -451,16 +602,19 @@ class _RegimeRun:
         cfg = self.cfg
         span = cfg.warm_settle_window_s if self.warm else cfg.settle_window_s
         begin = self.s.now()
-        window: list[Sample] = []
+        window: list[tuple[Sample, str]] = []  # each sample, and whose batch it followed
         settled = False
         while self._active() and not self._over_budget():
             for slot in self._active():
                 if self._time(slot, slot.calls) is None:
                     continue
-                window.append(self.s.sample())
+                window.append((self.s.sample(), slot.name))
             now = self.s.now()
-            window = [w for w in window if w.t >= now - 2 * span]
-            if now - begin >= span and _settled(window, cfg, span):
+            window = [(w, name) for w, name in window if w.t >= now - 2 * span]
+            samples, names = [w for w, _ in window], [name for _, name in window]
+            # Carried heat: the previous workload's load goes on in the power reading.
+            loaded = math.inf if self.warm else now - self._load_began
+            if now - begin >= span and device_settled(samples, cfg, span, names, loaded):
                 settled = True
                 break
             if now - begin >= cfg.settle_timeout_s:
@@ -486,18 +640,48 @@ class _RegimeRun:
             reason = self._reject_reason(before, after)
             self._record(slot, t, before, after, reason)
             if reason is None:
-                self.s.pause(self.cfg.pause_s)
+                if self.pause_s > 0:
+                    self.s.pause(self.pause_s)
                 return
+            if _batch_reasons(before, after) & POWER_REASONS or reason.startswith("sm clock"):
+                self._back_off()
             self._check_stop()
             self.s.pause(self.cfg.cool_pause_s)
         slot.skipped += 1
 
+    def _back_off(self) -> None:
+        """A batch ran into the power limiter (or a low clock): pause longer from now on."""
+        cfg = self.cfg
+        longest = max(cfg.max_pause_s, cfg.pause_s)
+        self.pause_s = min(longest, max(cfg.pause_s, 2.0 * self.pause_s))
+        self.regime_meta["pause_s"] = self.pause_s
+
     def _sustained_batch(self, slot: _Slot) -> None:
-        before = self.s.sample()
-        t = self._time(slot, slot.calls)
-        if t is None:
-            return
-        self._record(slot, t, before, self.s.sample(), None)
+        """One back-to-back batch; one timed in a transient hardware slowdown is rejected
+        and retried at once, until the slowdown has lasted ``transient_max_s``."""
+        while True:
+            before = self.s.sample()
+            t = self._time(slot, slot.calls)
+            if t is None:
+                return
+            after = self.s.sample()
+            reason = self._transient_reason(before, after)
+            self._record(slot, t, before, after, reason)
+            if reason is None or self._over_budget():
+                return
+
+    def _transient_reason(self, before: Sample, after: Sample) -> str | None:
+        """Why a sustained batch is not the steady state, or None."""
+        limit = self.cfg.transient_max_s
+        transient = _batch_reasons(before, after) & TRANSIENT_REASONS
+        if not transient or limit <= 0:
+            self._transient_since = None
+            return None
+        if self._transient_since is None:
+            self._transient_since = before.t
+        if after.t - self._transient_since >= limit:
+            return None  # it lasts: this is the steady state
+        return "transient: " + ",".join(transient.names())
 
     def _reject_reason(self, before: Sample, after: Sample) -> str | None:
         """Why a batch is not an unthrottled one, or None.
@@ -630,32 +814,3 @@ def _batch_reasons(before: Sample, after: Sample) -> ThrottleReason:
 def _mean(values: Iterable[float | None]) -> float | None:
     xs = [v for v in values if v is not None]
     return sum(xs) / len(xs) if xs else None
-
-
-def _settled(window: Sequence[Sample], cfg: ProtocolConfig, span: float) -> bool:
-    """True when the means of the two halves of the last ``span`` seconds agree.
-
-    Comparing half-window means, not the range, tolerates candidates of different
-    power alternating round-robin; a device without clock or power telemetry (the CPU)
-    is settled once it has run for a full window.
-    """
-    if not window:
-        return False
-    end = window[-1].t
-    recent = [w for w in window if w.t >= end - span]
-    mid = end - span / 2
-    first = [w for w in recent if w.t < mid]
-    second = [w for w in recent if w.t >= mid]
-    if not first or not second:
-        return False
-    checks = (
-        ([w.sm_clock_mhz for w in first], [w.sm_clock_mhz for w in second], cfg.settle_clock_rel),
-        ([w.power_w for w in first], [w.power_w for w in second], cfg.settle_power_rel),
-    )
-    for a, b, limit in checks:
-        ma, mb = _mean(a), _mean(b)
-        if ma is None or mb is None or ma <= 0:
-            continue
-        if abs(mb - ma) / ma > limit:
-            return False
-    return True
