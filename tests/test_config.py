@@ -83,6 +83,7 @@ def test_workload_tables_replace_and_add():
         # A scheduler or drift tick faster than 10 Hz would only spin (issue 11).
         ({"tuning": {"check_interval_s": 1e-9}}, "tuning.check_interval_s: must be >= 0.1"),
         ({"drift": {"check_interval_s": 0.05}}, "drift.check_interval_s: must be >= 0.1"),
+        ({"tuning": {"resume_max_age_s": -1.0}}, "tuning.resume_max_age_s: must be >= 0"),
     ],
 )
 def test_bad_values_name_the_key(doc, needle):
@@ -255,3 +256,16 @@ def test_no_fleet_number_takes_a_bad_value(value):
 def test_a_faster_tick_allows_a_shorter_claim():
     cfg = parse_config({"tuning": {"check_interval_s": 1}, "fleet": {"claim_ttl_s": 10}})
     assert cfg.fleet.claim_ttl_s == 10.0
+
+
+def test_resume_max_age_reaches_the_daemons_runners():
+    """[tuning] resume_max_age_s is what each GPU's TuneRunner is built with (0: no resume)."""
+    from gpuwatchd.store import Store
+
+    cfg = parse_config({"tuning": {"resume_max_age_s": 0.0}}, source="c.toml")
+    assert cfg.tuning.resume_max_age_s == 0.0
+    from gpuwatchd.daemon.process import runner_factory
+
+    with Store(":memory:") as store:
+        runner = runner_factory(cfg)(store, on_finished=lambda e: None)
+        assert runner.resume_max_age_s == 0.0

@@ -67,7 +67,7 @@ from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.sessions.fleet import fleet_policy
 from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
 from gpuwatchd.sessions.runner import TuneRunner
-from gpuwatchd.sessions.scheduler import TuneScheduler
+from gpuwatchd.sessions.scheduler import RunnerFactory, TuneScheduler
 from gpuwatchd.store import TuningStore, open_store
 from gpuwatchd.store.rows import host_name
 from gpuwatchd.telemetry.backend import Backend, FeelsSessionLoad, GpuLost
@@ -95,6 +95,15 @@ MAX_TICK_S = 1.0
 #: syncs, if longer) is left out of the fleet's medians: that host is gone, or has not
 #: seen sustained load for that long.
 FLEET_CLOCK_MAX_AGE_WINDOWS = 3.0
+
+
+def runner_factory(cfg: Config) -> RunnerFactory:
+    """Each GPU's session runner: the configured worker interpreter and resume age."""
+    return functools.partial(
+        TuneRunner,
+        python=cfg.tuning.worker_executable,
+        resume_max_age_s=cfg.tuning.resume_max_age_s,
+    )
 
 
 def fleet_clock_max_age_s(cfg: Config) -> float:
@@ -159,7 +168,7 @@ class Daemon:
             self.backend.name,
             sim_time=self.backend.clock.now,
             # the worker imports users' kernels: it runs in their Python environment
-            runner_factory=functools.partial(TuneRunner, python=cfg.tuning.worker_executable),
+            runner_factory=runner_factory(cfg),
             session_load=self.backend if isinstance(self.backend, FeelsSessionLoad) else None,
             # a shared store: skip what identical hosts tuned, claim the rest (else None)
             fleet=fleet_policy(

@@ -247,6 +247,11 @@ class TuningConfig:
     #: Where jobs leave tuning requests while no daemon runs, read at start
     #: ("": ``spool`` in the state directory).
     spool_dir: str = ""
+    #: A session preempted by a real job keeps its finished (workload, regime) results;
+    #: the next session on the same GPU reuses those at most this old (seconds; 0: never).
+    resume_max_age_s: float = field(
+        default=6 * 3600.0, metadata=check(lambda v: v >= 0, "must be >= 0")
+    )
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
 
     @property
