@@ -143,9 +143,11 @@ def test_daemonset_runs_on_gpu_nodes_without_taking_a_gpu(
     for c in pod["containers"] + pod["initContainers"]:
         for part in ("requests", "limits"):
             assert "nvidia.com/gpu" not in c.get("resources", {}).get(part, {})
-    env = {e["name"]: e["value"] for e in _container({"spec": {"template": {"spec": pod}}})["env"]}
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
-    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility,compute"
+    env = {e["name"]: e for e in _container({"spec": {"template": {"spec": pod}}})["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility,compute"
+    # the host's name in a shared store is the node's: a pod's name changes on restart
+    assert env["GPUWATCHD_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -188,7 +190,7 @@ def test_writable_paths_are_the_configured_ones(
     assert mounts["/etc/gpuwatchd"]["readOnly"] is True
     # Everything else the daemon writes is an emptyDir, never the read-only root.
     assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
-    env = {e["name"]: e["value"] for e in _container(ds)["env"]}
+    env = {e["name"]: e["value"] for e in _container(ds)["env"] if "value" in e}
     cache = mounts["/var/cache/gpuwatchd"]
     assert "emptyDir" in volumes[cache["name"]]
     for var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH"):
