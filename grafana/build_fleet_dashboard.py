@@ -335,18 +335,31 @@ def tuning_panels() -> list[tuple[Panel, int, int]]:
         (
             table(
                 "Disagreements",
-                "Winners two hosts measured differently beyond noise; the fleet kept its "
-                "first winner. `gpuwatchd report --fleet` names the hosts.",
+                "Winners two hosts measured differently beyond noise: every disagreement the "
+                "store holds, and those of the last 24 hours (what the alert looks at). The "
+                "fleet kept its winner unless it was older than max_winner_age_s. "
+                "`gpuwatchd report --fleet` names the hosts.",
                 [
                     target(
                         "max by (gpu_model, workload, regime) "
                         f"({inst('gpuwatchd_fleet_disagreements')}) > 0",
                         instant=True,
                         table=True,
-                    )
+                    ),
+                    target(
+                        "max by (gpu_model, workload, regime) "
+                        f"({inst('gpuwatchd_fleet_recent_disagreements')})",
+                        instant=True,
+                        table=True,
+                    ),
                 ],
-                columns=("gpu_model", "workload", "regime", "Value"),
-                rename={"gpu_model": "GPU model", "Value": "disagreements"},
+                columns=("gpu_model", "workload", "regime", "Value #A", "Value #B"),
+                rename={
+                    "gpu_model": "GPU model",
+                    "Value #A": "disagreements",
+                    "Value #B": "last 24 h",
+                },
+                merge=True,
             ),
             12,
             8,

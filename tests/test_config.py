@@ -258,7 +258,7 @@ def test_a_faster_tick_allows_a_shorter_claim():
     assert cfg.fleet.claim_ttl_s == 10.0
 
 
-def test_resume_max_age_reaches_the_daemons_runners():
+def test_resume_max_age_reaches_the_daemons_runners(tmp_path):
     """[tuning] resume_max_age_s is what each GPU's TuneRunner is built with (0: no resume)."""
     from gpuwatchd.store import Store
 
@@ -266,6 +266,6 @@ def test_resume_max_age_reaches_the_daemons_runners():
     assert cfg.tuning.resume_max_age_s == 0.0
     from gpuwatchd.daemon.process import runner_factory
 
-    with Store(":memory:") as store:
+    with Store(tmp_path / "tune.db") as store:
         runner = runner_factory(cfg)(store, on_finished=lambda e: None)
         assert runner.resume_max_age_s == 0.0

@@ -35,6 +35,12 @@ from gpuwatchd.drift import (
     current_versions,
     reference_from_store,
 )
+from gpuwatchd.drift.versions import (
+    TorchBuild,
+    _literal_assignments,
+    installed_torch_build,
+    installed_version,
+)
 from gpuwatchd.drift.window import interquartile_mean
 from gpuwatchd.exporter import DaemonInfo, build_registry
 from gpuwatchd.exporter.collectors.drift import DriftCollector
@@ -661,6 +667,49 @@ def test_current_versions_from_package_metadata() -> None:
     both = {**installed, "nvidia-cudnn-cu13": "9.20.0.48"}
     assert current_versions(None, lookup=both.get).cudnn is None  # which one torch loads?
     assert current_versions(None, lookup={}.get) == Versions()
+
+
+def test_current_versions_read_which_cuda_torch_was_built_for() -> None:
+    """A +cu130 and a +cu128 build of one torch release are different stacks."""
+    installed = {"torch": "2.13.0", "triton": "3.5.0"}
+
+    def build() -> TorchBuild:
+        return TorchBuild("2.13.0+cu128", "12.8")
+
+    v = current_versions(INFO, lookup=installed.get, torch_build=build)
+    assert (v.torch, v.cuda) == ("2.13.0+cu128", "12.8")
+    cu130 = replace(STACK, torch="2.13.0+cu130", cuda="13.0")
+    cu128 = replace(STACK, torch="2.13.0+cu128", cuda="12.8")
+    assert changed_versions(cu130, v) == ("cuda", "torch")
+    assert changed_versions(cu128, v) == ()
+    assert changed_versions(replace(STACK, cuda="12.8"), replace(STACK, cuda="13.0")) == ("cuda",)
+    # The file unreadable: the metadata's bare version, no CUDA; a worker's +cu128 against
+    # it is unknown on one side, never a change.
+    bare = current_versions(INFO, lookup=installed.get, torch_build=lambda: None)
+    assert (bare.torch, bare.cuda) == ("2.13.0", None)
+    assert changed_versions(cu128, bare) == ()
+    # A version file of another release than the installed distribution is not trusted.
+    other = current_versions(INFO, lookup={"torch": "2.12.0"}.get, torch_build=build)
+    assert (other.torch, other.cuda) == ("2.12.0", None)
+    # No torch installed: the file is not even read.
+    assert current_versions(INFO, lookup={}.get, torch_build=build).cuda is None
+
+
+def test_torchs_version_file_is_read_as_text() -> None:
+    source = (
+        "from typing import Optional\n"
+        "__all__ = ['__version__', 'cuda']\n"
+        "__version__ = '2.9.0+cu128'\n"
+        "cuda: Optional[str] = '12.8'\n"
+        "hip: Optional[str] = None\n"
+        "git_version = compute()\n"  # not a literal: ignored
+    )
+    found = _literal_assignments(source)
+    assert found["__version__"] == "2.9.0+cu128" and found["cuda"] == "12.8"
+    assert found["hip"] is None and "git_version" not in found
+    installed = installed_torch_build()  # this machine's torch (a CPU build)
+    assert installed is not None and installed.version is not None
+    assert installed.version.split("+")[0] == (installed_version("torch") or "").split("+")[0]
 
 
 def test_reading_versions_never_imports_torch() -> None:

@@ -26,6 +26,7 @@ from store_backends import KINDS, make_backend
 from gpuwatchd.daemon.fleet_sync import FleetSync
 from gpuwatchd.drift.detector import GpuDriftView
 from gpuwatchd.drift.fleet import (
+    RECENT_DISAGREEMENTS_S,
     ClockGroup,
     FleetSnapshot,
     coverage,
@@ -206,6 +207,7 @@ def test_sync_writes_this_hosts_learned_clocks_and_reads_the_fleets(store: Any) 
     assert group.is_outlier(1353.6 * MHZ)
     assert snap.groups[ClockGroup(H100, "700")].peers == 1
     assert snap.disagreements == {(H200, "gemm", "sustained"): 1}
+    assert snap.recent_disagreements == {(H200, "gemm", "sustained"): 1}
     assert snap.coverage == {
         (H100, "driver=580.159.04,cuda=12.8,torch=2.11.0"): 1,
         (H200, "driver=575.0"): 1,
@@ -288,6 +290,20 @@ def one(samples: dict[str, list[Any]], name: str, **labels: str) -> float:
     return float(match.value)
 
 
+def test_a_disagreement_counts_as_recent_for_a_day(store: Any) -> None:
+    """The alert's gauge: the disagreement leaves it a day later, the store still has it."""
+    fill_fleet(store)
+    recorded = store.disagreements()[0].recorded_at
+    within = fleet_sync(store, now=lambda: recorded + RECENT_DISAGREEMENTS_S - 60)()
+    assert within.recent_disagreements == {(H200, "gemm", "sustained"): 1}
+    after = fleet_sync(store, now=lambda: recorded + RECENT_DISAGREEMENTS_S + 60)()
+    assert after.recent_disagreements == {}
+    assert after.disagreements == {(H200, "gemm", "sustained"): 1}
+    samples = scrape(FleetCollector(lambda: after, lambda: TUNING, now=lambda: NOW_UNIX))
+    assert "gpuwatchd_fleet_recent_disagreements" not in samples
+    assert len(samples["gpuwatchd_fleet_disagreements"]) == 1
+
+
 TUNING = TuningSnapshot(
     {},
     {},
@@ -316,6 +332,7 @@ def test_collector_exports_the_comparison_the_store_facts_and_the_fleet_work(sto
     assert peers.labels == {"gpu_model": H200, "power_limit_watts": "700"} and peers.value == 5
     key = {"gpu_model": H200, "workload": "gemm", "regime": "sustained"}
     assert one(samples, "gpuwatchd_fleet_disagreements", **key) == 1
+    assert one(samples, "gpuwatchd_fleet_recent_disagreements", **key) == 1
     assert len(samples["gpuwatchd_fleet_coverage_workloads"]) == 3
     assert (
         one(samples, "gpuwatchd_fleet_coverage_workloads", gpu_model=H200, versions="driver=575.0")

@@ -12,20 +12,23 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from store_backends import KINDS, make_backend
 
+from gpuwatchd.drift.versions import changed_versions
 from gpuwatchd.sessions.resume import DEFAULT_RESUME_MAX_AGE_S, remaining_job
 from gpuwatchd.sessions.runner import SessionOutcome, TuneRunner
-from gpuwatchd.store import Store, StoreError
+from gpuwatchd.store import SqlStore, Store, StoreError
 from gpuwatchd.telemetry.sim import SimBackend
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.jobspec import JobSpec, JobSpecError, SimSpec
 from gpuwatchd.tuning.settings import ProtocolConfig
-from gpuwatchd.tuning.types import Regime, SessionStatus, Workload
+from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
 
 U, S = Regime.UNTHROTTLED, Regime.SUSTAINED
@@ -76,10 +79,19 @@ if os.environ.get("CRASH"):
 """
 
 
+def same_stack(info: DeviceInfo) -> Versions:
+    """What the fake worker reports, as installed now (the daemon reads the metadata)."""
+    return Versions(driver=info.driver_version, torch="fake-1.0")
+
+
+#: Lets a job whose every pair was measured complete without a worker, as the daemon does.
+CHECKS_STACK: dict[str, Any] = {"versions_now": same_stack, "changed_versions": changed_versions}
+
+
 class Fake:
     """Runs sessions with the fake worker and reads back what each worker was asked."""
 
-    def __init__(self, store: Store, tmp_path: Path) -> None:
+    def __init__(self, store: SqlStore, tmp_path: Path) -> None:
         self.store = store
         self.log = tmp_path / "jobs.jsonl"
         self.hung = Path(f"{self.log}.hung")
@@ -92,6 +104,7 @@ class Fake:
         hang_after: int = -1,
         torch: str = "fake-1.0",
         crash: bool = False,
+        fresh_after: dict[str, float] | None = None,
         **runner_kw: Any,
     ) -> SessionOutcome:
         self.hung.unlink(missing_ok=True)
@@ -109,7 +122,7 @@ class Fake:
         def preempt() -> str | None:
             return "a job wants the GPU" if self.hung.exists() else None
 
-        return runner.run_session(job, info, "sim", preempt, None, 20)
+        return runner.run_session(job, info, "sim", preempt, None, 20, fresh_after=fresh_after)
 
     def preempted_after(self, n: int, **kw: Any) -> SessionOutcome:
         out = self.run(hang_after=n, **kw)
@@ -190,13 +203,43 @@ def test_a_session_preempted_again_passes_on_what_it_carried(fake: Fake, store: 
 
 def test_nothing_left_to_measure_completes_without_a_worker(fake: Fake, store: Store) -> None:
     first = fake.preempted_after(4)  # every result sent, then preempted before exiting
-    out = fake.run()
+    out = fake.run(**CHECKS_STACK)
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
     assert len(fake.asked()) == 1  # no second worker
     assert out.reused_from == dict.fromkeys(ALL_PAIRS, first.session_id)
     row = store.session(out.session_id)
     assert row is not None and row.meta.versions.torch == "fake-1.0"  # the results' stack
     assert {(w.workload, w.regime) for w in store.winners()} == set(ALL_PAIRS)
+
+
+def _upgraded(info: DeviceInfo) -> Versions:
+    return Versions(driver=info.driver_version, torch="fake-2.0")
+
+
+def _unreadable(info: DeviceInfo) -> Versions:
+    raise OSError("metadata unreadable")
+
+
+@pytest.mark.parametrize(
+    "checks",
+    [
+        {"versions_now": _upgraded, "changed_versions": changed_versions},
+        {"versions_now": _unreadable, "changed_versions": changed_versions},
+        {},  # a runner that cannot read the installed versions does not trust them
+    ],
+    ids=["stack-changed", "versions-unreadable", "no-check"],
+)
+def test_nothing_left_to_measure_on_a_changed_stack_measures_every_pair_again(
+    fake: Fake, store: Store, checks: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.preempted_after(4)
+    caplog.set_level("INFO", "gpuwatchd.sessions.runner")
+    out = fake.run(**checks, torch="fake-2.0")
+    assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
+    assert [a["pairs"] for a in fake.asked()] == [ALL_PAIRS, ALL_PAIRS]
+    assert out.reused_from == {}
+    assert {s.versions.torch for s in store.results(out.session_id)} == {"fake-2.0"}
+    assert "every pair was measured by preempted sessions, but" in caplog.text
 
 
 def test_progress_counts_the_reused_pairs(fake: Fake, tmp_path: Path) -> None:
@@ -284,6 +327,87 @@ def test_only_preempted_sessions_are_resumed(fake: Fake, store: Store, how: str)
     assert out.status is SessionStatus.COMPLETED
     assert [a["pairs"] for a in fake.asked()] == [ALL_PAIRS, ALL_PAIRS]
     assert out.reused_from == {}
+
+
+# -- what a later session or request makes stale: on SQLite and PostgreSQL ---------------------
+
+
+@pytest.fixture(params=KINDS)
+def either(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fake]:
+    """A :class:`Fake` on a store of each back end."""
+    store = make_backend(request, tmp_path / "either.db").open()
+    try:
+        yield Fake(store, tmp_path)
+    finally:
+        store.close()
+
+
+def test_a_completed_session_ends_what_earlier_preempted_ones_can_pass_on(either: Fake) -> None:
+    """Preempted, then completed (reusing it), then a re-tune: the re-tune measures it all."""
+    either.preempted_after(2)
+    assert either.run().reused_from != {}  # completes the job, reusing the first session
+    again = either.run()
+    assert (again.status, again.reused_from) == (SessionStatus.COMPLETED, {})
+    assert [a["pairs"] for a in either.asked()] == [ALL_PAIRS, ALL_PAIRS[2:], ALL_PAIRS]
+
+
+def test_what_was_preempted_after_the_last_completed_session_is_reused(either: Fake) -> None:
+    assert either.run().status is SessionStatus.COMPLETED
+    later = either.preempted_after(2)
+    out = either.run()
+    assert out.reused_from == dict.fromkeys(ALL_PAIRS[:2], later.session_id)
+    assert either.asked()[-1]["pairs"] == ALL_PAIRS[2:]
+
+
+def test_a_workload_redefined_under_its_name_is_measured_again(either: Fake) -> None:
+    either.preempted_after(3)  # w1 in both regimes, w2 unthrottled, all at 64^3 / 32^3
+    w1_big = Workload("w1", "matmul", {"m": 8192, "n": 8192, "k": 8192}, "fp16", ("fam",))
+    out = either.run(replace(JOB, workloads=(w1_big, W2)))
+    assert list(out.reused_from) == [("w2", U)]  # w2 is what it was
+    assert either.asked()[-1]["pairs"] == [("w1", U), ("w1", S), ("w2", S)]
+
+
+def test_a_workload_stored_as_json_is_still_the_same_workload(either: Fake) -> None:
+    """Tuples in a shape come back from the store as lists: the same definition."""
+    conv = Workload("w1", "conv2d", {"input": (8, 64, 56, 56), "stride": (1, 1)}, "fp16", ("f",))
+    job = replace(JOB, workloads=(conv, W2))
+    either.run(job, hang_after=2)
+    out = either.run(job)
+    assert set(out.reused_from) == {("w1", U), ("w1", S)}
+
+
+def test_work_asked_for_afresh_reuses_only_what_was_measured_since(either: Fake) -> None:
+    """A re-tune of w1 reuses none of w1's older results, but a re-tune that is itself
+    preempted resumes like any other session."""
+    first = either.preempted_after(3)  # w1 in both regimes, w2 unthrottled
+    asked_at = time.time()
+    fresh = {"w1": asked_at}
+    second = either.run(fresh_after=fresh, hang_after=1)  # measures w1 unthrottled again
+    assert second.status is SessionStatus.PREEMPTED
+    assert second.reused_from == {("w2", U): first.session_id}
+    assert either.asked()[-1]["pairs"] == [("w1", U), ("w1", S), ("w2", S)]
+    third = either.run(fresh_after=fresh)
+    assert third.status is SessionStatus.COMPLETED
+    # w2 (unthrottled) comes from second's carried copy, which keeps first's time.
+    assert third.reused_from == dict.fromkeys([("w1", U), ("w2", U)], second.session_id)
+    assert either.asked()[-1]["pairs"] == [("w1", S), ("w2", S)]
+
+
+@pytest.mark.parametrize(
+    ("fresh", "needle"),
+    [
+        ({"w1": float("nan")}, "fresh_after['w1']: expected a workload name and a finite time"),
+        ({"": 1.0}, "fresh_after['']: expected a workload name"),
+        ({"w1": True}, "fresh_after['w1']"),
+        (["w1"], "fresh_after must be a mapping, got list"),
+    ],
+)
+def test_bad_fresh_after_is_refused_in_one_line(store: Store, fresh: Any, needle: str) -> None:
+    runner = TuneRunner(store)
+    with pytest.raises(ValueError) as err:
+        runner.run_session(JOB, INFO, "sim", lambda: None, None, 20, fresh_after=fresh)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert store.sessions() == []  # refused before a session was started
 
 
 def test_bad_resume_max_age_is_refused(store: Store) -> None:

@@ -91,6 +91,8 @@ class FakeFleetStore:
         self.calls: list[str] = []
         self.fail_with: Exception | None = None  # what fleet_winners raises
         self.claims_fail_with: Exception | None = None  # what claim raises
+        self.claims_wait_for: threading.Event | None = None  # claim waits until it is set
+        self.claim_waiting = threading.Event()  # a claim is waiting on claims_wait_for
 
     def seed(self, host: str, workload: str, regimes: tuple[Regime, ...], measured_at: float,
              *, model: str = MODEL, versions: Versions = STACK) -> None:  # fmt: skip
@@ -125,6 +127,9 @@ class FakeFleetStore:
         self.calls.append("claim")
         if self.claims_fail_with is not None:
             raise self.claims_fail_with
+        if self.claims_wait_for is not None:  # a stalled database
+            self.claim_waiting.set()
+            self.claims_wait_for.wait()
         now = self._clock()
         with self._lock:
             held = self._claims.get(key)
@@ -206,6 +211,7 @@ class FakeRunner:
         self.release = threading.Event()
         self.started = threading.Event()
         self.jobs: list[Any] = []
+        self.kw: list[dict[str, Any]] = []  # each run_session's keyword arguments
 
     def pids(self) -> frozenset[int]:
         return frozenset()
@@ -216,6 +222,7 @@ class FakeRunner:
 
     def run_session(self, job, info, backend_name, should_preempt, **kw) -> SessionOutcome:
         self.jobs.append(job)
+        self.kw.append(kw)
         self.host.started.extend(w.name for w in job.workloads)
         self.started.set()
         why = None
@@ -285,7 +292,7 @@ def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
 
     def make(name: str = "a", *, verify_fraction: float = 0.0, enabled: bool = True,
              claim_ttl_s: float = 600.0, measure_anyway: tuple[str, ...] = (MANUAL,),
-             with_fleet: bool = True) -> Host:  # fmt: skip
+             with_fleet: bool = True, fresh_reasons: tuple[str, ...] = ()) -> Host:  # fmt: skip
         store = backing.for_host() if isinstance(backing, RealFleet) else backing
         cfg = FleetConfig(enabled=enabled, verify_fraction=verify_fraction, claim_ttl_s=claim_ttl_s)
         policy = FleetPolicy(
@@ -310,6 +317,7 @@ def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
         sched = TuneScheduler(
             tuning, board, local if local is not None else store, "sim",
             runner_factory=runner_factory, now=clock, fleet=policy if with_fleet else None,
+            fresh_reasons=fresh_reasons,
         )  # fmt: skip
         host = Host(name, sched, board, info)
         hosts.append(host)
@@ -731,8 +739,8 @@ def test_a_long_session_renews_its_claims_before_they_lapse(fleet: Fleet) -> Non
     assert fleet.claims()[0].expires_at == NOW + 60
     for _ in range(6):  # two minutes, twice the lease
         fleet.clock.t += 20
-        a.sched.tick()
-        assert fleet.claims()[0].expires_at == fleet.clock.t + 60
+        a.sched.tick()  # the session's renewer renews, on its own thread
+        assert wait_until(lambda: fleet.claims()[0].expires_at == fleet.clock.t + 60)
     b = fleet.make("b")
     b.ask(WORK[:1])
     assert wait_until(lambda: b.sched.snapshot.claimed_elsewhere_total == 1)
@@ -751,26 +759,91 @@ def test_a_failed_renewal_is_tried_again_at_the_next_tick(fleet: Fleet, caplog) 
     fleet.clock.t += 20
     fleet.backing.claims_fail_with = StoreError("store postgresql://db/gw: cannot claim work")
     a.sched.tick()
-    assert "GPU 0: renewing the fleet claims failed: store postgresql://db/gw" in caplog.text
+    failed = "GPU 0: renewing the fleet claims failed: store postgresql://db/gw"
+    assert wait_until(lambda: failed in caplog.text)
     assert fleet.claims()[0].expires_at == NOW + 60
     fleet.backing.claims_fail_with = None
     fleet.clock.t += 1
     a.sched.tick()
-    assert fleet.claims()[0].expires_at == NOW + 21 + 60
+    assert wait_until(lambda: fleet.claims()[0].expires_at == NOW + 21 + 60)
 
 
-def test_a_renewal_never_takes_back_the_claims_of_a_session_that_ended(fleet: Fleet) -> None:
+def _tick_in_a_thread(host: Host) -> bool:
+    """Whether ``tick`` returned within 5 s (the store it must not wait on never answers)."""
+    t = threading.Thread(target=host.sched.tick, daemon=True)
+    t.start()
+    t.join(5.0)
+    return not t.is_alive()
+
+
+def test_the_tick_never_waits_on_a_stalled_store(fleet: Fleet) -> None:
+    """Another host's stalled transaction holds the store's write lock: the renewal waits
+    on it, and the scheduler goes on deciding meanwhile."""
+    if not isinstance(fleet.backing, FakeFleetStore):
+        pytest.skip("the fake store stalls on demand")
     a = fleet.make("a", claim_ttl_s=60.0)
     a.ask(WORK[:1])
     a.runner()
+    stalled = threading.Event()
+    fleet.backing.claims_wait_for = stalled
+    try:
+        fleet.clock.t += 20
+        assert _tick_in_a_thread(a)
+        assert fleet.backing.claim_waiting.wait(5.0)  # the renewal is stuck in the store
+        a.sched.request(0, list(WORK[1:2]), "no_winners")  # requests go on being taken
+        fleet.clock.t += 20  # due again: the renewer is still busy with the first
+        assert _tick_in_a_thread(a) and _tick_in_a_thread(a)
+        assert a.sched.pending() == {0: ("sim-0", "sim-1")}  # sim-0 until its session ends
+    finally:
+        stalled.set()
+    assert wait_until(lambda: fleet.claims()[0].expires_at > NOW + 60)  # it went through
+    release_all(a)
+    assert fleet.claims() == []
+
+
+def test_a_renewal_never_takes_back_the_claims_of_a_session_that_ended(fleet: Fleet) -> None:
+    """The session ends while its renewal waits on the store: the claims are given back
+    only once that renewal has finished, so it cannot take them back after the release."""
+    if not isinstance(fleet.backing, FakeFleetStore):
+        pytest.skip("the fake store stalls on demand")
+    a = fleet.make("a", claim_ttl_s=60.0)
+    a.ask(WORK[:1])
+    runner = a.runner()
+    stalled = threading.Event()
+    fleet.backing.claims_wait_for = stalled
     fleet.clock.t += 20
-    with a.sched._lock:  # a tick has picked the renewals due...
-        due = a.sched._renewals_due()
-    assert len(due) == 1
-    release_all(a)  # ...the session ends and gives its claims back...
+    a.sched.tick()
+    assert fleet.backing.claim_waiting.wait(5.0)
+    runner.release.set()  # the session ends while the renewal waits
+    assert wait_until(lambda: a.sched.snapshot.sessions_total["completed"] == 1)
+    assert "release" not in fleet.backing.calls  # waits for the renewal to finish
+    assert a.sched.snapshot.running == frozenset({0})
+    stalled.set()
+    assert a.idle()
     assert fleet.claims() == []
-    a.sched._renew(due)  # ...then the tick renews
+    calls = fleet.backing.calls
+    assert calls[-1] == "release" and calls.count("release") == 1
+    assert calls.index("release") > max(i for i, c in enumerate(calls) if c == "claim")
+    a.sched.tick()  # nothing left to renew
     assert fleet.claims() == []
+
+
+def test_work_asked_for_afresh_tells_the_runner_since_when(fleet: Fleet) -> None:
+    """A manual re-tune's session reuses no result a preempted session measured before
+    the request; other work may resume as usual."""
+    a = fleet.make("a", fresh_reasons=(MANUAL,))
+    a.gate(GateState.COOL_STABLE)
+    a.sched.request(0, list(WORK[:1]), "no_winners")
+    fleet.clock.t += 5
+    a.sched.request(0, list(WORK[1:2]), MANUAL)
+    a.sched.tick()
+    assert a.runner().kw[0]["fresh_after"] == {"sim-1": NOW + 5}
+    release_all(a)
+    b = fleet.make("b")  # no fresh reasons configured: nothing is asked for afresh
+    b.gate(GateState.COOL_STABLE)
+    b.sched.request(0, list(WORK[2:3]), MANUAL)
+    b.sched.tick()
+    assert b.runner().kw[0]["fresh_after"] == {}
 
 
 # -- without a fleet ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 from builders import STACK, SettableClock, candidate, seed_session, session_meta
 from store_backends import KINDS, Backend, make_backend
 
+from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.store import (
     MIGRATIONS,
     HostClock,
@@ -258,6 +259,60 @@ def test_a_disagreement_beyond_noise_keeps_the_incumbent_and_is_recorded(
         store.disagreements(limit=0)
 
 
+def test_a_disputed_incumbent_older_than_the_fleet_trusts_is_replaced(
+    store: SqlStore, clock: SettableClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host that once measured wrong must not hold the fleet's pick against every
+    healthy host for ever: past ``keep_incumbent_for_s`` the new pick replaces it."""
+    assert store.keep_incumbent_for_s == FleetConfig().max_winner_age_s  # the same default
+    store.keep_incumbent_for_s = 7 * DAY
+    tune(store, clock, "broken", picks(TRITON, 0.02))
+    clock.advance(7 * DAY - 10)  # still fresh: kept
+    tune(store, clock, "node-a", picks(CUBLAS, 0.5))
+    assert fleet(store) == {"gemm": (TRITON, "broken")}
+    clock.advance(30 * DAY)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gpuwatchd.store"):
+        b = tune(store, clock, "node-b", picks(CUBLAS, 0.5))
+    assert fleet(store) == {"gemm": (CUBLAS, "node-b")}
+    assert store.winners()[0].session_id == b
+    newest = store.disagreements()[0]  # recorded all the same
+    assert (newest.kept_host, newest.new_host, newest.new_candidate) == ("broken", "node-b", CUBLAS)
+    assert store.disagreement_counts() == {(H200, "gemm", "unthrottled"): 2}
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "replaced the fleet's, older than the fleet's max winner age" in warning
+    tune(store, clock, "node-c", picks(CUBLAS, 0.5))  # the healthy hosts now agree
+    assert fleet(store) == {"gemm": (CUBLAS, "node-c")}
+    assert len(store.disagreements()) == 2
+
+
+def test_keep_incumbent_for_s_refuses_bad_values_in_one_line(store: SqlStore) -> None:
+    for bad in (-1.0, float("nan"), "7d", None):
+        with pytest.raises(StoreError, match="keep_incumbent_for_s") as err:
+            store.keep_incumbent_for_s = bad  # type: ignore[assignment]
+        assert "\n" not in str(err.value)
+
+
+def test_disagreements_are_counted_since_a_time_and_pruned_after_30_days(
+    store: SqlStore, clock: SettableClock
+) -> None:
+    tune(store, clock, "node-a", picks(TRITON, 0.02))
+    tune(store, clock, "node-b", picks(CUBLAS, 0.04))  # day 0
+    clock.advance(20 * DAY)
+    tune(store, clock, "node-c", picks(CUBLAS, 0.04))  # day 20
+    key = (H200, "gemm", "unthrottled")
+    assert store.disagreement_counts() == {key: 2}
+    assert store.disagreement_counts(since=clock.t - DAY) == {key: 1}
+    assert store.disagreement_counts(since=clock.t + 1) == {}
+    with pytest.raises(StoreError, match="since"):
+        store.disagreement_counts(since=float("inf"))
+    clock.advance(15 * DAY)  # day 35: the first is over 30 days old, the second is not
+    store.prune(older_than_s=365 * DAY)
+    assert [d.new_host for d in store.disagreements()] == ["node-c"]
+    store.prune(older_than_s=DAY)  # a shorter retention prunes them sooner
+    assert store.disagreements() == []
+
+
 @pytest.mark.parametrize(
     ("host", "new", "why"),
     [
@@ -437,6 +492,66 @@ def test_racing_hosts_claim_one_key_and_exactly_one_wins(backend: Backend) -> No
     finally:
         for s in stores:
             s.close()
+
+
+def test_a_stalled_writer_makes_other_writers_fail_within_the_lock_timeout(
+    backend: Backend,
+) -> None:
+    """Another host's transaction holds the fleet-wide write lock and stalls (a network
+    partition): a claim waits at most the lock timeout, then fails in one line."""
+    if backend.kind != "postgres":
+        pytest.skip("SQLite's writers wait at most its busy_timeout_s already")
+    import psycopg
+
+    from gpuwatchd.store.postgres import WRITE_LOCK
+
+    store = backend.open(lock_timeout_s=0.3)
+    stalled = psycopg.connect(backend.location, autocommit=True)
+    try:
+        stalled.execute("BEGIN")
+        stalled.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+        done: list[BaseException | bool] = []
+
+        def claim() -> None:
+            try:
+                done.append(store.claim("gemm", "node-b", "GPU-b", 60))
+            except BaseException as e:  # surfaced below
+                done.append(e)
+
+        t = threading.Thread(target=claim, daemon=True)
+        t.start()
+        t.join(10.0)  # far beyond the 0.3 s timeout: without one it would wait for ever
+        assert not t.is_alive(), "the claim still waits on the stalled writer's lock"
+        (err,) = done
+        assert isinstance(err, StoreError)
+        msg = str(err)
+        assert "\n" not in msg and "cannot claim work: waited over 0.3 s for a lock" in msg
+        assert store.claims() == []  # reads never wait on the write lock
+        stalled.execute("ROLLBACK")
+        assert store.claim("gemm", "node-b", "GPU-b", 60) is True  # and writes work again
+    finally:
+        stalled.close()
+        store.close()
+
+
+def test_every_postgres_session_bounds_its_waits(backend: Backend) -> None:
+    if backend.kind != "postgres":
+        pytest.skip("PostgreSQL's settings")
+    store = backend.open(lock_timeout_s=2.5, statement_timeout_s=20)
+    try:
+        for write in (False, True):
+            with store._transaction(write, "read the timeouts") as conn:
+                row = conn.execute(
+                    """SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),
+                          current_setting('idle_in_transaction_session_timeout')"""
+                ).fetchone()
+            assert tuple(row) == ("2500ms", "20s", "1min")
+    finally:
+        store.close()
+    for bad in (0, -1, float("inf"), "10s"):
+        with pytest.raises(StoreError, match="lock_timeout_s: expected") as err:
+            backend.open(lock_timeout_s=bad)
+        assert "\n" not in str(err.value)
 
 
 def test_prune_drops_expired_claims(

@@ -18,7 +18,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from gpuwatchd.drift.detector import GpuDriftView
-from gpuwatchd.drift.fleet import ClockGroup, FleetSnapshot, OwnClock, coverage, group_clocks
+from gpuwatchd.drift.fleet import (
+    RECENT_DISAGREEMENTS_S,
+    ClockGroup,
+    FleetSnapshot,
+    OwnClock,
+    coverage,
+    group_clocks,
+)
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.store import StoreError, TuningStore
 from gpuwatchd.store.rows import HostClock, WinnerRow, host_name
@@ -128,6 +135,7 @@ class FleetSync:
         rows = self._store.host_clocks(max_age_s=self.max_age_s)
         groups = group_clocks(rows)
         disagreements = self._store.disagreement_counts()
+        recent = self._store.disagreement_counts(since=self._now() - RECENT_DISAGREEMENTS_S)
         models = {s.info.name for s in self._board.all() if s.info is not None}
         models |= {r.gpu_model for r in rows}
         return FleetSnapshot(
@@ -136,6 +144,7 @@ class FleetSync:
             disagreements=dict(disagreements),
             coverage=coverage(self._fresh_winners(sorted(models))),
             synced_at=self._now(),
+            recent_disagreements=dict(recent),
         )
 
     def _fresh_winners(self, models: Iterable[str]) -> list[WinnerRow]:

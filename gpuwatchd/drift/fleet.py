@@ -116,6 +116,11 @@ class OwnClock:
     clock_hz: float
 
 
+#: The window of :attr:`FleetSnapshot.recent_disagreements`: a new disagreement alerts
+#: for a day, then the alert resolves by itself.
+RECENT_DISAGREEMENTS_S = 86400.0
+
+
 @dataclass(frozen=True, slots=True)
 class FleetSnapshot:
     """What the exporter shows about the fleet; replaced whole, read without locks or I/O.
@@ -130,3 +135,5 @@ class FleetSnapshot:
     coverage: Mapping[tuple[str, str], int] = field(default_factory=dict)
     synced_at: float | None = None
     stale: bool = False
+    #: Disagreements recorded in the last :data:`RECENT_DISAGREEMENTS_S` (the alert's).
+    recent_disagreements: Mapping[tuple[str, str, str], int] = field(default_factory=dict)

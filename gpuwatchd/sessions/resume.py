@@ -5,10 +5,17 @@ finishes if each session keeps what the ones before it measured. A result is reu
 when it was recorded by a **preempted** session (a completed session's results are
 winners already; a failed one's may carry the failure) of the **same GPU** (UUID),
 at most ``max_age_s`` ago (winners measured under older conditions are measured
-again), on the **same driver, power limit and maximum SM clock** as the session being
-started, and, checked when the worker says hello, the **same software stack**
+again) and **after the GPU's last completed session** (whose winners superseded it),
+for the **same workload definition** (a workload redefined under its name is new
+work), on the **same driver, power limit and maximum SM clock** as the session being
+started, and, checked when the worker says hello (or, with nothing left to measure,
+against the versions installed now), the **same software stack**
 (:class:`~gpuwatchd.tuning.types.Versions` key). Reusable results from different
 stacks are never mixed: only those of the newest result's stack are kept.
+
+Work requested for a fresh measurement (an operator's re-tune, a drift trigger) never
+reuses a result recorded before that request (``fresh_after``): the session that was
+preempted while measuring it may still be resumed.
 
 The unit is the (workload, regime) pair: a regime interrupted half way is measured
 again from the start.
@@ -16,6 +23,7 @@ again from the start.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Collection, Mapping
@@ -23,7 +31,7 @@ from dataclasses import replace
 
 from gpuwatchd.store import SessionMeta, StoredResult, TuningStore
 from gpuwatchd.tuning.jobspec import JobSpec
-from gpuwatchd.tuning.types import Regime
+from gpuwatchd.tuning.types import Regime, Workload
 
 log = logging.getLogger("gpuwatchd.sessions.resume")
 
@@ -64,15 +72,48 @@ def conditions_differ(meta: SessionMeta, source: SessionMeta) -> str | None:
     return None
 
 
+def workload_text(workload: Workload) -> str:
+    """A workload's definition as canonical JSON: a tuple and its stored list compare equal."""
+    return json.dumps(workload.to_json(), sort_keys=True, separators=(",", ":"))
+
+
+def workload_differs(job: JobSpec, name: str, source: SessionMeta) -> str | None:
+    """Why session ``source``'s ``name`` is not the job's workload of that name, or None."""
+    theirs = next((w for w in source.workloads if w.name == name), None)
+    ours = next((w for w in job.workloads if w.name == name), None)
+    if theirs is None or ours is None:
+        return f"workload {name} is not in both sessions"
+    if workload_text(theirs) != workload_text(ours):
+        return f"workload {name} was redefined since"
+    return None
+
+
+def oldest_reusable(store: TuningStore, gpu_uuid: str, since: float) -> float:
+    """``since``, or just after the GPU's last completed session ended if that is later:
+    a completed session's winners supersede what was measured before it."""
+    last = store.last_completed_at(gpu_uuid)
+    return since if last is None else max(since, math.nextafter(last, math.inf))
+
+
 def reusable_results(
-    store: TuningStore, job: JobSpec, meta: SessionMeta, *, since: float
+    store: TuningStore,
+    job: JobSpec,
+    meta: SessionMeta,
+    *,
+    since: float,
+    fresh_after: Mapping[str, float] | None = None,
 ) -> dict[Pair, StoredResult]:
     """The job's pairs already measured by a preempted session that still hold for ``meta``.
 
-    ``since`` (unix seconds, the store's clock) is the oldest ``recorded_at`` accepted.
-    The stack is not known yet (the worker reports it): the caller checks it at hello.
+    ``since`` (unix seconds, the store's clock) is the oldest ``recorded_at`` accepted;
+    results from before the GPU's last completed session are never accepted.
+    ``fresh_after`` maps a workload requested for a fresh measurement to when it was
+    requested: older results of it are not reused. The stack is not known yet (the
+    worker reports it): the caller checks it at hello.
     """
+    since = oldest_reusable(store, job.gpu_uuid, since)
     found = store.resumable_results(job.gpu_uuid, job.pairs(), since=since)
+    fresh = fresh_after or {}
     sources: dict[int, SessionMeta | None] = {}
     kept: dict[Pair, StoredResult] = {}
     for pair, stored in found.items():
@@ -80,7 +121,7 @@ def reusable_results(
             row = store.session(stored.session_id)
             sources[stored.session_id] = row.meta if row is not None else None
         source = sources[stored.session_id]
-        why = "its session is gone" if source is None else conditions_differ(meta, source)
+        why = _why_not(job, meta, pair, stored, source, fresh.get(pair[0]))
         if why is not None:
             log.info("not reusing %s from session %d: %s", pair_text(pair), stored.session_id, why)
             continue
@@ -89,6 +130,22 @@ def reusable_results(
         return {}
     newest = max(kept.values(), key=lambda s: s.recorded_at).versions.key()
     return {p: s for p, s in kept.items() if s.versions.key() == newest}
+
+
+def _why_not(
+    job: JobSpec,
+    meta: SessionMeta,
+    pair: Pair,
+    stored: StoredResult,
+    source: SessionMeta | None,
+    fresh_after: float | None,
+) -> str | None:
+    """Why ``stored`` (from session ``source``) may not be reused for ``pair``, or None."""
+    if source is None:
+        return "its session is gone"
+    if fresh_after is not None and stored.recorded_at < fresh_after:
+        return "measured before the fresh measurement was requested"
+    return conditions_differ(meta, source) or workload_differs(job, pair[0], source)
 
 
 def remaining_job(job: JobSpec, done: Collection[Pair]) -> JobSpec | None:

@@ -12,7 +12,9 @@ every child is reaped, and nothing here imports torch.
 Sessions resume: results that preempted sessions of the same GPU recorded recently, under
 the same conditions and stack (:mod:`gpuwatchd.sessions.resume` has the rule), are
 copied into the new session, and the worker measures only the (workload, regime) pairs
-still missing; a regime interrupted half way is measured again from the start.
+still missing; a regime interrupted half way is measured again from the start. With
+nothing left to measure no worker reports the stack, so the injected ``versions_now``
+and ``changed_versions`` compare the results' versions with those installed now.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -69,6 +71,11 @@ _PACKAGE_ROOT = str(Path(gpuwatchd.__file__).resolve().parent.parent)
 
 ShouldPreempt = Callable[[], "str | None"]
 OnProgress = Callable[[dict[str, Any]], None]
+#: The versions installed now for one GPU (the drift package's ``current_versions``).
+VersionsNow = Callable[[DeviceInfo], Versions]
+#: The compared fields that differ between two stacks (the drift package's
+#: ``changed_versions``, which this layer may not import).
+ChangedVersions = Callable[[Versions, Versions], Sequence[str]]
 _T = TypeVar("_T")
 
 
@@ -264,7 +271,9 @@ class TuneRunner:
     its final status (the daemon passes :meth:`SessionEvents.notify`).
     ``resume_max_age_s`` is how old a preempted session's result may be and still be
     reused (0: never reuse, measure every pair); ``now`` is the clock it is judged on,
-    the store's (unix seconds).
+    the store's (unix seconds). ``versions_now`` and ``changed_versions`` check the
+    stack of a job whose every pair was measured already; without them such a job is
+    measured again.
     """
 
     def __init__(
@@ -281,9 +290,13 @@ class TuneRunner:
         on_finished: SessionListener | None = None,
         resume_max_age_s: float = DEFAULT_RESUME_MAX_AGE_S,
         now: Callable[[], float] = time.time,
+        versions_now: VersionsNow | None = None,
+        changed_versions: ChangedVersions | None = None,
     ) -> None:
         self.resume_max_age_s = check_max_age(resume_max_age_s)
         self._now = now
+        self._versions_now = versions_now
+        self._changed_versions = changed_versions
         for name, value in (
             ("term_grace_s", term_grace_s),
             ("poll_s", poll_s),
@@ -330,13 +343,27 @@ class TuneRunner:
             self._cancel = reason or "cancelled"
             return True
 
-    def reusable(self, job: JobSpec, meta: SessionMeta) -> dict[Pair, StoredResult]:
+    def reusable(
+        self, job: JobSpec, meta: SessionMeta, fresh_after: Mapping[str, float] | None = None
+    ) -> dict[Pair, StoredResult]:
         """What earlier preempted sessions measured of ``job`` that a session with
-        ``meta`` may reuse (the stack is checked later, at the worker's hello)."""
+        ``meta`` may reuse (the stack is checked later, at the worker's hello);
+        ``fresh_after`` as :meth:`run_session` takes it."""
         if self.resume_max_age_s <= 0:
             return {}
         since = self._now() - self.resume_max_age_s
-        return reusable_results(self.store, job, meta, since=since)
+        return reusable_results(self.store, job, meta, since=since, fresh_after=fresh_after)
+
+    def stack_now_differs(self, versions: Versions, info: DeviceInfo) -> str | None:
+        """Why results measured on ``versions`` may not stand for the stack installed now
+        for the GPU ``info``, or None when it is the same."""
+        if self._versions_now is None or self._changed_versions is None:
+            return "this runner cannot read the versions installed now"
+        try:
+            changed = self._changed_versions(versions, self._versions_now(info))
+        except Exception as e:  # a broken lookup: measure rather than trust
+            return f"reading the versions installed now failed: {describe(e)}"
+        return f"{', '.join(changed)} changed since" if changed else None
 
     def run_session(
         self,
@@ -348,6 +375,7 @@ class TuneRunner:
         timeout_s: float = 3600.0,
         *,
         sample: Sample | None = None,
+        fresh_after: Mapping[str, float] | None = None,
     ) -> SessionOutcome:
         """Run ``job`` on the GPU ``info`` in a worker and record the session.
 
@@ -359,7 +387,11 @@ class TuneRunner:
         :class:`~gpuwatchd.store.StoreError` if the session cannot even be started.
 
         Pairs that preempted sessions already measured are reused (see the module's
-        docstring); when none is left to measure the session completes without a worker.
+        docstring); when none is left to measure, and the stack installed now is the
+        one they were measured on, the session completes without a worker.
+        ``fresh_after`` maps workloads requested for a fresh measurement to when they
+        were requested (unix seconds, the store's clock): their results from before
+        that are never reused.
         """
         if not isinstance(timeout_s, int | float) or not math.isfinite(timeout_s):
             raise ValueError(f"timeout_s must be a finite number, got {timeout_s!r}")
@@ -370,6 +402,7 @@ class TuneRunner:
                 f"job is for GPU {job.gpu_index} ({job.gpu_uuid}) but info is GPU "
                 f"{info.index} ({info.uuid})"
             )
+        fresh = _check_fresh_after(fresh_after)
         with self._claim():
             meta = SessionMeta.for_device(
                 info,
@@ -381,7 +414,9 @@ class TuneRunner:
             meta = _with_extra(meta, job)
             sid = self.store.start_session(meta)
             log.info("tuning session %d on GPU %d (%s) started", sid, info.index, info.uuid)
-            session = _Session(self, job, info, sid, should_preempt, on_progress, timeout_s, meta)
+            session = _Session(
+                self, job, info, sid, should_preempt, on_progress, timeout_s, meta, fresh
+            )
             try:
                 status, why = session.run()
             except BaseException as e:  # KeyboardInterrupt, a bug: never leave it running
@@ -464,6 +499,7 @@ class _Session:
         on_progress: OnProgress | None,
         timeout_s: float,
         meta: SessionMeta,
+        fresh_after: Mapping[str, float],
     ) -> None:
         self.r = runner
         self.job = job
@@ -484,17 +520,28 @@ class _Session:
         self.reuse: dict[Pair, StoredResult] = {}
         self.carried: dict[Pair, StoredResult] = {}
         self.stack_changed = False  # the hello showed another stack than ``reuse``'s
+        #: Workloads requested for a fresh measurement, and when (see run_session).
+        self.fresh_after = fresh_after
 
     def run(self) -> tuple[SessionStatus, str | None]:
         self.deadline = time.monotonic() + self.timeout_s
         try:
-            self.reuse = self.r.reusable(self.job, self.meta)
+            self.reuse = self.r.reusable(self.job, self.meta, self.fresh_after)
         except StoreError as e:  # resuming saves time; without it the job still runs
             log.warning("session %d: cannot look for results to reuse: %s", self.sid, e)
-        if self.reuse:
-            work = remaining_job(self.job, self.reuse)
-            if work is None:
+        work = remaining_job(self.job, self.reuse) if self.reuse else self.job
+        if work is None:  # every pair measured: no worker will report the stack
+            why = self.r.stack_now_differs(next(iter(self.reuse.values())).versions, self.info)
+            if why is None:
                 return self._complete_from_reuse()
+            log.info(
+                "session %d: every pair was measured by preempted sessions, but %s;"
+                " measuring every pair again",
+                self.sid,
+                why,
+            )
+            self.reuse, work = {}, self.job
+        if self.reuse:
             log.info(
                 "session %d: %d of %d pairs measured by preempted sessions; measuring %s",
                 self.sid,
@@ -531,8 +578,8 @@ class _Session:
         return verdict or self._judge(worker, rc)
 
     def _complete_from_reuse(self) -> tuple[SessionStatus, str | None]:
-        """Every pair was measured already: no worker, so nothing reports the libraries;
-        the session takes the stack the results were measured on (driver checked)."""
+        """Every pair was measured already, on the stack installed now: no worker; the
+        session takes the stack the results were measured on."""
         versions = next(iter(self.reuse.values())).versions
         try:
             self._store(lambda: self.r.store.set_session_versions(self.sid, versions))
@@ -705,6 +752,24 @@ class _Session:
             text = ", ".join(pair_text(p) for p in missing)
             return SessionStatus.FAILED, f"worker finished without a result for {text}"
         return SessionStatus.COMPLETED, None
+
+
+def _check_fresh_after(value: Mapping[str, float] | None) -> dict[str, float]:
+    """``fresh_after`` as a dict of workload name -> finite unix time; ValueError naming
+    the bad entry otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"fresh_after must be a mapping, got {type(value).__name__}")
+    out: dict[str, float] = {}
+    for name, t in value.items():
+        ok = isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
+        if not isinstance(name, str) or not name or not ok:
+            raise ValueError(
+                f"fresh_after[{name!r}]: expected a workload name and a finite time, got {t!r}"
+            )
+        out[name] = float(t)
+    return out
 
 
 def _with_extra(meta: SessionMeta, job: JobSpec) -> SessionMeta:

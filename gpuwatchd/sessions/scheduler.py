@@ -13,13 +13,19 @@ so can anything else that depends on finished sessions (drift references).
 
 On a store shared by a fleet (:mod:`gpuwatchd.sessions.fleet`) a session's thread first
 drops the work other hosts have answered and claims the rest; it runs only what it
-claimed, renews the claims from :meth:`TuneScheduler.tick` while it runs and gives them
-back when it ends. Those store calls happen on the session's thread or outside the
-scheduler's lock, never while ``tick`` holds it. The fleet is asked again once the claims
-are held: a host that finished the same work and gave its claims back between the first
-question and the claim has answered it, and that work is given back and skipped too.
-Skipped work is announced on ``events`` (:class:`~gpuwatchd.sessions.events.WorkSkipped`),
-since no session here will end for it.
+claimed, renews the claims while it runs and gives them back when it ends. Those store
+calls happen on the session's thread or its claim renewer's
+(:mod:`gpuwatchd.sessions.claim_renewal`: :meth:`TuneScheduler.tick` only says when a
+renewal is due), never on the tick's: a stalled shared store cannot stall the
+scheduler. The fleet is asked again once the claims are held: a host that finished the
+same work and gave its claims back between the first question and the claim has
+answered it, and that work is given back and skipped too. Skipped work is announced on
+``events`` (:class:`~gpuwatchd.sessions.events.WorkSkipped`), since no session here will
+end for it.
+
+Work requested for a reason in ``fresh_reasons`` (an operator's re-tune, a change on
+this GPU) is measured afresh: its session reuses no result of a preempted session
+recorded before the request (the runner's ``fresh_after``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuwatchd.monitor.board import GpuSnapshot, StateBoard
+from gpuwatchd.sessions.claim_renewal import ClaimRenewer
 from gpuwatchd.sessions.events import (
     SessionEvents,
     SessionFinished,
@@ -66,21 +73,15 @@ class Pending:
     #: starts, and the fleet measures some reasons' work whatever other hosts measured.
     why: dict[str, set[str]] = field(default_factory=dict)
     recheck_at: float = 0.0  # unix time; set when every workload was claimed elsewhere
+    #: Workloads requested for a fresh measurement, and when (the latest such request).
+    fresh_since: dict[str, float] = field(default_factory=dict)
 
     def drop(self, names: Collection[str]) -> None:
         """Take the named workloads off this list."""
         self.workloads = [w for w in self.workloads if w.name not in names]
         for name in names:
             self.why.pop(name, None)
-
-
-@dataclass(slots=True)
-class _Held:
-    """The fleet claims a running session holds, and when they were last renewed."""
-
-    gpu_uuid: str
-    keys: dict[str, str]  # workload -> claim key
-    renewed_at: float
+            self.fresh_since.pop(name, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,8 @@ class TuneScheduler:
 
     ``events`` (a fresh :class:`SessionEvents` when not given) hears of every session
     the scheduler's runners end. ``fleet`` is given only for a store shared by hosts.
+    ``fresh_reasons`` are the request reasons whose work reuses no earlier preempted
+    session's results (the daemon's ``MEASURED_ANYWAY``); ``now`` is the store's clock.
     """
 
     def __init__(
@@ -148,9 +151,11 @@ class TuneScheduler:
         events: SessionEvents | None = None,
         session_load: FeelsSessionLoad | None = None,
         fleet: FleetPolicy | None = None,
+        fresh_reasons: Collection[str] = (),
     ) -> None:
         self.cfg = cfg
         self._fleet = fleet
+        self._fresh_reasons = frozenset(str(r) for r in fresh_reasons)
         self._session_load = session_load  # the sim backend: its GPU feels our sessions
         self.board = board
         self.store = store
@@ -171,10 +176,7 @@ class TuneScheduler:
         self._skipped: Counter[str] = Counter()
         self._verified = 0
         self._claimed_elsewhere = 0
-        self._held: dict[int, _Held] = {}  # per running GPU: its fleet claims
-        # Renewing and releasing a session's claims never overlap: a renewal after the
-        # release would take the claims again for a session that has ended.
-        self._claims_lock = threading.Lock()
+        self._held: dict[int, ClaimRenewer] = {}  # per running GPU: its fleet claims
         # Counted from our own runners' events: a standalone `tune` on the same store is
         # not this daemon's session (the store's totals would count it).
         self._ended: Counter[str] = Counter(dict.fromkeys((s.value for s in FINAL_STATUSES), 0))
@@ -199,6 +201,8 @@ class TuneScheduler:
             p.workloads.extend(w for w in workloads if w.name not in names)
             for w in workloads:
                 p.why.setdefault(w.name, set()).add(reason)
+                if reason in self._fresh_reasons:
+                    p.fresh_since[w.name] = self._now()
             p.not_before = 0.0
             p.recheck_at = 0.0
             running = self._tuning.get(gpu)
@@ -251,10 +255,11 @@ class TuneScheduler:
     # -- the periodic decision ---------------------------------------------------------
 
     def tick(self) -> None:
-        """Start what may start now; count the rest as deferred; renew running sessions'
-        fleet claims that are due. Never blocks on a GPU."""
+        """Start what may start now; count the rest as deferred; wake the renewers of
+        running sessions' fleet claims that are due. Never blocks on a GPU or the store."""
         with self._lock:
-            due = self._renewals_due()
+            for renewer in self._renewals_due():
+                renewer.poke()
             if not self._stopping and self.cfg.tuning.enabled:
                 for gpu in sorted(self._pending):
                     if gpu in self._threads:
@@ -264,7 +269,6 @@ class TuneScheduler:
                         self._deferred[why] += 1
                         continue
                     self._start(gpu)
-        self._renew(due)
         self._publish()
 
     def _blocker(self, gpu: int) -> str | None:
@@ -305,13 +309,14 @@ class TuneScheduler:
             )
         work = tuple(p.workloads)
         why = {w.name: frozenset(p.why.get(w.name, ())) for w in work}
+        fresh = {w.name: p.fresh_since[w.name] for w in work if w.name in p.fresh_since}
         sim_t = self._sim_time()
         chosen = None
         if self._fleet_on() is None:  # decided here; with a fleet, on the session's thread
             chosen = _Chosen(self._job(snap.info, work, sim_t))
             work = chosen.job.workloads
         t = threading.Thread(
-            target=self._run, args=(gpu, runner, snap, work, why, chosen, sim_t),
+            target=self._run, args=(gpu, runner, snap, work, why, chosen, sim_t, fresh),
             name=f"gpuwatchd-tune-{gpu}", daemon=True,
         )  # fmt: skip
         self._threads[gpu] = t
@@ -328,6 +333,7 @@ class TuneScheduler:
         why: Mapping[str, frozenset[str]],
         chosen: _Chosen | None,
         sim_t: float,
+        fresh: Mapping[str, float],
     ) -> None:
         assert snap.info is not None
         try:
@@ -338,13 +344,14 @@ class TuneScheduler:
                 reasons = sorted(set().union(*(why.get(n, ()) for n in names)))
                 log.info("GPU %d: gate open, tuning %s (%s)", gpu, ", ".join(names),
                          ", ".join(reasons))  # fmt: skip
-                self._run_session(gpu, runner, chosen.job, snap, chosen.verify)
+                fresh_after = {n: fresh[n] for n in names if n in fresh}
+                self._run_session(gpu, runner, chosen.job, snap, chosen.verify, fresh_after)
         finally:  # whatever happened, this GPU is free for the next session
             with self._lock:
                 held = self._held.pop(gpu, None)
             if held is not None and self._fleet is not None:
-                with self._claims_lock:
-                    self._fleet.release(held.gpu_uuid, held.keys.values())
+                held.stop()  # the last renewal has ended: none can follow the release
+                self._fleet.release(held.gpu_uuid, held.keys.values())
             if self._session_load is not None:
                 self._session_load.session_ended(gpu)
             with self._lock:
@@ -405,8 +412,9 @@ class TuneScheduler:
         )
         if not keys:
             return None
+        renewer = ClaimRenewer(gpu, info.uuid, keys, fleet.renew, self._now())
         with self._lock:
-            self._held[gpu] = _Held(info.uuid, dict(keys), self._now())
+            self._held[gpu] = renewer
             self._tuning[gpu] = frozenset(keys)
         job = self._job(info, [w for w in first if w.name in keys], sim_t)
         for name in sorted(verify):
@@ -485,37 +493,13 @@ class TuneScheduler:
         log.info("GPU %d: %s claimed by another host (or GPU); left pending, retried later",
                  gpu, ", ".join(names))  # fmt: skip
 
-    def _renewals_due(self) -> list[tuple[int, _Held]]:
+    def _renewals_due(self) -> list[ClaimRenewer]:
         """Running sessions whose claims are due for renewal (called with the lock held)."""
         fleet = self._fleet
         if fleet is None or not self._held:
             return []
-        now = self._now()
-        due = []
-        for gpu, held in self._held.items():
-            if now - held.renewed_at >= fleet.cfg.renew_every_s:
-                held.renewed_at = now
-                due.append((gpu, held))
-        return due
-
-    def _renew(self, due: Sequence[tuple[int, _Held]]) -> None:
-        """Extend the due sessions' claims, unless their session ended meanwhile."""
-        fleet = self._fleet
-        for gpu, held in due:
-            assert fleet is not None
-            with self._claims_lock:
-                with self._lock:
-                    if self._held.get(gpu) is not held:
-                        continue  # ended, its claims given back
-                try:
-                    lost = fleet.renew(held.gpu_uuid, held.keys)
-                except Exception as exc:  # the next tick tries again, before the lease lapses
-                    log.warning("GPU %d: renewing the fleet claims failed: %s", gpu, exc)
-                    held.renewed_at = 0.0
-                    continue
-            if lost:
-                log.warning("GPU %d: the claim on %s lapsed and another host holds it now;"
-                            " the session goes on", gpu, ", ".join(lost))  # fmt: skip
+        now, every_s = self._now(), fleet.cfg.renew_every_s
+        return [r for r in self._held.values() if r.due(now, every_s)]
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -526,6 +510,7 @@ class TuneScheduler:
         job: JobSpec,
         snap: GpuSnapshot,
         verify: frozenset[str] = frozenset(),
+        fresh_after: Mapping[str, float] | None = None,
     ) -> None:
         assert snap.info is not None
         try:
@@ -537,6 +522,7 @@ class TuneScheduler:
                 timeout_s=self.cfg.tuning.session_timeout_s,
                 sample=snap.sample,
                 on_progress=self._feel_load(gpu, runner),
+                fresh_after=fresh_after or {},
             )
             status, why = outcome.status, outcome.why
         except Exception as exc:  # the store or the runner broke: log, back off, go on

@@ -2,18 +2,21 @@
 
 Each result's pick always becomes its host's own winner (``host_winners``). It becomes
 the fleet's (``winners``) too, unless another host's incumbent disagrees with it beyond
-noise (:mod:`gpuwatchd.store.disagreement`): then the incumbent stays and the
-disagreement is recorded. Either way a winner is replaced only by a result measured at
-the same time or later, so a session finishing late does not overwrite a newer pick.
+noise (:mod:`gpuwatchd.store.disagreement`): then the disagreement is recorded, and the
+incumbent stays while it is younger than ``keep_incumbent_for_s`` (an older one is
+replaced). Either way a winner is replaced only by a result measured at the same time
+or later, so a session finishing late does not overwrite a newer pick.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from gpuwatchd.store import codec
 from gpuwatchd.store.conn import Conn
-from gpuwatchd.store.disagreement import Incumbent, disagreement_gap
+from gpuwatchd.store.disagreement import Incumbent, disagreement_gap, keeps_incumbent
 from gpuwatchd.store.rows import Disagreement, StoredResult
 from gpuwatchd.tuning.types import CandidateStats
 from gpuwatchd.tuning.winners import pick_winner
@@ -60,6 +63,15 @@ _REPLACED = (
 Skip = Callable[[str, object, Exception], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A disagreement recorded while committing; ``replaced``: the incumbent was stale and
+    the new pick became the fleet's winner (else the incumbent was kept)."""
+
+    disagreement: Disagreement
+    replaced: bool
+
+
 def _upsert(table: str, *extra: str) -> str:
     """Insert a winner (``extra`` columns first) or replace an older one for its key."""
     columns = (*extra, *WINNER_COLUMNS)
@@ -72,7 +84,7 @@ def _upsert(table: str, *extra: str) -> str:
 
 _UPSERT_FLEET = _upsert("winners")
 _UPSERT_HOST = _upsert("host_winners", "host")
-_INCUMBENT = """SELECT w.candidate, w.median_s, w.gpu_uuid, s.host
+_INCUMBENT = """SELECT w.candidate, w.median_s, w.gpu_uuid, w.measured_at, s.host
     FROM winners w JOIN sessions s ON s.id = w.session_id
     WHERE w.gpu_model = ? AND w.versions_key = ? AND w.workload = ? AND w.regime = ?"""
 _RECORD_DISAGREEMENT = """INSERT INTO disagreements (gpu_model, versions_key, workload, regime,
@@ -107,10 +119,15 @@ def _incumbent(conn: Conn, key: tuple[object, ...], skip: Skip) -> Incumbent | N
     if row is None:
         return None
     try:
-        return codec.incumbent_from_row(row)
+        incumbent = codec.incumbent_from_row(row)
     except (ValueError, TypeError) as e:  # a damaged incumbent cannot be defended
         skip("winners", key, e)
         return None
+    measured = row["measured_at"]
+    ok = isinstance(measured, int | float) and not isinstance(measured, bool)
+    return replace(
+        incumbent, measured_at=float(measured) if ok and math.isfinite(measured) else None
+    )
 
 
 def commit_winners(
@@ -119,12 +136,14 @@ def commit_winners(
     results: Sequence[tuple[int, StoredResult]],
     now: float,
     skip: Skip,
-) -> list[Disagreement]:
+    keep_incumbent_for_s: float,
+) -> list[Found]:
     """Write the winners of one session's ``(result_id, result)`` pairs measured on ``host``.
 
-    Returns the disagreements recorded (the fleet kept its incumbent for those keys).
+    Returns the disagreements recorded: for each, the fleet kept its incumbent unless it
+    was measured more than ``keep_incumbent_for_s`` before ``now``.
     """
-    found: list[Disagreement] = []
+    found: list[Found] = []
     for result_id, stored in results:
         res = stored.result
         pick = pick_winner(res)
@@ -138,27 +157,42 @@ def commit_winners(
         if incumbent is None or gap is None:
             conn.execute(_UPSERT_FLEET, values)
             continue
-        found.append(
-            Disagreement(
-                gpu_model=stored.gpu_model,
-                versions=stored.versions,
-                workload=res.workload,
-                regime=res.regime,
-                kept_candidate=incumbent.candidate,
-                kept_host=incumbent.host,
-                kept_gpu_uuid=incumbent.gpu_uuid,
-                kept_median_s=incumbent.median_s,
-                new_candidate=pick.name,
-                new_host=host,
-                new_gpu_uuid=stored.gpu_uuid,
-                new_median_s=pick.median_s,
-                gap=gap,
-                noise=res.noise,
-                recorded_at=now,
-            )
-        )
-        conn.execute(_RECORD_DISAGREEMENT, (*key, *_disagreement_tail(found[-1])))
+        stale = not keeps_incumbent(incumbent, now, keep_incumbent_for_s)
+        if stale:
+            conn.execute(_UPSERT_FLEET, values)
+        d = _disagreement(stored, incumbent, host, pick, gap, now)
+        found.append(Found(d, replaced=stale))
+        conn.execute(_RECORD_DISAGREEMENT, (*key, *_disagreement_tail(d)))
     return found
+
+
+def _disagreement(
+    stored: StoredResult,
+    incumbent: Incumbent,
+    host: str,
+    pick: CandidateStats,
+    gap: float,
+    now: float,
+) -> Disagreement:
+    """The fleet's ``incumbent`` against ``host``'s ``pick`` in ``stored``, as recorded."""
+    res = stored.result
+    return Disagreement(
+        gpu_model=stored.gpu_model,
+        versions=stored.versions,
+        workload=res.workload,
+        regime=res.regime,
+        kept_candidate=incumbent.candidate,
+        kept_host=incumbent.host,
+        kept_gpu_uuid=incumbent.gpu_uuid,
+        kept_median_s=incumbent.median_s,
+        new_candidate=pick.name,
+        new_host=host,
+        new_gpu_uuid=stored.gpu_uuid,
+        new_median_s=pick.median_s,
+        gap=gap,
+        noise=res.noise,
+        recorded_at=now,
+    )
 
 
 def _disagreement_tail(d: Disagreement) -> tuple[object, ...]:

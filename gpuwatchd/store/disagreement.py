@@ -6,10 +6,16 @@ not like the others (cooling, a power limit, a noisy neighbour): overwriting wou
 the fleet's pick flap between hosts, so the incumbent stays and the disagreement is
 recorded and exported for a person to look at. Anything weaker than "measured slower
 beyond noise, on another host" is ordinary re-tuning: the newest result wins.
+
+The incumbent stays only while it is fresh (:func:`keeps_incumbent`): one measured
+longer ago than the fleet trusts a winner (``[fleet] max_winner_age_s``) is replaced
+by the new pick, the disagreement still recorded. Otherwise a host that once measured
+wrong would hold the fleet's pick against every healthy host for ever.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gpuwatchd.tuning.settings import ProtocolConfig
@@ -18,6 +24,9 @@ from gpuwatchd.tuning.winners import pick_winner
 
 #: The protocol's floor under the noise: a smaller gap is a tie even when it is real.
 MIN_MARGIN = ProtocolConfig().min_margin
+#: How long a disputed incumbent is kept when nobody says otherwise: the ``[fleet]``
+#: table's default ``max_winner_age_s`` (7 days; the daemon sets the configured one).
+DEFAULT_KEEP_INCUMBENT_S = 7 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +37,7 @@ class Incumbent:
     host: str
     gpu_uuid: str
     median_s: float | None
+    measured_at: float | None = None  # unix seconds; None: unknown, treated as stale
 
 
 def threshold(noise: float | None) -> float:
@@ -54,3 +64,12 @@ def disagreement_gap(incumbent: Incumbent, new_host: str, result: RegimeResult) 
         return None
     gap = theirs.median_s / pick.median_s - 1.0
     return gap if gap > threshold(result.noise) else None
+
+
+def keeps_incumbent(incumbent: Incumbent, now: float, keep_for_s: float) -> bool:
+    """Whether a disputed ``incumbent`` stays the fleet's winner at ``now``: only while it
+    was measured at most ``keep_for_s`` ago (an unknown age is not fresh)."""
+    measured = incumbent.measured_at
+    if measured is None or not math.isfinite(measured):
+        return False
+    return now - measured <= keep_for_s

@@ -119,12 +119,19 @@ class FleetStore(StoreCore):
                 self._skip("disagreements", row["id"], e)
         return out
 
-    def disagreement_counts(self) -> dict[tuple[str, str, str], int]:
-        """Disagreements recorded so far per (GPU model, workload, regime)."""
+    def disagreement_counts(self, since: float | None = None) -> dict[tuple[str, str, str], int]:
+        """Disagreements per (GPU model, workload, regime): every one kept, or only those
+        recorded at or after ``since`` (unix seconds, the store's clock)."""
+        where = ""
+        args: tuple[float, ...] = ()
+        if since is not None:
+            need_number(since, "since", error=StoreError)
+            where, args = "WHERE recorded_at >= ?", (since,)
         with self._read("count disagreements") as conn:
             rows = conn.execute(
-                """SELECT gpu_model, workload, regime, COUNT(*) AS n FROM disagreements
-                   GROUP BY gpu_model, workload, regime ORDER BY gpu_model, workload, regime"""
+                f"""SELECT gpu_model, workload, regime, COUNT(*) AS n FROM disagreements {where}
+                    GROUP BY gpu_model, workload, regime ORDER BY gpu_model, workload, regime""",
+                args,
             ).fetchall()
         return {(r["gpu_model"], r["workload"], r["regime"]): int(r["n"]) for r in rows}
 

@@ -17,15 +17,15 @@ from typing import Any
 
 from gpuwatchd.store import claims as claim_sql
 from gpuwatchd.store import codec
-from gpuwatchd.store.commit import commit_winners
+from gpuwatchd.store.commit import Found, commit_winners
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.core import enum_value, filters, log
+from gpuwatchd.store.disagreement import DEFAULT_KEEP_INCUMBENT_S
 from gpuwatchd.store.errors import StoreError
 from gpuwatchd.store.fleet import FleetStore
 from gpuwatchd.store.owner import Alive, orphaned, pid_alive
 from gpuwatchd.store.result_rows import insert_result
 from gpuwatchd.store.rows import (
-    Disagreement,
     SessionMeta,
     SessionRow,
     StoredResult,
@@ -44,12 +44,31 @@ _VERSION_COLUMNS = ("driver", "cuda", "torch", "triton", "cudnn")
 
 #: Why :meth:`SqlStore.abandon_running` fails a session whose process is gone.
 ABANDONED_WHY = "abandoned: the process running it ended without finishing it"
+#: :meth:`SqlStore.prune` keeps disagreements at most this long (30 days): the fleet's
+#: alert looks at the last day, and a person comparing hosts at the last few weeks.
+DISAGREEMENT_RETENTION_S = 30 * 86400.0
 
 
 class SqlStore(FleetStore):
     """The store over one engine. ``readonly=True`` (the client API, ``gpuwatchd report``)
     needs the database at the current schema version and never creates or migrates it.
+
+    :attr:`keep_incumbent_for_s` is how long a fleet winner another host disputes stays
+    the fleet's: the daemon sets it to ``[fleet] max_winner_age_s``.
     """
+
+    _keep_incumbent_for_s: float = DEFAULT_KEEP_INCUMBENT_S
+
+    @property
+    def keep_incumbent_for_s(self) -> float:
+        """Seconds a disputed fleet winner is kept after it was measured; older, it is
+        replaced by the disputing host's pick (the disagreement is recorded either way)."""
+        return self._keep_incumbent_for_s
+
+    @keep_incumbent_for_s.setter
+    def keep_incumbent_for_s(self, seconds: float) -> None:
+        need_number(seconds, "keep_incumbent_for_s", minimum=0, error=StoreError)
+        self._keep_incumbent_for_s = float(seconds)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -115,7 +134,7 @@ class SqlStore(FleetStore):
         """End a running session. A completed one's results become the winners, atomically.
 
         Each result becomes its host's own winner, and the fleet's unless another host's
-        fleet winner disagrees beyond noise (then the disagreement is recorded; see
+        fresh fleet winner disagrees beyond noise (then the disagreement is recorded; see
         :mod:`gpuwatchd.store.commit`). A winner is replaced only by a result measured at
         the same time or later, so finishing an older session late does not overwrite a
         newer pick.
@@ -139,10 +158,11 @@ class SqlStore(FleetStore):
             found = []
             if status is SessionStatus.COMPLETED:
                 found = self._commit_winners(conn, session_id)
-        for d in found:
+        for f in found:
+            d = f.disagreement
             log.warning(
                 "store %s: host %s measured the fleet's %s winner for %s on %s (%s, from %s)"
-                " %.1f%% slower than its own pick %s; kept the fleet's, recorded the disagreement",
+                " %.1f%% slower than its own pick %s; %s, recorded the disagreement",
                 self.where,
                 d.new_host,
                 d.regime.value,
@@ -152,6 +172,9 @@ class SqlStore(FleetStore):
                 d.kept_host,
                 100 * d.gap,
                 d.new_candidate,
+                "replaced the fleet's, older than the fleet's max winner age"
+                if f.replaced
+                else "kept the fleet's",
             )
 
     def abandon_running(self, why: str = ABANDONED_WHY, *, alive: Alive = pid_alive) -> int:
@@ -424,11 +447,13 @@ class SqlStore(FleetStore):
 
     # -- winners ---------------------------------------------------------------------------
 
-    def _commit_winners(self, conn: Conn, session_id: int) -> list[Disagreement]:
+    def _commit_winners(self, conn: Conn, session_id: int) -> list[Found]:
         host = conn.execute("SELECT host FROM sessions WHERE id = ?", (session_id,)).fetchone()
         rows = conn.execute(f"{_RESULT_SELECT} WHERE r.session_id = ?", (session_id,)).fetchall()
         results = self._parse_results(conn, rows)
-        return commit_winners(conn, str(host[0]), results, self._now(), self._skip)
+        return commit_winners(
+            conn, str(host[0]), results, self._now(), self._skip, self.keep_incumbent_for_s
+        )
 
     def winners(
         self,
@@ -503,10 +528,12 @@ class SqlStore(FleetStore):
 
         Never deletes a session a winner (the fleet's or a host's) points at, nor the
         latest completed session of each GPU; session totals are kept. Expired claims
-        go too. Returns how many sessions were deleted.
+        go too, and disagreements older than this or :data:`DISAGREEMENT_RETENTION_S`,
+        whichever is shorter. Returns how many sessions were deleted.
         """
         codec.check_number(older_than_s, "older_than_s")
         cutoff = self._now() - older_than_s
+        disagreements_cutoff = self._now() - min(older_than_s, DISAGREEMENT_RETENTION_S)
         with self._write("prune old sessions") as conn:
             cur = conn.execute(
                 """DELETE FROM sessions
@@ -521,8 +548,10 @@ class SqlStore(FleetStore):
                          WHERE rn = 1)""",
                 (SessionStatus.RUNNING.value, cutoff, SessionStatus.COMPLETED.value),
             )
+            pruned = int(cur.rowcount)
             claim_sql.drop_expired(conn, self._now())
-            return int(cur.rowcount)
+            conn.execute("DELETE FROM disagreements WHERE recorded_at < ?", (disagreements_cutoff,))
+            return pruned
 
 
 _RESULT_SELECT = """SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json
