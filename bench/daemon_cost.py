@@ -12,8 +12,9 @@ subjects.
 Phases, subjects of one phase running side by side (16 cores: they do not compete):
   10hz   every tree: the real GPU (``--real``) and the fake GPUs, polled at 10 Hz
   1hz    every tree: the real GPU (else one fake GPU) at 1 Hz, and nvitop-exporter
-  scrape the fake GPUs at 10 Hz: 10 scrapers each once a second (client processes), the
-         daemon's CPU meanwhile, then 10 scrapers back to back (saturation)
+  scrape every tree, the fake GPUs at 10 Hz: 10 scrapers each once a second (client
+         processes), the daemon's CPU meanwhile, then 10 scrapers back to back
+         (saturation); one subject is scraped at a time
 CPU is summed over threads from /proc/PID/task/*/schedstat (ns) and named through the
 thread map daemon_under_test writes on SIGUSR1; wake-ups are voluntary context
 switches. ``--profile`` runs py-spy (non-blocking, idle samples dropped) on the subjects
@@ -460,7 +461,7 @@ def main() -> int:
                         env={"MALLOC_ARENA_MAX": "2"},
                     )
                 )  # fmt: skip
-        if "scrape" in wanted and args.fake_gpus and tree_name == "new":
+        if "scrape" in wanted and args.fake_gpus:
             plan.setdefault("scrape", []).append(
                 gpuwatchd_subject(
                     f"{tree_name} fake{args.fake_gpus} scraped", tree, scratch, 0.1, args.fake_gpus

@@ -3,10 +3,11 @@
 Pure logic: a window of recent samples in, a :class:`GateDecision` out. No I/O, no
 clocks, no threads, so it is tested on recorded traces sample by sample, and
 :class:`gpuwatchd.monitor.watch.GpuWatch` (which keeps the window and the previous
-decision between calls) can call it for every sample of every GPU: O(window) in
-C-level passes (map + sort) plus a few checks on the latest sample, ~13 µs for a quiet
-50-sample window and ~3 µs for a throttled or busy one, which skips the window (see
-``bench/gate_cost.py``).
+decision between calls) can call it for every sample of every GPU. Over a plain
+sequence the window's spans cost O(window) in C-level passes (map + sort); over a
+:class:`SampleWindow` (what ``GpuWatch`` keeps) each field is kept in order as samples
+enter and leave, so a judgement reads its spans in O(1) and costs a few checks on the
+latest sample (``bench/gate_cost.py``). Both give the same decision, byte for byte.
 
 States, highest priority first (only ``cool_stable`` opens the gate):
 
@@ -40,8 +41,10 @@ import functools
 import itertools
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import NoReturn
 
 from gpuwatchd.telemetry.types import LIMITING_REASONS, DeviceInfo, Sample, ThrottleReason
 from gpuwatchd.validate import check_durations
@@ -248,6 +251,157 @@ def _span(
     return (ordered[0], ordered[-1]) if ordered else None
 
 
+def _working(sample: Sample) -> bool:
+    """Not parked by GPU_IDLE (an unread reason counts as working): its clock spread counts."""
+    return sample.reasons is None or not sample.reasons._value_ & _IDLE_BIT
+
+
+_push = deque.append
+_pop_oldest = deque.popleft
+_insort = bisect.insort
+_find = bisect.bisect_left
+
+
+def _move(ordered: list[float], leaving: float | None, entering: float | None) -> None:
+    """Replace one value of a sorted list by another (None: nothing leaves, or enters)."""
+    if leaving is not None:
+        del ordered[_find(ordered, leaving)]
+    if entering is not None:
+        _insort(ordered, entering)
+
+
+class SampleWindow(deque[Sample]):
+    """A gate window, oldest first, that keeps the fields the gate spans in sorted order.
+
+    The gate needs the min and max of temperature, SM clock (of every sample, and of
+    those not parked by GPU_IDLE) and power over the window at every poll: sorting the
+    columns anew was ~30% of a poll's Python. Here a sample's values are inserted in
+    order when it enters and removed when it leaves, and a span is two index reads. A
+    poll's step (:meth:`advance`: one sample in, one out) touches only the fields whose
+    value changed; telemetry is nearly constant, so that is usually one. Equal values
+    are interchangeable in an order, so each span equals what sorting the window gives.
+    A NaN has no place in an order: while one is in the window, :attr:`ordered` is
+    False and :func:`evaluate` sorts the window as it does for any other sequence.
+
+    A deque, so indexing and ``len`` cost what they cost on any window; every other
+    way to change it than :meth:`append`, :meth:`popleft` and :meth:`advance` raises
+    ``TypeError`` (it would leave the orders behind).
+    """
+
+    __slots__ = ("_clocks", "_nans", "_powers", "_temps", "_working")
+
+    def __init__(self, samples: Iterable[Sample] = ()) -> None:
+        super().__init__()
+        self._temps: list[float] = []
+        self._clocks: list[float] = []
+        self._working: list[float] = []  # SM clocks of samples not parked by GPU_IDLE
+        self._powers: list[float] = []
+        self._nans = 0  # samples in the window holding a NaN in a spanned field
+        for sample in samples:
+            self.append(sample)
+
+    def append(self, sample: Sample) -> None:
+        """Add the newest sample (the caller keeps the window in time order)."""
+        _push(self, sample)
+        self._enter(sample)
+
+    def popleft(self) -> Sample:
+        """Remove and return the oldest sample; IndexError when empty."""
+        sample: Sample = _pop_oldest(self)
+        self._leave(sample)
+        return sample
+
+    def advance(self, sample: Sample, horizon: float) -> None:
+        """Add the newest sample and drop those older than ``horizon`` (a poll's step)."""
+        _push(self, sample)
+        if self[0].t >= horizon:
+            self._enter(sample)
+            return
+        old: Sample = _pop_oldest(self)
+        if self[0].t < horizon:  # more than one leaves: a gap in the readings
+            self._enter(sample)
+            self._leave(old)
+            while self[0].t < horizon:
+                self._leave(_pop_oldest(self))
+            return
+        # One in, one out: only a field whose value changed moves in its order.
+        t0, c0, p0 = old.temp_c, old.sm_clock_mhz, old.power_w
+        t1, c1, p1 = sample.temp_c, sample.sm_clock_mhz, sample.power_w
+        if t0 != t0 or c0 != c0 or p0 != p0 or t1 != t1 or c1 != c1 or p1 != p1:  # a NaN
+            self._enter(sample)
+            self._leave(old)
+            return
+        if t0 != t1:  # None != a number: one side only
+            _move(self._temps, t0, t1)
+        if c0 != c1:
+            _move(self._clocks, c0, c1)
+        r0, r1 = old.reasons, sample.reasons
+        w0 = c0 is not None and (r0 is None or not r0._value_ & _IDLE_BIT)
+        w1 = c1 is not None and (r1 is None or not r1._value_ & _IDLE_BIT)
+        if w0 != w1 or (w0 and c0 != c1):
+            _move(self._working, c0 if w0 else None, c1 if w1 else None)
+        if p0 != p1:
+            _move(self._powers, p0, p1)
+
+    def _enter(self, sample: Sample) -> None:
+        temp, clock, power = sample.temp_c, sample.sm_clock_mhz, sample.power_w
+        if temp != temp or clock != clock or power != power:  # only NaN differs from itself
+            self._nans += 1
+            return
+        if temp is not None:
+            _insort(self._temps, temp)
+        if clock is not None:
+            _insort(self._clocks, clock)
+            reasons = sample.reasons
+            if reasons is None or not reasons._value_ & _IDLE_BIT:
+                _insort(self._working, clock)
+        if power is not None:
+            _insort(self._powers, power)
+
+    def _leave(self, sample: Sample) -> None:
+        temp, clock, power = sample.temp_c, sample.sm_clock_mhz, sample.power_w
+        if temp != temp or clock != clock or power != power:
+            self._nans -= 1
+            return
+        if temp is not None:
+            _move(self._temps, temp, None)
+        if clock is not None:
+            _move(self._clocks, clock, None)
+            reasons = sample.reasons
+            if reasons is None or not reasons._value_ & _IDLE_BIT:
+                _move(self._working, clock, None)
+        if power is not None:
+            _move(self._powers, power, None)
+
+    @property
+    def ordered(self) -> bool:
+        """Whether the spans below hold (no NaN in the window)."""
+        return not self._nans
+
+    def temp_span(self) -> tuple[float, float] | None:
+        return (self._temps[0], self._temps[-1]) if self._temps else None
+
+    def clock_span(self, working_only: bool = False) -> tuple[float, float] | None:
+        """SM clock (min, max); ``working_only``: of samples not parked by GPU_IDLE."""
+        values = self._working if working_only else self._clocks
+        return (values[0], values[-1]) if values else None
+
+    def power_span(self) -> tuple[float, float] | None:
+        return (self._powers[0], self._powers[-1]) if self._powers else None
+
+    def _refuse(self, *_args: object, **_kw: object) -> NoReturn:
+        raise TypeError("SampleWindow: only append(), popleft() and advance() keep its orders")
+
+    appendleft = extend = extendleft = insert = pop = remove = rotate = clear = _refuse  # type: ignore[assignment]
+    reverse = __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+    __add__ = __mul__ = __rmul__ = _refuse  # type: ignore[assignment]
+
+    def __copy__(self) -> SampleWindow:
+        return SampleWindow(self)
+
+    copy = __copy__  # type: ignore[assignment]
+
+
 def evaluate(
     window: Sequence[Sample],
     info: DeviceInfo | None,
@@ -282,7 +436,7 @@ def evaluate(
         return _decide(GateState.UNAVAILABLE, (why,), t, prev, t)
 
     # Limits: nominal, or tightened by hysteresis while the gate is shut.
-    shut = prev is None or not prev.open
+    shut = prev is None or prev.state is not GateState.COOL_STABLE
     keep = 1.0 - cfg.hyst_ratio if shut else 1.0  # share of each ratio allowance kept
     disturbed = False
     max_clock = info.max_sm_clock_mhz if info is not None else None
@@ -367,8 +521,18 @@ def evaluate(
             )
             disturbed = disturbed or ratio > cfg.power_ratio_max
 
-    recent = _recent(window, latest.t - cfg.window_s)
-    span = _span(recent, _TEMP)
+    cutoff = latest.t - cfg.window_s
+    # A SampleWindow trimmed to window_s keeps its spans in order; else sort the window.
+    # (Its lists are read in place: a method call per span costs more than the read.)
+    kept = window if isinstance(window, SampleWindow) and not window._nans else None
+    if kept is not None and window[0].t >= cutoff:
+        recent: Sequence[Sample] = window
+        values = kept._temps
+        span = (values[0], values[-1]) if values else None
+    else:
+        kept = None
+        recent = _recent(window, cutoff)
+        span = _span(recent, _TEMP)
     if span is not None:
         lo, hi = span
         lim = cfg.temp_jitter_max_c * keep
@@ -377,12 +541,18 @@ def evaluate(
             warming.append(f"temp spread {lo:.0f}-{hi:.0f}C > {lim:.3g}C{basis}")
             disturbed = disturbed or hi - lo > cfg.temp_jitter_max_c
 
-    span = _span(recent, _CLOCK)
+    if kept is not None:
+        values = kept._clocks
+        span = (values[0], values[-1]) if values else None
+    else:
+        span = _span(recent, _CLOCK)
     lim = cfg.clock_jitter_max * keep
     if span is not None and span[1] and (span[1] - span[0]) / span[1] > lim:
         # Parked clocks of GPU_IDLE samples are not instability: look again without them.
-        working = [s for s in recent if s.reasons is None or not s.reasons._value_ & _IDLE_BIT]
-        span = _span(working, _CLOCK)
+        if kept is not None:
+            span = kept.clock_span(working_only=True)
+        else:
+            span = _span([s for s in recent if _working(s)], _CLOCK)
         if span is not None and span[1] and (span[1] - span[0]) / span[1] > lim:
             lo, hi = span
             jitter = (hi - lo) / hi
@@ -390,7 +560,11 @@ def evaluate(
             warming.append(f"SM spread {lo:.0f}-{hi:.0f}MHz ({jitter:.1%} > {lim:.1%}){basis}")
             disturbed = disturbed or jitter > cfg.clock_jitter_max
 
-    span = _span(recent, _POWER)
+    if kept is not None:
+        values = kept._powers
+        span = (values[0], values[-1]) if values else None
+    else:
+        span = _span(recent, _POWER)
     if span is not None and span[1]:
         lo, hi = span
         scale = limit_w or hi

@@ -91,6 +91,7 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_fleet_median_sustained_clock_hertz": _m("gpu_model", "power_limit_watts"),
     "gpuwatchd_fleet_peers": _m("gpu_model", "power_limit_watts", base=_NONE),
     "gpuwatchd_fleet_disagreements": _m("gpu_model", "workload", "regime", base=_NONE),
+    "gpuwatchd_fleet_recent_disagreements": _m("gpu_model", "workload", "regime", base=_NONE),
     "gpuwatchd_fleet_coverage_workloads": _m("gpu_model", "versions", base=_NONE),
     "gpuwatchd_fleet_work_skipped_total": _m("reason", base=_NONE),
     "gpuwatchd_fleet_verified_total": _NONE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -135,16 +136,28 @@ def test_fast_poll_never_reads_the_energy_counter():
 
 
 def test_own_pids_reach_the_gate():
+    """Our process on the GPU is no foreign job, another is; an idle reading never asks."""
     backend = FakeBackend(gpus=1)
-    seen = []
+    procs = [(123,)]
+    read = backend.read
+    backend.read = lambda gpu: dataclasses.replace(read(gpu), procs=procs[0])  # type: ignore[method-assign]
+    asked = []
 
     def own() -> frozenset[int]:
-        seen.append(True)
+        asked.append(True)
         return frozenset({123})
 
     poller = Poller(backend, StateBoard(), GateConfig(), period_s=0.01, own_pids=own)
+    assert poller.poll(0).gate.state is not GateState.BUSY
+    assert asked
+    procs[0] = (123, 456)
+    decision = poller.poll(0).gate
+    assert decision.state is GateState.BUSY
+    assert "(pid 456)" in decision.reasons[0]
+    procs[0] = ()
+    asked.clear()
     poller.poll(0)
-    assert seen
+    assert not asked
 
 
 @pytest.mark.parametrize("listener_fails", [False, True])

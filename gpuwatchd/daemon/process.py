@@ -58,6 +58,7 @@ from gpuwatchd.exporter import (
     build_state_json,
     parse_listen,
 )
+from gpuwatchd.exporter.collectors.base import Versioned
 from gpuwatchd.exporter.collectors.drift import DriftCollector
 from gpuwatchd.exporter.collectors.fleet import FleetCollector
 from gpuwatchd.exporter.collectors.tuning import TuningCollector
@@ -68,7 +69,7 @@ from gpuwatchd.sessions.fleet import fleet_policy
 from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.sessions.scheduler import RunnerFactory, TuneScheduler
-from gpuwatchd.store import TuningStore, open_store
+from gpuwatchd.store import SqlStore, TuningStore, open_store
 from gpuwatchd.store.rows import host_name
 from gpuwatchd.telemetry.backend import Backend, FeelsSessionLoad, GpuLost
 from gpuwatchd.telemetry.factory import open_backend
@@ -103,7 +104,16 @@ def runner_factory(cfg: Config) -> RunnerFactory:
         TuneRunner,
         python=cfg.tuning.worker_executable,
         resume_max_age_s=cfg.tuning.resume_max_age_s,
+        versions_now=current_versions,  # a job resumed whole: is its stack still installed?
+        changed_versions=changed_versions,
     )
+
+
+def keep_fleet_incumbents(store: TuningStore, cfg: Config) -> None:
+    """A fleet winner another host disputes stays the fleet's only while the fleet would
+    still use it (``[fleet] max_winner_age_s``)."""
+    if isinstance(store, SqlStore):
+        store.keep_incumbent_for_s = cfg.fleet.max_winner_age_s
 
 
 def fleet_clock_max_age_s(cfg: Config) -> float:
@@ -161,6 +171,7 @@ class Daemon:
         self.board = StateBoard()
         self.host = host_name()  # how this host is named in a store shared by a fleet
         self.store = open_state_store(cfg)
+        keep_fleet_incumbents(self.store, cfg)
         self.tuner = TuneScheduler(
             cfg.tuning_setup(),
             self.board,
@@ -179,6 +190,7 @@ class Daemon:
                 measure_anyway=MEASURED_ANYWAY,
                 host=self.host,
             ),
+            fresh_reasons=MEASURED_ANYWAY,  # and reuses no preempted session's older results
         )
         # Users' own work (kernel tuning requests, captured workloads), kept across restarts.
         self.user_work = UserWork(
@@ -246,7 +258,12 @@ class Daemon:
                     self.board, lambda: self.tuner.snapshot, added=self.user_work.added_names
                 ),
                 DriftCollector(self.drift.view),
-                FleetCollector(self.fleet_snapshot, lambda: self.tuner.snapshot),
+                # Reads published snapshots only: its text is kept while they are unchanged.
+                Versioned(
+                    FleetCollector(self.fleet_snapshot, lambda: self.tuner.snapshot),
+                    lambda: (self.fleet_snapshot(), self.tuner.snapshot),
+                    runs_inline=True,
+                ),
             ],
         )
         self.http = HttpServer(
@@ -485,6 +502,7 @@ class Daemon:
         self.http.reload_web_config(web)
         self.poller.reconfigure(new.gate, period_s=new.daemon.poll_interval_s)
         self.tuner.reconfigure(new.tuning_setup(), new.fleet)
+        keep_fleet_incumbents(self.store, new)
         self.drift.reconfigure(new.drift)
         self._reconfigure_fleet_sync(new)
         logging.getLogger().setLevel(new.daemon.log_level.upper())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpuwatchd.exporter.collectors.base import GpuwatchdCollector, SubCollector
 from gpuwatchd.exporter.collectors.build_info import BuildInfoCollector, DaemonInfo
@@ -13,15 +13,33 @@ from gpuwatchd.exporter.collectors.health import HealthCollector
 from gpuwatchd.monitor.board import StateBoard
 
 
+class ExporterRegistry(CollectorRegistry):
+    """A registry that also lists its collectors in order, so a renderer can encode each
+    on its own and reuse the text of those that did not change (prometheus_client keeps
+    that list private)."""
+
+    def __init__(self) -> None:
+        super().__init__(auto_describe=False)
+        self.parts: list[Collector] = []
+
+    def register(self, collector: Collector) -> None:
+        super().register(collector)
+        self.parts.append(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        super().unregister(collector)
+        self.parts.remove(collector)
+
+
 def build_registry(
     board: StateBoard, info: DaemonInfo, extra: Sequence[SubCollector] = ()
-) -> CollectorRegistry:
+) -> ExporterRegistry:
     """A private registry (never the global one) holding gpuwatchd's collectors.
 
     ``extra`` sub-collectors (the daemon adds "tuning", "drift" and "fleet") are scraped
     after "gpu" and "gpu_health".
     """
-    registry = CollectorRegistry(auto_describe=False)
+    registry = ExporterRegistry()
     registry.register(BuildInfoCollector(info))
     registry.register(GpuwatchdCollector([GpuCollector(board), HealthCollector(board), *extra]))
     return registry

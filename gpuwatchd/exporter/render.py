@@ -1,12 +1,19 @@
 """Renders /metrics bodies, reusing a recent one while the state board is unchanged.
 
 The daemon's poller shares the GIL with the HTTP server, so a scrape storm must not
-turn into a render storm: rendering 8 GPUs costs about 2 ms of Python. A rendered body
-is reused while every GPU snapshot on the board is the very same object as when it was
-rendered (so board data is never older than the render in flight when a scrape arrived)
-and for at most ``max_age_s``, which bounds the staleness of what the board does not
-version: the tuning and drift collectors' views and the collector self-metrics (they
-describe the render that produced the body). Concurrent misses share one render.
+turn into a render storm. A rendered body is reused while every GPU snapshot on the
+board is the very same object as when it was rendered (so board data is never older
+than the render in flight when a scrape arrived) and for at most ``max_age_s``, which
+bounds the staleness of what the board does not version: the tuning and drift
+collectors' views and the collector self-metrics (they describe the render that
+produced the body). Concurrent misses share one render.
+
+A render after a board change encodes each collector on its own (an
+:class:`~gpuwatchd.exporter.registry.ExporterRegistry` lists them): the aggregator
+reuses the text of every sub-collector whose version did not change (tuning, drift,
+fleet, and health between slow reads), so the poll's GPU families are what a scrape
+re-renders. The pieces join into exactly the body one encoding of the whole registry
+gives, in the text format and in OpenMetrics (its ``# EOF`` written once, at the end).
 """
 
 from __future__ import annotations
@@ -18,13 +25,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
 
+from gpuwatchd.exporter.collectors.base import GpuwatchdCollector
+from gpuwatchd.exporter.registry import ExporterRegistry
 from gpuwatchd.exporter.singleflight import SingleFlight
-from gpuwatchd.exporter.text_format import TextEncoder
+from gpuwatchd.exporter.text_format import Collected, TextEncoder
 
 #: Default upper bound on how long a rendered body is reused.
 DEFAULT_MAX_AGE_S = 1.0
+_EOF = b"# EOF\n"  # OpenMetrics' last line
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +100,7 @@ class MetricsRenderer:
             return entry.rendered
 
         def fresh_entry() -> _Entry:
-            body = encoder(self._registry)
+            body = self._encode(encoder, content_type)
             if key[1]:
                 body = gzip.compress(body, compresslevel=1)
             return _Entry(version, self._clock(), Rendered(body, content_type, key[1]))
@@ -100,6 +111,32 @@ class MetricsRenderer:
             if current is None or current.created <= entry.created:
                 self._entries[key] = entry
         return entry.rendered
+
+    def _encode(self, encoder: Callable[[Collector], bytes], content_type: str) -> bytes:
+        """The registry in one format; collector by collector when it lists them."""
+        registry = self._registry
+        if not isinstance(registry, ExporterRegistry):
+            return encoder(registry)
+        eof = _EOF if content_type.startswith("application/openmetrics-text") else b""
+        if encoder == self._text.encode:
+
+            def encode(families: list[Metric]) -> bytes:
+                return self._text.encode_families(families)
+
+        else:
+
+            def encode(families: list[Metric]) -> bytes:
+                body = encoder(Collected(families))
+                return body[: -len(eof)] if eof and body.endswith(eof) else body
+
+        now = self._clock()
+        bodies = [
+            part.render(encode, content_type, self._max_age_s, now)
+            if isinstance(part, GpuwatchdCollector)
+            else encode(list(part.collect()))
+            for part in registry.parts
+        ]
+        return b"".join(bodies) + eof
 
     def _fresh(self, entry: _Entry, version: tuple[object, ...]) -> bool:
         age = self._clock() - entry.created

@@ -10,14 +10,16 @@ it hand the whole registry to the library instead, so the output never differs.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Iterator
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
+
+from gpuwatchd.exporter.rows import CounterRows, GaugeRows
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -32,6 +34,8 @@ _TYPE_RENAMES = {
 }
 #: Remembered label sets and values are dropped past this many (a changing pid label).
 _MEMO_LIMIT = 20_000
+_ZERO = floatToGoString(0.0)
+_NEGATIVE_ZERO = floatToGoString(-0.0)
 
 
 class _Unusual(Exception):
@@ -57,16 +61,22 @@ class TextEncoder:
         self._names: dict[str, bool] = {}
         self._labels: dict[tuple[tuple[str, str], ...], str] = {}
         self._values: dict[float, str] = {}
+        #: (series name, label names) -> label values -> "name{labels}" of a rows family
+        self._prefixes: dict[tuple[str, tuple[str, ...]], dict[tuple[str, ...], str]] = {}
 
     def encode(self, registry: Collector) -> bytes:
-        metrics = list(registry.collect())
+        return self.encode_families(list(registry.collect()))
+
+    def encode_families(self, metrics: list[Metric]) -> bytes:
+        """The families' part of a body: bodies of consecutive lists join into one."""
         try:
             return "".join(self._lines(metrics)).encode("utf-8")
         except _Unusual:
-            return generate_latest(_Collected(metrics))
+            return generate_latest(Collected(metrics))
 
     def _lines(self, metrics: Iterable[Metric]) -> list[str]:
         out: list[str] = []
+        names, label_texts = self._names, self._labels
         for metric in metrics:
             name = metric.name
             mtype = metric.type
@@ -75,20 +85,56 @@ class TextEncoder:
             self._check_name(mname)
             help_text = _escape_help(metric.documentation)
             out.append(f"# HELP {mname} {help_text}\n# TYPE {mname} {shown_type}\n")
+            if isinstance(metric, GaugeRows | CounterRows):
+                self._row_lines(metric, out)
+                continue
             extra: dict[str, list[str]] = {}
-            for sample in metric.samples:
-                line = self._sample_line(sample)
-                for om in _OM_SUFFIXES:
-                    if sample.name == name + om:
-                        extra.setdefault(om, []).append(line)
-                        break
+            om_names = {name + om: om for om in _OM_SUFFIXES}
+            for sample in metric.samples:  # per sample: inline, no call but the formatting
+                sname = sample.name
+                if not names.get(sname):
+                    self._check_name(sname)
+                labels = sample.labels
+                if labels:
+                    key = tuple(labels.items())
+                    text = label_texts.get(key)
+                    if text is None:
+                        text = self._label_text(key)
                 else:
+                    text = ""
+                shown = self._value_text(sample.value)
+                if sample.timestamp is not None:
+                    ms = int(float(sample.timestamp) * 1000)
+                    line = f"{sname}{text} {shown} {ms:d}\n"
+                else:
+                    line = f"{sname}{text} {shown}\n"
+                om = om_names.get(sname)
+                if om is None:
                     out.append(line)
+                else:
+                    extra.setdefault(om, []).append(line)
             for om, lines in sorted(extra.items()):
                 self._check_name(name + om)
                 out.append(f"# HELP {name + om} {help_text}\n# TYPE {name + om} gauge\n")
                 out.extend(lines)
         return out
+
+    def _row_lines(self, metric: GaugeRows | CounterRows, out: list[str]) -> None:
+        """A rows family's series: the remembered label text of each row's values."""
+        sname = metric.sample_name
+        self._check_name(sname)
+        names = metric.label_names
+        prefixes = self._prefixes.get((sname, names))
+        if prefixes is None or len(prefixes) > _MEMO_LIMIT:
+            prefixes = self._prefixes[(sname, names)] = {}
+        value_text = self._value_text
+        for values, value in metric.rows:
+            prefix = prefixes.get(values)
+            if prefix is None:
+                labels = tuple(dict(zip(names, values, strict=False)).items())
+                prefix = sname + (self._label_text(labels) if labels else "")
+                prefixes[values] = prefix
+            out.append(f"{prefix} {value_text(value)}\n")
 
     def _check_name(self, name: str) -> None:
         ok = self._names.get(name)
@@ -97,27 +143,18 @@ class TextEncoder:
         if not ok:
             raise _Unusual(name)
 
-    def _sample_line(self, sample: Sample) -> str:
-        self._check_name(sample.name)
-        labels = sample.labels
-        if labels:
-            key = tuple(labels.items())
-            text = self._labels.get(key)
-            if text is None:
-                text = self._label_text(key)
-        else:
-            text = ""
-        value = sample.value
-        shown = self._values.get(value) if value else None  # 0.0 == -0.0: not memoised
+    def _value_text(self, value: float) -> str:
+        if not value:  # 0.0 == -0.0 as a key: both are spelled out here
+            negative = isinstance(value, float) and math.copysign(1.0, value) < 0
+            return _NEGATIVE_ZERO if negative else _ZERO
+        shown = self._values.get(value)
         if shown is None:
             shown = floatToGoString(value)
-            if value and value == value:  # NaN is never found again: don't keep it
+            if value == value:  # NaN is never found again: don't keep it
                 if len(self._values) > _MEMO_LIMIT:
                     self._values.clear()
                 self._values[value] = shown
-        if sample.timestamp is not None:
-            return f"{sample.name}{text} {shown} {int(float(sample.timestamp) * 1000):d}\n"
-        return f"{sample.name}{text} {shown}\n"
+        return shown
 
     def _label_text(self, key: tuple[tuple[str, str], ...]) -> str:
         for label, _ in key:
@@ -130,7 +167,7 @@ class TextEncoder:
         return text
 
 
-class _Collected(Collector):
+class Collected(Collector):
     """Metrics already collected, replayed as a registry for the library's encoder."""
 
     def __init__(self, metrics: list[Metric]) -> None:

@@ -1,11 +1,13 @@
 """The daemon's in-memory view of every GPU: written by the poller, read by scrapes.
 
 Writers replace a GPU's :class:`GpuSnapshot` atomically (one reference assignment),
-so a reader never waits on a lock held by a slow NVML read.
+so a reader never waits on a lock held by a slow NVML read. A published snapshot is
+never changed (its throttle-seconds dict included): writers build a new one.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,13 +47,23 @@ class StateBoard:
 
     def __init__(self) -> None:
         self._snapshots: dict[int, GpuSnapshot] = {}
-        self._write_lock = threading.Lock()  # serialises writers only
+        self._write_lock = threading.Lock()  # serialises writers adding a GPU
+        self._puts = itertools.count(1)
+        #: Differs after every put (read it before the snapshots it versions).
+        self.version = 0
 
     def put(self, snap: GpuSnapshot) -> None:
-        with self._write_lock:
-            new = dict(self._snapshots)
-            new[snap.index] = snap
-            self._snapshots = new  # single reference swap: readers see old or new
+        snaps = self._snapshots
+        if snap.index in snaps:
+            snaps[snap.index] = snap  # one item assignment: readers see old or new
+        else:
+            with self._write_lock:  # a new GPU: copy, so no reader iterates a growing dict
+                new = dict(self._snapshots)
+                new[snap.index] = snap
+                self._snapshots = new
+        # After the snapshot is in: a reader that sees this version sees the snapshot.
+        # next() is atomic; two writers may store out of order, but never a value seen before.
+        self.version = next(self._puts)
 
     def get(self, gpu: int) -> GpuSnapshot | None:
         return self._snapshots.get(gpu)

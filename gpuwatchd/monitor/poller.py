@@ -51,7 +51,7 @@ class _GpuTrack:
     index: int
     watch: GpuWatch  # the sample window and the gate's state
     info: DeviceInfo | None = None
-    throttle_s: dict[ThrottleReason, float] = field(default_factory=dict)
+    throttle_s: dict[ThrottleReason, float] = field(default_factory=dict)  # copy on write
     prev_sample: Sample | None = None
     energy_j: float | None = None
     last_health: PollHealth = field(default_factory=lambda: PollHealth(False, 0.0))
@@ -311,7 +311,7 @@ class Poller:
             gate=decision,
             health=health,
             energy_j=track.energy_j,
-            throttle_seconds=dict(track.throttle_s),
+            throttle_seconds=track.throttle_s,  # replaced, never changed, once published
         )
         self.board.put(snap)
         for fn in self._listeners:
@@ -330,9 +330,10 @@ class Poller:
         dt = sample.t - prev.t
         if dt <= 0:
             return
-        acc = track.throttle_s
-        for reason in _REASONS_OF[int(prev.reasons)]:
+        acc = dict(track.throttle_s)  # a snapshot holds the previous one
+        for reason in _REASONS_OF[prev.reasons._value_]:
             acc[reason] = acc.get(reason, 0.0) + dt
+        track.throttle_s = acc
 
     def _read_info(self, track: _GpuTrack, refresh: bool = False) -> None:
         try:

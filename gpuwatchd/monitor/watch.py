@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from gpuwatchd import gate  # gate.evaluate looked up per call, so bench/poll_breakdown can time it
-from gpuwatchd.gate import GateConfig, GateDecision
+from gpuwatchd.gate import GateConfig, GateDecision, SampleWindow
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 
 OwnPids = Callable[[], frozenset[int]]
+_NONE: frozenset[int] = frozenset()
 
 
 class GpuWatch:
@@ -35,7 +36,7 @@ class GpuWatch:
     def __init__(self, cfg: GateConfig, own_pids: OwnPids = frozenset) -> None:
         self.cfg = cfg
         self._own_pids = own_pids
-        self._window: list[Sample] = []
+        self._window = SampleWindow()  # keeps its spans in order: the gate reads them in O(1)
         #: The last judgement (None before the first): the gate's hysteresis state.
         self.decision: GateDecision | None = None
 
@@ -59,10 +60,7 @@ class GpuWatch:
         w = self._window
         if w and sample.t <= w[-1].t:
             return False
-        w.append(sample)
-        horizon = sample.t - self.cfg.window_s
-        while w[0].t < horizon:  # stops at the newest sample at the latest; usually 1 step
-            del w[0]
+        w.advance(sample, sample.t - self.cfg.window_s)  # usually one in, one out
         return True
 
     def judge(
@@ -84,7 +82,12 @@ class GpuWatch:
         cfg = self.cfg
         if age_s is not None and age_s > cfg.stale_after_s:
             lost = True
-        d = gate.evaluate(self._window, info, cfg, self.decision, self._own_pids(), lost)
+        w = self._window
+        # Our PIDs matter only to a reading with processes or utilization: skip asking.
+        latest = w[-1] if w and not lost else None
+        asks = latest is not None and (latest.procs or latest.util_gpu)
+        own = self._own_pids() if asks else _NONE
+        d = gate.evaluate(w, info, cfg, self.decision, own, lost)
         if lost and why is not None:
             d = replace(d, reasons=(why,))
         self.decision = d

@@ -317,24 +317,11 @@ class NvmlBackend:
         pstate = fn("nvmlDeviceGetPerformanceState")
         sensor, sm, mem = nv.NVML_TEMPERATURE_GPU, self._clock_sm, self._clock_mem
 
-        def read_util(h: Any) -> tuple[float, float]:
-            u = util(h)
-            return u.gpu / 100.0, u.memory / 100.0
-
-        def read_pstate(h: Any) -> int | None:
-            p = pstate(h)
-            return None if p == _PSTATE_UNKNOWN else int(p)
-
-        calls: dict[str, Callable[[Any], Any]] = {
-            TEMP: lambda h: float(temp(h, sensor)),
-            POWER: lambda h: power(h) / 1000.0,
-            SM_CLOCK: lambda h: float(clock(h, sm)),
-            MEM_CLOCK: lambda h: float(clock(h, mem)),
-            REASONS: lambda h: _decode_reasons(reasons(h)),
-            UTIL: read_util,
-            PROCS: lambda h: tuple(p.pid for p in procs(h)),
-            PSTATE: read_pstate,
-        }
+        # The fast getters, called one by one in ``read`` (no wrapper per field: at 10 Hz
+        # a Python frame per field costs more than the NVML call it wraps).
+        self._temp, self._sensor = temp, sensor
+        self._power, self._clock, self._sm, self._mem = power, clock, sm, mem
+        self._reasons, self._util, self._procs, self._pstate = reasons, util, procs, pstate
         pcie = fn("nvmlDeviceGetPcieThroughput")
         tx = getattr(nv, "NVML_PCIE_UTIL_TX_BYTES", 0)
         rx = getattr(nv, "NVML_PCIE_UTIL_RX_BYTES", 1)
@@ -345,9 +332,6 @@ class NvmlBackend:
             (PROCESS_MEMORY, lambda h: top_processes(procs(h))),
             (PCIE_TX, lambda h: throughput_bps(pcie(h, tx))),  # 21 ms: a 20 ms sample
             (PCIE_RX, lambda h: throughput_bps(pcie(h, rx))),
-        )
-        self._fast: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
-            (key, calls[key]) for key in FAST_FIELDS
         )
 
     def _missing(self, *_args: Any) -> Any:
@@ -485,24 +469,60 @@ class NvmlBackend:
         A field that fails (Unknown, Timeout, ...) is ``None`` in this sample only; if
         every field asked failed, :class:`TelemetryError` names the first.
         """
-        g = self._live(gpu)
+        g = self._gpus.get(gpu)
+        if g is None or g.lost is not None:
+            g = self._live(gpu)  # raises ValueError or GpuLost
         t = self.clock.now()
-        handle = g.handle
+        h = g.handle
         skip = g.unsupported
         catch = self._catch
-        values: list[Any] = [None] * len(FAST_FIELDS)
         failed: list[tuple[str, BaseException]] = []
-        for i, (key, call) in enumerate(self._fast):
-            if key in skip:
-                continue
+        temp = power = sm_clock = mem_clock = reasons = util = procs = pstate = None
+        # Unrolled, in FAST_FIELDS order: each field fails on its own.
+        if TEMP not in skip:
             try:
-                values[i] = call(handle)
+                temp = float(self._temp(h, self._sensor))
             except catch as exc:
-                if self._field_failed(g, key, exc):
-                    failed.append((key, exc))
+                self._field_error(g, TEMP, exc, failed)
+        if POWER not in skip:
+            try:
+                power = self._power(h) / 1000.0
+            except catch as exc:
+                self._field_error(g, POWER, exc, failed)
+        if SM_CLOCK not in skip:
+            try:
+                sm_clock = float(self._clock(h, self._sm))
+            except catch as exc:
+                self._field_error(g, SM_CLOCK, exc, failed)
+        if MEM_CLOCK not in skip:
+            try:
+                mem_clock = float(self._clock(h, self._mem))
+            except catch as exc:
+                self._field_error(g, MEM_CLOCK, exc, failed)
+        if REASONS not in skip:
+            try:
+                reasons = _decode_reasons(self._reasons(h))
+            except catch as exc:
+                self._field_error(g, REASONS, exc, failed)
+        if UTIL not in skip:
+            try:
+                util = self._util(h)
+            except catch as exc:
+                self._field_error(g, UTIL, exc, failed)
+        if PROCS not in skip:
+            try:
+                procs = tuple([p.pid for p in self._procs(h)])
+            except catch as exc:
+                self._field_error(g, PROCS, exc, failed)
+        if PSTATE not in skip:
+            try:
+                pstate = self._pstate(h)
+                pstate = None if pstate == _PSTATE_UNKNOWN else int(pstate)
+            except catch as exc:
+                pstate = None
+                self._field_error(g, PSTATE, exc, failed)
         if failed or g.failing:
             self._fast_failures(g, failed)
-        temp, power, sm_clock, mem_clock, reasons, util, procs, pstate = values
         return Sample(
             gpu=gpu,
             t=t,
@@ -511,14 +531,21 @@ class NvmlBackend:
             sm_clock_mhz=sm_clock,
             mem_clock_mhz=mem_clock,
             reasons=reasons,
-            util_gpu=None if util is None else util[0],
-            util_mem=None if util is None else util[1],
+            util_gpu=None if util is None else util.gpu / 100.0,
+            util_mem=None if util is None else util.memory / 100.0,
             procs=procs,
             mem_temp_c=g.mem_temp_c,
             pstate=pstate,
             slow=g.slow,
             field_errors=g.field_errors,
         )
+
+    def _field_error(
+        self, g: _Gpu, key: str, exc: BaseException, failed: list[tuple[str, BaseException]]
+    ) -> None:
+        """One fast field failed: remember it if unsupported, else count it (error path)."""
+        if self._field_failed(g, key, exc):
+            failed.append((key, exc))
 
     def _fast_failures(self, g: _Gpu, failed: list[tuple[str, BaseException]]) -> None:
         """Count this read's failed fields; raise if no supported field read (error path)."""

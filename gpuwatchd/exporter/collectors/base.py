@@ -5,12 +5,19 @@ Each sub-collector gets a ``gpuwatchd_scrape_collector_success`` and a
 has all of its families dropped (half a family set would look like real absences) and
 the rest of the scrape is still served; the failure is logged once per failure streak.
 
-Every sub-collector runs in a worker thread of its own under one deadline per scrape, so
-one that hangs (a lock held by a stuck writer, a store on a dead disk) is reported as
-failed and the scrape still answers. A worker still busy with an earlier run is not given
-another: concurrent scrapes share the run in progress (until its deadline),
-and a run already past its deadline is reported failed at once, so a hung collector
-costs one thread and no scrape waits on it twice.
+A sub-collector that may block (a lock, a store) runs in a worker thread of its own under
+one deadline per scrape, so one that hangs (a lock held by a stuck writer, a store on a
+dead disk) is reported as failed and the scrape still answers. A worker still busy with
+an earlier run is not given another: concurrent scrapes share the run in progress (until
+its deadline), and a run already past its deadline is reported failed at once, so a hung
+collector costs one thread and no scrape waits on it twice. One that only reads
+immutable in-memory snapshots says so (``runs_inline = True``) and runs in the scrape's
+own thread: it cannot hang, and a thread hand-off costs more than most such collectors.
+
+:meth:`GpuwatchdCollector.render` also keeps each sub-collector's encoded families: one
+with a ``version()`` (equal versions, equal output) is re-run only when its version
+changed or its text is ``max_age_s`` old, so a scrape after a poll re-renders the GPU
+families and reuses the tuning, drift and fleet ones.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -31,11 +38,52 @@ COLLECTOR_DEADLINE_S = 2.0
 
 
 class SubCollector(Protocol):
-    """A named source of metric families; ``name`` becomes the ``collector`` label."""
+    """A named source of metric families; ``name`` becomes the ``collector`` label.
+
+    Optional, read with ``getattr``: ``version()`` returns a value that compares equal
+    whenever the output would (the objects its data comes from: an identity check
+    first, so an unchanged snapshot costs nothing); ``runs_inline = True`` says
+    ``collect`` reads only immutable in-memory state and cannot block.
+    """
 
     name: str
 
     def collect(self) -> Iterable[Metric]: ...
+
+
+class Versioned:
+    """A sub-collector given a version (and the right to run inline) from outside.
+
+    For a collector whose data sources its owner knows better than the collector does
+    (the daemon wires the fleet collector this way).
+    """
+
+    def __init__(
+        self, sub: SubCollector, version: Callable[[], object], runs_inline: bool = False
+    ) -> None:
+        self.name = sub.name
+        self._sub = sub
+        self.version = version
+        self.runs_inline = runs_inline
+
+    def collect(self) -> Iterable[Metric]:
+        return self._sub.collect()
+
+
+#: Encodes a list of families (one sub-collector's) in the scrape's format.
+Encode = Callable[[list[Metric]], bytes]
+_UNVERSIONED = object()
+
+
+class _Part:
+    """One sub-collector's encoded families, and what they were made from."""
+
+    __slots__ = ("body", "created", "version")
+
+    def __init__(self, version: object, created: float, body: bytes) -> None:
+        self.version = version
+        self.created = created
+        self.body = body
 
 
 class _Run:
@@ -59,6 +107,8 @@ class _Worker:
 
     def __init__(self, sub: SubCollector) -> None:
         self.sub = sub
+        self.inline = bool(getattr(sub, "runs_inline", False))
+        self._version: Callable[[], object] | None = getattr(sub, "version", None)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._current: _Run | None = None
@@ -80,6 +130,26 @@ class _Worker:
             else:
                 self._wake.notify()
             return run, False
+
+    def version(self) -> object:
+        """The sub-collector's version now; a fresh object (never equal) if it has none."""
+        if self._version is None:
+            return _UNVERSIONED
+        try:
+            return self._version()
+        except Exception:
+            log.exception("collector %r: version() failed; rendering it afresh", self.sub.name)
+            return _UNVERSIONED
+
+    def run_here(self) -> _Run:
+        """Run an inline sub-collector in the calling thread."""
+        run = _Run()
+        try:
+            run.families = list(self.sub.collect())
+        except Exception as exc:
+            run.error = exc
+        run.done.set()
+        return run
 
     def _loop(self) -> None:
         while True:
@@ -119,8 +189,76 @@ class GpuwatchdCollector:
         self._deadline_s = deadline_s
         self._failing: set[str] = set()
         self._failing_lock = threading.Lock()
+        self._parts: dict[tuple[str, Hashable], _Part] = {}  # (collector, format) -> text
 
     def collect(self) -> Iterator[Metric]:
+        start = self._timer()
+        runs = self._start(self._workers)
+        results: list[tuple[str, bool, float]] = []
+        for worker, run, stuck in runs:
+            families = self._finish(worker, run, stuck)
+            yield from families or ()
+            results.append((worker.sub.name, families is not None, self._timer() - start))
+        yield from self._self_metrics(results)
+
+    def render(self, encode: Encode, fmt: Hashable, max_age_s: float, now: float) -> bytes:
+        """Everything :meth:`collect` yields, encoded, reusing each sub-collector's text
+        while its version is unchanged and younger than ``max_age_s`` (``now``, monotonic).
+
+        ``fmt`` names the encoding (texts of different formats are kept apart). The
+        version is read before the sub-collector runs, so a kept text is never older
+        than what its version says.
+        """
+        start = self._timer()
+        bodies: list[bytes | None] = [None] * len(self._workers)
+        versions: list[object] = []
+        results: list[tuple[str, bool, float]] = []
+        todo: list[_Worker] = []
+        for i, worker in enumerate(self._workers):
+            version = worker.version()
+            versions.append(version)
+            part = self._parts.get((worker.sub.name, fmt))
+            if (
+                part is not None
+                and version is not _UNVERSIONED
+                and 0 <= now - part.created < max_age_s
+                and part.version == version
+            ):
+                bodies[i] = part.body
+            else:
+                todo.append(worker)
+        ran = {id(w): (run, stuck) for w, run, stuck in self._start(todo)}
+        for i, worker in enumerate(self._workers):
+            name = worker.sub.name
+            if bodies[i] is None:
+                run, stuck = ran[id(worker)]
+                families = self._finish(worker, run, stuck)
+                if families is not None:
+                    body = encode(families)
+                    bodies[i] = body
+                    if versions[i] is not _UNVERSIONED:
+                        self._parts[(name, fmt)] = _Part(versions[i], now, body)
+            results.append((name, bodies[i] is not None, self._timer() - start))
+        return b"".join(b for b in bodies if b) + encode(self._self_metrics(results))
+
+    def _start(self, workers: Sequence[_Worker]) -> list[tuple[_Worker, _Run, bool]]:
+        """Start the threaded runs first (they overlap), then run the inline ones here."""
+        started = {id(w): w.start() for w in workers if not w.inline}
+        out = []
+        for worker in workers:
+            run, stuck = started[id(worker)] if not worker.inline else (worker.run_here(), False)
+            out.append((worker, run, stuck))
+        return out
+
+    def _finish(self, worker: _Worker, run: _Run, stuck: bool) -> list[Metric] | None:
+        timeout = run.started + self._deadline_s - time.monotonic()
+        finished = run.done.wait(max(0.0, timeout))
+        return self._outcome(worker.sub.name, run, finished, stuck)
+
+    @staticmethod
+    def _self_metrics(results: Iterable[tuple[str, bool, float]]) -> list[Metric]:
+        """Success and duration per sub-collector (duration: seconds into the scrape
+        when its families were ready; ~0 for a reused text)."""
         success = GaugeMetricFamily(
             "gpuwatchd_scrape_collector_success",
             "1 if the named gpuwatchd collector succeeded during this scrape, else 0 (its "
@@ -133,18 +271,10 @@ class GpuwatchdCollector:
             labels=("collector",),
             unit="seconds",
         )
-        start = self._timer()
-        runs = [(worker, *worker.start()) for worker in self._workers]
-        for worker, run, stuck in runs:
-            timeout = run.started + self._deadline_s - time.monotonic()
-            finished = run.done.wait(max(0.0, timeout))
-            elapsed = self._timer() - start
-            families = self._outcome(worker.sub.name, run, finished, stuck)
-            yield from families or ()
-            success.add_metric([worker.sub.name], float(families is not None))
-            duration.add_metric([worker.sub.name], elapsed)
-        yield success
-        yield duration
+        for name, ok, elapsed in results:
+            success.add_metric([name], float(ok))
+            duration.add_metric([name], elapsed)
+        return [success, duration]
 
     def _outcome(self, name: str, run: _Run, finished: bool, stuck: bool) -> list[Metric] | None:
         """The run's families, or None if it failed or missed the deadline (logged once)."""

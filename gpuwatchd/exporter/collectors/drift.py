@@ -20,9 +20,13 @@ class DriftCollector:
     """``gpuwatchd_clock_drift_ratio`` and ``gpuwatchd_retune_pending`` for every tracked GPU."""
 
     name = "drift"
+    runs_inline = True  # the published view is replaced whole, never changed
 
     def __init__(self, view: Callable[[], dict[int, GpuDriftView]]) -> None:
         self._view = view
+
+    def version(self) -> object:
+        return self._view()
 
     def collect(self) -> Iterator[Metric]:
         view = self._view()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuwatchd.drift.fleet import FleetSnapshot
+from gpuwatchd.drift.fleet import RECENT_DISAGREEMENTS_S, FleetSnapshot
 from gpuwatchd.exporter.collectors.gpu import GPU_LABELS
 from gpuwatchd.sessions.scheduler import TuningSnapshot
 
@@ -86,11 +86,20 @@ def _store_facts(snap: FleetSnapshot) -> list[Metric]:
     disagreements = GaugeMetricFamily(
         "gpuwatchd_fleet_disagreements",
         "Winners on which two hosts of the fleet disagree beyond noise, as recorded in the "
-        "shared store (the same on every host).",
+        "shared store and not yet pruned (the same on every host).",
         labels=("gpu_model", "workload", "regime"),
     )
     for (model, workload, regime), n in sorted(snap.disagreements.items()):
         disagreements.add_metric([model, workload, regime], float(n))
+    recent = GaugeMetricFamily(
+        "gpuwatchd_fleet_recent_disagreements",
+        f"Disagreements recorded in the shared store in the last "
+        f"{RECENT_DISAGREEMENTS_S / 3600:g} hours (the same on every host): the fleet alert "
+        "fires on a new one and resolves once it is older.",
+        labels=("gpu_model", "workload", "regime"),
+    )
+    for (model, workload, regime), n in sorted(snap.recent_disagreements.items()):
+        recent.add_metric([model, workload, regime], float(n))
     coverage = GaugeMetricFamily(
         "gpuwatchd_fleet_coverage_workloads",
         "Workloads with a fresh winner in the shared store, per GPU model and software stack "
@@ -99,7 +108,7 @@ def _store_facts(snap: FleetSnapshot) -> list[Metric]:
     )
     for (model, versions), n in sorted(snap.coverage.items()):
         coverage.add_metric([model, versions], float(n))
-    return [disagreements, coverage]
+    return [disagreements, recent, coverage]
 
 
 def _work(tuning: TuningSnapshot) -> list[Metric]:

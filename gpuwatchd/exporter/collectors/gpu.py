@@ -13,6 +13,7 @@ from typing import Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
+from gpuwatchd.exporter.rows import CounterRows, GaugeRows
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import GpuSnapshot, StateBoard
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
@@ -21,6 +22,9 @@ from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 GPU_LABELS: tuple[str, str] = ("gpu", "uuid")
 #: Every decoded NVML throttle reason, in bit order: each gets its own series.
 ALL_REASONS: tuple[ThrottleReason, ...] = tuple(ThrottleReason)
+#: (reason, its label value), looked up once: an enum's properties cost per access.
+_REASON_LABELS: tuple[tuple[ThrottleReason, str], ...] = tuple((r, r.label) for r in ALL_REASONS)
+_GATE_STATES: tuple[tuple[GateState, str], ...] = tuple((m, m.value) for m in GateState)
 
 _MHZ = 1e6
 T = TypeVar("T")
@@ -155,9 +159,9 @@ _INFO_GAUGES: tuple[_Gauge[DeviceInfo], ...] = (
 
 def _fill(
     spec: _Gauge[T], snaps: Sequence[GpuSnapshot], source: Callable[[GpuSnapshot], T | None]
-) -> GaugeMetricFamily:
+) -> GaugeRows:
     """One gauge family with a series for every GPU whose source has the field (None: absent)."""
-    family = GaugeMetricFamily(spec.name, spec.help, labels=GPU_LABELS, unit=spec.unit)
+    family = GaugeRows(spec.name, spec.help, labels=GPU_LABELS, unit=spec.unit)
     add_per_gpu(family, ((snap, source(snap)) for snap in snaps), spec.value)
     return family
 
@@ -174,6 +178,12 @@ def add_per_gpu(
             family.add_metric(gpu_labels(snap), float(v))
 
 
+def has_series(family: Metric) -> bool:
+    """Whether a family has any series (a rows family answers without making samples)."""
+    rows = getattr(family, "rows", None)
+    return bool(rows) if rows is not None else bool(family.samples)
+
+
 def _info_of(snap: GpuSnapshot) -> DeviceInfo | None:
     return snap.info
 
@@ -186,12 +196,18 @@ class BoardCollector:
     """
 
     name: str
+    #: Reads immutable snapshots only: runs in the scrape's thread (see collectors.base).
+    runs_inline = True
 
     def __init__(self, board: StateBoard) -> None:
         self._board = board
 
+    def version(self) -> object:
+        """Changes with every snapshot put on the board."""
+        return self._board.version
+
     def collect(self) -> Iterator[Metric]:
-        return (family for family in self._families() if family.samples)
+        return (family for family in self._families() if has_series(family))
 
     def _families(self) -> Iterator[Metric]:
         raise NotImplementedError
@@ -236,8 +252,8 @@ class GpuCollector(BoardCollector):
         return family
 
     @staticmethod
-    def _energy(snaps: Sequence[GpuSnapshot]) -> CounterMetricFamily:
-        family = CounterMetricFamily(
+    def _energy(snaps: Sequence[GpuSnapshot]) -> CounterRows:
+        family = CounterRows(
             "gpuwatchd_gpu_energy_joules",
             "Energy consumed by the GPU in joules since the driver loaded (read at a lower "
             "rate than the other fields); use rate() for average watts.",
@@ -251,13 +267,13 @@ class GpuCollector(BoardCollector):
 
     @staticmethod
     def _throttle(snaps: Sequence[GpuSnapshot]) -> Iterator[Metric]:
-        active = GaugeMetricFamily(
+        active = GaugeRows(
             "gpuwatchd_gpu_throttle_active",
             "1 if NVML reports this clocks-event (throttle) reason in the latest poll, else 0. "
             "sw_power_cap means the workload hit the power limit; *_thermal_slowdown means heat.",
             labels=(*GPU_LABELS, "reason"),
         )
-        seconds = CounterMetricFamily(
+        seconds = CounterRows(
             "gpuwatchd_gpu_throttle_seconds",
             "Seconds the daemon observed each throttle reason active since it started.",
             labels=(*GPU_LABELS, "reason"),
@@ -267,33 +283,33 @@ class GpuCollector(BoardCollector):
             labels = gpu_labels(snap)
             sample = live_sample(snap)
             if sample is not None and sample.reasons is not None:
-                for reason in ALL_REASONS:
-                    active.add_metric([*labels, reason.label], float(reason in sample.reasons))
+                mask = sample.reasons._value_
+                for reason, label in _REASON_LABELS:
+                    active.add_metric([*labels, label], 1.0 if mask & reason._value_ else 0.0)
             # Accumulated seconds are the daemon's own count, still true while the GPU
             # is lost; they exist once reasons were ever readable on this GPU.
             reasons_known = snap.sample is not None and snap.sample.reasons is not None
             if snap.throttle_seconds or reasons_known:
-                for reason in ALL_REASONS:
-                    seconds.add_metric(
-                        [*labels, reason.label], snap.throttle_seconds.get(reason, 0.0)
-                    )
+                spent = snap.throttle_seconds
+                for reason, label in _REASON_LABELS:
+                    seconds.add_metric([*labels, label], spent.get(reason, 0.0))
         yield active
         yield seconds
 
     @staticmethod
     def _gate(snaps: Sequence[GpuSnapshot]) -> Iterator[Metric]:
-        state = GaugeMetricFamily(
+        state = GaugeRows(
             "gpuwatchd_gate_state",
             "Tuning gate state of each GPU, one-hot: exactly one state is 1. Only cool_stable "
             "lets gated tuning run.",
             labels=(*GPU_LABELS, "state"),
         )
-        is_open = GaugeMetricFamily(
+        is_open = GaugeRows(
             "gpuwatchd_gate_open",
             "1 if the GPU is idle, cool and stable enough for gated tuning (cool_stable), else 0.",
             labels=GPU_LABELS,
         )
-        duration = GaugeMetricFamily(
+        duration = GaugeRows(
             "gpuwatchd_gate_state_duration_seconds",
             "Seconds the GPU had spent in its current gate state at the last gate decision; "
             "alert on a gate that stays shut for hours.",
@@ -305,8 +321,8 @@ class GpuCollector(BoardCollector):
             if gate is None:
                 continue
             labels = gpu_labels(snap)
-            for member in GateState:
-                state.add_metric([*labels, member.value], float(gate.state is member))
+            for member, value in _GATE_STATES:
+                state.add_metric([*labels, value], 1.0 if gate.state is member else 0.0)
             is_open.add_metric(labels, float(gate.open))
             duration.add_metric(labels, max(0.0, gate.t - gate.since))
         yield state
@@ -315,29 +331,29 @@ class GpuCollector(BoardCollector):
 
     @staticmethod
     def _health(snaps: Sequence[GpuSnapshot]) -> Iterator[Metric]:
-        success = GaugeMetricFamily(
+        success = GaugeRows(
             "gpuwatchd_poll_success",
             "1 if the latest poll of the GPU succeeded, else 0.",
             labels=GPU_LABELS,
         )
-        duration = GaugeMetricFamily(
+        duration = GaugeRows(
             "gpuwatchd_poll_duration_seconds",
             "Wall time in seconds of the last completed telemetry read of the GPU.",
             labels=GPU_LABELS,
             unit="seconds",
         )
-        stalled = GaugeMetricFamily(
+        stalled = GaugeRows(
             "gpuwatchd_poll_stalled",
             "1 if a telemetry read of the GPU has been in flight for more than two poll "
             "periods (a hung driver call), else 0.",
             labels=GPU_LABELS,
         )
-        lost = GaugeMetricFamily(
+        lost = GaugeRows(
             "gpuwatchd_gpu_lost",
             "1 if the GPU stopped answering (fell off the bus), else 0.",
             labels=GPU_LABELS,
         )
-        last = GaugeMetricFamily(
+        last = GaugeRows(
             "gpuwatchd_last_poll_timestamp_seconds",
             "Unix time of the last successful poll of the GPU; time() minus this is staleness.",
             labels=GPU_LABELS,

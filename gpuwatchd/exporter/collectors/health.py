@@ -127,6 +127,18 @@ class HealthCollector(BoardCollector):
 
     name = "gpu_health"
 
+    def version(self) -> object:
+        """What these families read of each GPU: its facts, and the live sample's slow
+        reading and error counts (new objects only at a slow read or a failure)."""
+        out: list[tuple[object, ...]] = []
+        for snap in self._board.all():
+            sample = live_sample(snap)
+            if sample is None:
+                out.append((snap.index, snap.info, None, None))
+            else:
+                out.append((snap.index, snap.info, sample.slow, sample.field_errors))
+        return tuple(out)
+
     def _families(self) -> Iterator[Metric]:
         snaps = self._board.all()
         readings = [(snap, _slow(snap)) for snap in snaps]

@@ -61,6 +61,11 @@ class TuningCollector:
         self._snapshot = snapshot
         self._added = added  # names of users' added workloads: summed up, not itemised
 
+    def version(self) -> object:
+        """The scheduler's snapshot and the GPUs' facts (labels); the added workloads'
+        count may lag by the renderer's max age (asking for it takes a lock)."""
+        return (self._snapshot(), tuple((s.index, s.info) for s in self._board.all()))
+
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
         sessions = CounterMetricFamily(

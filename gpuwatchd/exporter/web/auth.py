@@ -19,8 +19,7 @@ import secrets
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-
-import bcrypt
+from typing import Any
 
 #: Realm sent in ``WWW-Authenticate`` with every 401.
 AUTH_REALM = "gpuwatchd"
@@ -148,6 +147,8 @@ class BasicAuth:
         """Run bcrypt for an attempt the cache did not vouch for; the user name or None."""
         if attempt.user is not None:
             return attempt.user
+        import bcrypt  # here: most daemons check no passwords and never load it
+
         try:
             ok = bcrypt.checkpw(attempt.password, attempt.target)
         except ValueError:
@@ -161,3 +162,12 @@ class BasicAuth:
         """The authenticated user name, or None (both halves in the calling thread)."""
         attempt = self.begin(authorization)
         return None if attempt is None else self.verify(attempt)
+
+
+def __getattr__(name: str) -> Any:
+    """``auth.bcrypt``: the bcrypt module, imported on first use (PEP 562)."""
+    if name == "bcrypt":
+        import bcrypt
+
+        return bcrypt
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,8 +39,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 from gpuwatchd.exporter.web.tls import (
     CIPHERS,
     CLIENT_AUTH_ALIASES,
@@ -50,7 +48,6 @@ from gpuwatchd.exporter.web.tls import (
     TlsServerConfig,
     build_ssl_context,
 )
-from gpuwatchd.validate import one_line
 
 #: Headers the toolkit lets a config add, with their allowed values (None: free text).
 _HEADERS: dict[str, tuple[str, ...] | None] = {
@@ -130,10 +127,12 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
 
     Raises ValueError with one line naming the file and the bad key.
     """
+    from gpuwatchd.exporter.web.strict_yaml import load_strict  # PyYAML: only to read one
+
     source = Path(path)
     try:
         text = source.read_text(encoding="utf-8")
-        doc = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+        doc = load_strict(text)
         config = parse_web_config(doc, source.parent, source=source)
         if config.tls is not None:
             build_ssl_context(config.tls)  # unreadable or mismatched files fail now
@@ -141,12 +140,6 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
         raise ValueError(f"web config {source}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ValueError(f"web config {source}: not UTF-8 text") from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ValueError(f"web config {source}: invalid YAML{where}: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"web config {source}: invalid YAML: {one_line(exc)}") from None
     except ValueError as exc:
         raise ValueError(f"web config {source}: {exc}") from None
     return config
@@ -356,47 +349,7 @@ def parse_go_duration(value: object, where: str) -> float:
     return total
 
 
-# -- YAML helpers ----------------------------------------------------------------------
-
-
-#: Implicit types the loader still resolves: null (an unset field) and merge keys.
-_KEPT_IMPLICIT_TAGS = ("tag:yaml.org,2002:null", "tag:yaml.org,2002:merge")
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, as Go's ``yaml.UnmarshalStrict`` does.
-
-    Plain scalars stay text (no implicit int, float, bool or timestamp): Go decides a
-    scalar's type from the field it lands in, and so do the ``_str``/``_bool``/``_int``
-    readers here.
-    """
-
-    yaml_implicit_resolvers = {  # noqa: RUF012  (PyYAML's own class attribute)
-        first: [(tag, rx) for tag, rx in resolvers if tag in _KEPT_IMPLICIT_TAGS]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-
-
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            duplicate = key in seen
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                None, None, "a mapping key must be a plain value", key_node.start_mark
-            ) from None
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# -- field readers ------------------------------------------------------------------
 
 
 def _kind(value: object) -> str:
