@@ -3,17 +3,24 @@
 ``run_job`` in this process on the simulated GPU: every workload of a group gets its
 unthrottled regime before any sustained one, the later sustained regimes settle on the
 heat the earlier ones left, results go out one by one as they are decided, progress
-names the right place in the job, and per-workload regimes (a resumed session) hold.
+names the right place in the job, per-workload regimes (a resumed session) hold, and
+building and setting the candidates up is spent from the job's budget.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
+
+import pytest
 
 from gpuwatchd.telemetry.sim import SimBackend
 from gpuwatchd.tuning.jobspec import Hello, JobSpec, Message, Progress, ResultMessage, SimSpec
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import Regime, Workload
+from gpuwatchd.tuning.worker import main
+from gpuwatchd.tuning.worker.candidate import Candidate, DeviceSession
+from gpuwatchd.tuning.worker.devices import SimSession
 from gpuwatchd.tuning.worker.main import EXIT_OK, Channel, run_job
 
 U, S = Regime.UNTHROTTLED, Regime.SUSTAINED
@@ -94,3 +101,25 @@ def test_the_jobs_budget_is_shared_by_the_queued_regime_runs() -> None:
     budgets = {(m.workload, m.regime): m.budget_s for m in msgs if isinstance(m, Progress)}
     assert budgets[(GEMMS[0].name, U)] == 1.0  # 6 s over six regime runs
     assert all(b is not None and b <= 6.0 for b in budgets.values())
+
+
+def test_building_and_setting_up_candidates_spends_the_jobs_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each workload's candidates take 1 s of the device's time to build (compiling):
+    counted, the job ends within its 6 s; uncounted, it overran by the set-up."""
+    sessions: list[DeviceSession] = []
+    build = main.candidates_for
+
+    def slow_build(workload: Workload, session: DeviceSession) -> Iterable[Candidate]:
+        assert isinstance(session, SimSession)
+        sessions.append(session)
+        session.clock.advance(1.0)
+        return build(workload, session)
+
+    monkeypatch.setattr(main, "candidates_for", slow_build)
+    for queued in (1, 3):
+        sessions.clear()
+        msgs = run(replace(job(queue_workloads=queued), time_budget_s=6.0))
+        assert len(results(msgs)) == 6
+        assert sessions[0].now() <= 6.0 + 0.05, queued  # a batch over at most

@@ -100,11 +100,11 @@ class ProtocolConfig:
     #: back-to-back (the heat is kept) until that state has lasted this long; after that
     #: it is the steady state and its batches count. 0: keep every sustained batch.
     transient_max_s: float = 2.0
-    #: Stop a regime once more rounds cannot change the pick by more than ``min_margin``:
-    #: for every contender, the combined CI half-width (the noise of :func:`stats.decide`)
-    #: minus its margin behind the pick is at most ``min_margin``. A declared winner and a
-    #: tie whose noise is at its floor both qualify; so does a runner-up that launches the
-    #: same kernels as the pick. Otherwise rounds go on until the spread target is met.
+    #: Stop a regime once more rounds cannot change the verdict: against every contender
+    #: the pick is decided (margin over :func:`stats.decide`'s noise) or that noise is at
+    #: its ``min_margin`` floor (a tie within it); a runner-up that launches the same
+    #: kernels as the pick counts as the pick. Otherwise rounds go on until the spread
+    #: target is met.
     stop_when_decided: bool = True
     #: A regime after the first reuses the first one's batch sizes instead of warming
     #: every candidate up again (settling warms them in the sustained regime).

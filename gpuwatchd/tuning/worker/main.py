@@ -276,10 +276,12 @@ def run_job(job: JobSpec, channel: Channel, stop: Callable[[], bool]) -> int:
 
     Workloads go ``protocol.queue_workloads`` at a time through :func:`tune_queue`, so
     their sustained regimes run back to back on the heat the previous one left. Each
-    group gets the share of the job's remaining time budget its pairs are owed; within
-    it every regime run gets an equal share of what is left (at most the protocol's own
-    ``time_budget_s``). Each regime's result goes out as soon as it is decided: a
-    preemption later keeps it, and a resumed session measures only what is missing.
+    group gets the share of the job's remaining time budget its pairs are owed, counted
+    from before its candidates are built and set up (so a group's set-up cannot carry
+    the job past its budget); within it every regime run gets an equal share of what is
+    left (at most the protocol's own ``time_budget_s``). Each regime's result goes out as
+    soon as it is decided: a preemption later keeps it, and a resumed session measures
+    only what is missing.
     """
     if stop():
         return EXIT_TERMINATED
@@ -295,7 +297,8 @@ def run_job(job: JobSpec, channel: Channel, stop: Callable[[], bool]) -> int:
             group = job.workloads[g : g + size]
             if stop():
                 return EXIT_TERMINATED
-            left = job.time_budget_s - (session.now() - start)
+            group_began = session.now()
+            left = job.time_budget_s - (group_began - start)
             if left <= 0:
                 raise WorkerError(
                     f"time budget of {job.time_budget_s:g} s spent before workload {group[0].name}"
@@ -315,6 +318,7 @@ def run_job(job: JobSpec, channel: Channel, stop: Callable[[], bool]) -> int:
                     workload_regimes=regimes,
                     on_start=events.on_start,
                     total_budget_s=left * sum(map(len, regimes)) / (total - sent),
+                    budget_since=group_began,
                 )
             except BudgetSpent as e:
                 raise WorkerError(str(e)) from None

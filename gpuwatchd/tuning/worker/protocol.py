@@ -31,7 +31,11 @@ predecessor left.
 
 The verdict (:func:`gpuwatchd.tuning.worker.stats.decide`): ``winner`` is set only when the
 margin of the fastest median over the runner-up beats the noise; otherwise
-``winner=None, tie=True``. Candidates in a result are ordered fastest first either way.
+``winner=None, tie=True``. With racing (:func:`~gpuwatchd.tuning.worker.racing.decide_race`)
+the pick is one of the candidates timed to the end, and a dropped one is weighed against
+it on the rounds both were timed in, so a device that slowed down after the drop cannot
+make the dropped one look fast. Candidates in a result are ordered fastest first either
+way (dropped ones by their margin behind the pick), those that failed while timed last.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from gpuwatchd.tuning.types import BatchRecord, CandidateStats, Regime, RegimeRe
 from gpuwatchd.tuning.worker import stats
 from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.headroom import LoadEvidence, shows_limit, skip_reason
-from gpuwatchd.tuning.worker.racing import decided, out_of_race
+from gpuwatchd.tuning.worker.racing import decide_race, decided, out_of_race
 from gpuwatchd.tuning.worker.settle import settled as device_settled
 from gpuwatchd.validate import describe
 
@@ -96,6 +100,7 @@ class _Slot:
     error: str | None = None
     set_up: bool = False  # setup() succeeded, so teardown() is owed
     accepted: list[BatchRecord] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)  # the round of each accepted batch
     rejected: list[BatchRecord] = field(default_factory=list)
     skipped: int = 0  # unthrottled slots given up after max_retries rejections
     calibrated: bool = False  # calls was sized by a warm-up of this run
@@ -107,6 +112,7 @@ class _Slot:
 
     def reset(self) -> None:
         self.accepted, self.rejected, self.skipped, self.out_after = [], [], 0, None
+        self.rounds = []
 
 
 def measure(
@@ -156,6 +162,7 @@ def tune_queue(
     workload_regimes: Sequence[Iterable[Regime | str] | None] | None = None,
     on_start: OnStart | None = None,
     total_budget_s: float | None = None,
+    budget_since: float | None = None,
 ) -> list[list[RegimeResult]]:
     """:func:`tune` for several workloads at once: one list of results per workload.
 
@@ -170,7 +177,10 @@ def tune_queue(
     ``on_start`` is told as each workload's regime begins, so ``on_batch`` records can
     be attributed. With ``total_budget_s`` each regime run gets an equal share of what is
     left of it (at most ``cfg.time_budget_s``), so time a quick run leaves goes to later
-    ones; :class:`BudgetSpent` is raised when none is left for a run.
+    ones; :class:`BudgetSpent` is raised when none is left for a run. That budget counts
+    from ``budget_since`` (a ``session.now()`` reading; default: this call), so setting the
+    candidates up (compiling, allocating) spends it too, and no more are set up once it
+    is spent.
     """
     cfg = cfg or ProtocolConfig()
     order = [_regime(r) for r in regimes]
@@ -181,17 +191,22 @@ def tune_queue(
         if dupes:
             raise ValueError(f"candidates: duplicate names {dupes} in workload {workload.name!r}")
     l2_bytes = getattr(session, "l2_bytes", None) or cfg.l2_bytes
+    began = session.now() if budget_since is None else budget_since
     prepared: list[list[_Slot]] = []
     try:
-        for _, candidates in queue:
+        for workload, candidates in queue:
             prepared.append([])
             for cand in candidates:
+                if total_budget_s is not None and session.now() - began >= total_budget_s:
+                    raise BudgetSpent(
+                        f"time budget of {total_budget_s:g} s spent setting up "
+                        f"{workload.name}'s candidates"
+                    )
                 prepared[-1].append(_prepare(cand, l2_bytes, cfg))
         results: list[list[RegimeResult]] = [[] for _ in queue]
         evidence: list[LoadEvidence | None] = [None] * len(queue)
         hot_until: float | None = None  # when our last sustained batch ended
         runs_left = sum(len(w) for w in wanted)
-        began = session.now()
         can_probe = cfg.skip_sustained and bool(
             session.info.power_limit_w and session.info.max_sm_clock_mhz
         )
@@ -362,6 +377,7 @@ class _RegimeRun:
         #: Unthrottled: the pause after a batch now (backs off after power rejections).
         self.pause_s = cfg.pause_s
         self._transient_since: float | None = None  # sustained: when HW slowdown began
+        self._round = 0  # the round being timed (1-based; 0 before the first)
         self._load_began = self.start  # when this regime's back-to-back load began
         for slot in slots:
             slot.reset()
@@ -390,6 +406,7 @@ class _RegimeRun:
             self.s.pause(self.cfg.cool_pause_s)
         rounds = 0
         while self._racing() and not self._over_budget() and rounds < self.cfg.max_rounds:
+            self._round = rounds + 1
             order = self._racing()
             self.rng.shuffle(order)
             for slot in order:
@@ -450,9 +467,9 @@ class _RegimeRun:
         Unthrottled, a throttled batch is rejected, so every candidate's samples stay
         comparable whenever they were taken. Sustained, the steady power cap is kept but
         a batch during a transient hardware slowdown is rejected too (when
-        ``transient_max_s`` > 0): without that, a throttle episode after a candidate
-        dropped out would slow only the ones still racing and make the dropped one look
-        faster than it is.
+        ``transient_max_s`` > 0), so an episode does not bias the contenders' medians; a
+        slowdown that lasts (SW thermal, power-cap drift) is kept, and the verdict
+        compares a dropped candidate on its own rounds only (:meth:`_result`).
         """
         if not self.cfg.race:
             return False
@@ -598,18 +615,25 @@ class _RegimeRun:
                 return
 
     def _settle(self) -> None:
-        """Load the device round-robin, no pauses, until mean clock and power stop moving."""
+        """Load the device round-robin, no pauses, until mean clock and power stop moving.
+
+        The window judged is the settle window, or two rounds when a round takes longer
+        than half of it (many candidates): the trend needs each candidate seen twice.
+        """
         cfg = self.cfg
-        span = cfg.warm_settle_window_s if self.warm else cfg.settle_window_s
+        window_s = cfg.warm_settle_window_s if self.warm else cfg.settle_window_s
+        span = window_s
         begin = self.s.now()
         window: list[tuple[Sample, str]] = []  # each sample, and whose batch it followed
         settled = False
         while self._active() and not self._over_budget():
+            round_began = self.s.now()
             for slot in self._active():
                 if self._time(slot, slot.calls) is None:
                     continue
                 window.append((self.s.sample(), slot.name))
             now = self.s.now()
+            span = max(window_s, 2.0 * (now - round_began))
             window = [(w, name) for w, name in window if w.t >= now - 2 * span]
             samples, names = [w for w, _ in window], [name for _, name in window]
             # Carried heat: the previous workload's load goes on in the power reading.
@@ -717,21 +741,40 @@ class _RegimeRun:
             rejected=reject is not None,
             reject_reason=reject,
         )
-        (slot.rejected if rec.rejected else slot.accepted).append(rec)
+        if rec.rejected:
+            slot.rejected.append(rec)
+        else:
+            slot.accepted.append(rec)
+            slot.rounds.append(self._round)
         if self.on_batch is not None:
             self.on_batch(rec)
 
     # -- results --------------------------------------------------------------------
 
     def _result(self) -> RegimeResult:
+        """The verdict over the candidates that ran to the end without an error.
+
+        A candidate racing dropped is compared like with like and never picked
+        (:func:`~gpuwatchd.tuning.worker.racing.decide_race`); one that failed while
+        being timed is never picked either, and is listed after the others by median.
+        """
         cfg = self.cfg
-        decision = stats.decide(
-            {s.name: [r.seconds_per_call for r in s.accepted] for s in self.slots},
+        decision = decide_race(
+            {
+                s.name: list(zip(s.rounds, (r.seconds_per_call for r in s.accepted), strict=True))
+                for s in self._active()
+            },
+            {s.name: s.out_after for s in self._active() if s.out_after is not None},
             noise_k=cfg.noise_k,
             min_margin=cfg.min_margin,
             confidence=cfg.confidence,
         )
         rank = {name: i for i, name in enumerate(decision.ranking)}
+        failed = sorted(
+            (s for s in self.slots if s.error is not None and s.accepted),
+            key=lambda s: (stats.median([r.seconds_per_call for r in s.accepted]), s.name),
+        )
+        rank.update({s.name: len(rank) + i for i, s in enumerate(failed)})
         ordered = sorted(self.slots, key=lambda s: rank.get(s.name, len(rank)))
         winner, tie = decision.winner, decision.tie
         if winner is not None and len(ordered) >= 2 and _same_code(ordered[0], ordered[1]):

@@ -16,7 +16,10 @@ Two rules over the samples read after each settling batch:
 
 Candidates alternate round-robin while settling, and each runs at its own clock under
 the cap (one draws more power than another): the trend is fitted with an intercept per
-candidate, so that alternation is not mistaken for noise around one line.
+candidate, so that alternation is not mistaken for noise around one line. A candidate
+seen only once in the window says nothing about the trend (its intercept absorbs it):
+only candidates seen at least twice count towards ``MIN_TREND_SAMPLES``, and a window
+too short for that is not judged yet (the protocol widens it to two rounds).
 
 A device without clock or power telemetry (the CPU) is settled once a full window ran.
 """
@@ -28,7 +31,8 @@ from collections.abc import Iterable, Sequence
 from gpuwatchd.telemetry.types import Sample, ThrottleReason
 from gpuwatchd.tuning.settings import ProtocolConfig
 
-#: Fewest samples a trend is fitted to; fewer and the window is not judged yet.
+#: Fewest samples a trend is fitted to (of candidates seen at least twice in the window);
+#: fewer and the window is not judged yet.
 MIN_TREND_SAMPLES = 4
 
 
@@ -70,13 +74,16 @@ def _trend_flat(
             v = getattr(w, field)
             if v is not None:
                 by.setdefault(name, []).append((w.t, float(v)))
-        values = [v for pts in by.values() for _, v in pts]
-        if len(values) < MIN_TREND_SAMPLES:
+        if not by:
             continue  # not reported by this device
+        repeated = [pts for pts in by.values() if len(pts) >= 2]
+        values = [v for pts in repeated for _, v in pts]
+        if len(values) < MIN_TREND_SAMPLES:
+            return False  # too few candidates seen twice: no trend to judge yet
         mean = sum(values) / len(values)
         if mean <= 0:
             continue
-        if abs(grouped_slope(list(by.values()))) * cfg.settle_horizon_s / mean > limit:
+        if abs(grouped_slope(repeated)) * cfg.settle_horizon_s / mean > limit:
             return False
     return True
 

@@ -116,11 +116,30 @@ def decide(
     if len(ranking) == 1:
         return Decision(ranking[0], False, None, None, ranking)
     best, runner = ranking[0], ranking[1]
-    m_best, m_runner = median(usable[best]), median(usable[runner])
-    margin = (m_runner - m_best) / m_best if m_best > 0 else math.inf
-    h_best = relative_ci_halfwidth(usable[best], confidence)
-    h_runner = relative_ci_halfwidth(usable[runner], confidence)
-    noise = max(noise_k * math.hypot(h_best, h_runner), min_margin)
+    margin, noise = versus(
+        usable[best], usable[runner], noise_k=noise_k, min_margin=min_margin, confidence=confidence
+    )
     if margin > noise:
         return Decision(best, False, margin, noise, ranking)
     return Decision(None, True, margin, noise, ranking)
+
+
+def versus(
+    best: Sequence[float],
+    other: Sequence[float],
+    *,
+    noise_k: float = 1.0,
+    min_margin: float = 0.005,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
+    """``(margin, noise)`` of ``other`` behind ``best``, as :func:`decide` weighs them.
+
+    The margin is ``(median(other) - median(best)) / median(best)`` (negative when
+    ``other`` is faster; inf when best's median is not positive), the noise
+    ``max(noise_k * sqrt(h_best**2 + h_other**2), min_margin)``; both sets non-empty.
+    """
+    m_best, m_other = median(best), median(other)
+    margin = (m_other - m_best) / m_best if m_best > 0 else math.inf
+    h_best = relative_ci_halfwidth(best, confidence)
+    h_other = relative_ci_halfwidth(other, confidence)
+    return margin, max(noise_k * math.hypot(h_best, h_other), min_margin)
