@@ -123,10 +123,12 @@ def serve(
 
 @dataclass(frozen=True)
 class Load:
-    """What every client does: GET ``path`` back to back, or every ``interval_s``."""
+    """What every client does: GET ``path`` back to back, or every ``interval_s``
+    (``accept``: the Accept header sent, e.g. Prometheus' asking for OpenMetrics)."""
 
     path: str
     interval_s: float
+    accept: str = ""
 
 
 def client(
@@ -148,7 +150,7 @@ def client(
         while next_at < until:
             time.sleep(max(0.0, next_at - time.monotonic()))
             start = time.monotonic()
-            conn.request("GET", load.path)
+            conn.request("GET", load.path, headers={"Accept": load.accept} if load.accept else {})
             response = conn.getresponse()
             body = response.read()
             # Latency counts from when the request was due, not when it went out.

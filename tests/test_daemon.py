@@ -18,6 +18,7 @@ from pg_server import PASSWORD, PostgresServer
 
 from gpuwatchd.config import Config, DaemonConfig
 from gpuwatchd.daemon.process import Daemon
+from gpuwatchd.telemetry.types import DeviceInfo
 
 
 def gpuwatchd(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -367,3 +368,43 @@ def test_the_daemon_records_a_sim_tuning_session_in_postgresql(
     assert proc.returncode == 0, out
     assert f"tuning store: postgresql://fleet@127.0.0.1:{postgres_server.port}/{db}" in out
     assert not (tmp_path / "state" / "gpuwatchd.db").exists()  # nothing went to SQLite
+
+
+class _FactsHang(FakeBackend):
+    """A FakeBackend whose static-facts read blocks while ``facts`` is clear."""
+
+    def __init__(self, gpus: int) -> None:
+        super().__init__(gpus)
+        self.facts = threading.Event()
+        self.facts.set()
+
+    def device_info(self, gpu: int, refresh: bool = False) -> DeviceInfo:
+        self.facts.wait(30.0)
+        return super().device_info(gpu, refresh)
+
+
+def test_watchdog_pings_stop_while_a_static_facts_read_is_stuck(tmp_path: Path, monkeypatch):
+    notify = NotifySocket(tmp_path)
+    monkeypatch.setenv("NOTIFY_SOCKET", notify.path)
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")  # ping every 0.1 s
+    backend = _FactsHang(gpus=1)
+    backend.lost.add(0)
+    daemon, thread = _thread_daemon(backend, tmp_path, watchdog_stall_s=0.3)
+    try:
+        assert notify.wait_for("WATCHDOG=1", timeout=3)
+        backend.facts.clear()
+        backend.lost.clear()  # answers again: the poll re-reads its static facts, which hang
+        time.sleep(0.6)  # stuck past watchdog_stall_s: pings must have stopped by now
+        notify.drain()
+        notify.messages.clear()
+        notify.drain(0.6)
+        assert "WATCHDOG=1" not in notify.messages
+        snap = daemon.board.get(0)
+        assert snap is not None and snap.health.stalled  # reported within stall_periods
+        backend.facts.set()
+        assert notify.wait_for("WATCHDOG=1", timeout=3), "pings resume once the read returns"
+    finally:
+        backend.facts.set()
+        daemon.request_stop()
+        thread.join(5)
+        notify.close()

@@ -743,6 +743,73 @@ def test_a_broken_event_set_is_logged_once_and_does_not_spin(
     assert len(failures) == 1
 
 
+def _slow_wait_api(calls: list[str], wait_s: float) -> nvml_xid.XidApi:
+    """Event functions whose wait always lasts its whole timeout (no XID ever comes)."""
+
+    class _Timeout(Exception):
+        pass
+
+    def wait(event_set: object, timeout_ms: int) -> object:
+        calls.append("wait")
+        time.sleep(timeout_ms / 1000.0)
+        calls.append("woke")
+        raise _Timeout
+
+    return nvml_xid.XidApi(
+        create=object,
+        supported=lambda h: nvml_xid.XID_EVENT,
+        register=lambda h, mask, event_set: None,
+        wait=wait,
+        free=lambda event_set: calls.append("free"),
+        errors=(_Timeout,),
+        is_timeout=lambda exc: True,
+        key=lambda h: h,
+    )
+
+
+def test_close_does_not_wait_out_a_long_xid_wait() -> None:
+    calls: list[str] = []
+    counter = nvml_xid.XidCounter(_slow_wait_api(calls, 1.5), wait_s=1.5)
+    assert counter.start()
+    wait_for(lambda: "wait" in calls)
+    started = time.monotonic()
+    done_here = counter.close(then=lambda: calls.append("then"))
+    assert time.monotonic() - started < nvml_xid.CLOSE_WAIT_S + 0.3
+    assert not done_here
+    assert "free" not in calls  # the thread is still inside the wait: the set stays
+    wait_for(lambda: "then" in calls, timeout=3.0)
+    assert calls[-3:] == ["woke", "free", "then"]  # freed once the wait returned, then `then`
+    assert calls.count("wait") == 1  # no second wait after close
+
+
+def test_close_frees_at_once_when_the_thread_leaves_in_time() -> None:
+    calls: list[str] = []
+    counter = nvml_xid.XidCounter(_slow_wait_api(calls, 0.05), wait_s=0.05)
+    assert counter.start()
+    wait_for(lambda: "wait" in calls)
+    assert counter.close(then=lambda: calls.append("then"))
+    assert calls[-2:] == ["free", "then"]
+    assert calls.count("free") == 1
+
+
+def test_an_nvml_backend_closes_within_a_second_and_shuts_down_after_the_wait() -> None:
+    fake = FakeNvml(1)
+    backend = NvmlBackend(nvml=fake, xid_wait_s=2.0)
+    _OPEN.append(backend)
+    backend.read_energy(0)  # starts the XID thread, which waits 2 s at a time
+    wait_for(lambda: fake.count("nvmlEventSetWait_v2") == 1)
+    started = time.monotonic()
+    backend.close()
+    assert time.monotonic() - started < 1.0
+    assert fake.count("nvmlShutdown") == 0  # never under a wait in progress
+    assert fake.count("nvmlEventSetFree") == 0
+    wait_for(lambda: fake.count("nvmlShutdown") == 1, timeout=4.0)
+    assert fake.count("nvmlEventSetFree") == 1
+    assert fake.initialized == 0
+    backend.close()
+    assert fake.count("nvmlShutdown") == 1
+
+
 def test_xid_wait_must_be_a_sane_timeout() -> None:
     with pytest.raises(ValueError, match="xid_wait_s"):
         NvmlBackend(nvml=FakeNvml(1), xid_wait_s=0)

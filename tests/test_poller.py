@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.replay import ReplayBackend
-from gpuwatchd.telemetry.types import ThrottleReason
+from gpuwatchd.telemetry.types import DeviceInfo, ThrottleReason
 
 TRACE = Path(__file__).parent / "data" / "h200-matmul-burn.jsonl"
 
@@ -190,3 +191,67 @@ def test_every_backend_gives_the_poller_its_static_facts(tmp_path):
         snap = Poller(backend, StateBoard(), GateConfig(), period_s=0.05).poll(0)
         assert snap.info is not None, backend.name
         assert snap.info.power_limit_w == 700.0 and snap.info.slowdown_temp_c == 89.0
+
+
+class _InfoHangs(FakeBackend):
+    """A backend whose static-facts read blocks while ``info_release`` is clear."""
+
+    def __init__(self, gpus: int) -> None:
+        super().__init__(gpus)
+        self.info_release = threading.Event()
+        self.info_release.set()
+
+    def device_info(self, gpu: int, refresh: bool = False) -> DeviceInfo:
+        self.info_release.wait(30.0)
+        return super().device_info(gpu, refresh)
+
+
+def _stall_noticed(poller: Poller, gpu: int, within_s: float) -> float | None:
+    """Seconds until check_stalls() reports ``gpu`` (called as the daemon's loop does)."""
+    started = time.monotonic()
+    while time.monotonic() - started < within_s:
+        if gpu in poller.check_stalls():
+            return time.monotonic() - started
+        time.sleep(0.005)
+    return None
+
+
+def test_a_hung_first_static_facts_read_is_a_stall():
+    backend = _InfoHangs(gpus=2)
+    backend.info_release.clear()  # the first poll's device_info never returns
+    board = StateBoard()
+    period = 0.05
+    poller = Poller(backend, board, GateConfig(), period_s=period, stall_periods=2)
+    poller.start()
+    try:
+        noticed = _stall_noticed(poller, 0, within_s=1.0)
+        assert noticed is not None, "a hung device_info was never reported stalled"
+        assert noticed <= 2 * period + 0.1
+        assert poller.longest_stall_s() >= 2 * period  # what stops the watchdog pings
+        snap = board.get(0)
+        assert snap is not None and snap.health.stalled and not snap.health.success
+    finally:
+        backend.info_release.set()
+        poller.stop()
+
+
+def test_a_hung_static_facts_read_after_a_gpu_returns_is_a_stall(caplog):
+    backend = _InfoHangs(gpus=1)
+    board = StateBoard()
+    period = 0.05
+    poller = Poller(backend, board, GateConfig(), period_s=period, stall_periods=2)
+    backend.lost.add(0)
+    poller.start()
+    try:
+        assert wait_until(lambda: board.get(0) is not None and board.get(0).health.lost)
+        backend.info_release.clear()
+        backend.lost.clear()  # it answers again: the poll re-reads its facts, which hang
+        noticed = _stall_noticed(poller, 0, within_s=1.0)
+        assert noticed is not None, "a hung device_info was never reported stalled"
+        caplog.set_level(logging.WARNING, logger="gpuwatchd.monitor.poller")
+        backend.info_release.set()
+        assert wait_until(lambda: poller.longest_stall_s() == 0.0 and board.get(0).health.success)
+        assert any("returned after" in r.message for r in caplog.records)
+    finally:
+        backend.info_release.set()
+        poller.stop()

@@ -193,3 +193,28 @@ def test_build_registry_lists_its_collectors_in_order() -> None:
     registry.register(extra)
     registry.unregister(extra)
     assert len(registry.parts) == 2
+
+
+@pytest.mark.parametrize("accept", ["", OPENMETRICS])
+@pytest.mark.parametrize("bad", [None, ""])
+def test_a_value_that_is_no_number_fails_its_collector_not_the_scrape(
+    accept: str, bad: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    class _NoNumber(_Source):
+        def collect(self) -> Iterator[Metric]:
+            self.runs += 1
+            family = GaugeMetricFamily("gpuwatchd_test_tuning", "A value.", labels=("k",))
+            family.add_metric(["a"], 1.0)
+            family.add_metric(["b"], bad)  # type: ignore[arg-type]
+            yield family
+
+    board, _, renderer, _ = _setup(_NoNumber("tuning"))
+    for _ in range(2):
+        board.put(full_h200())
+        body = renderer.render(accept, "").body
+        assert b'gpuwatchd_scrape_collector_success{collector="tuning"} 0.0' in body
+        assert b"gpuwatchd_test_tuning" not in body  # no 0.0, no empty value: nothing
+        assert b'gpuwatchd_scrape_collector_success{collector="gpu"} 1.0' in body
+        assert b"gpuwatchd_gpu_temperature_celsius{" in body
+    failures = [r for r in caplog.records if "collector 'tuning' failed" in r.getMessage()]
+    assert len(failures) == 1  # logged once per failure streak

@@ -130,3 +130,14 @@ def test_an_unusual_name_is_left_to_the_library() -> None:
     family.add_sample("name.with.dots", {"label.dot": "v"}, 1.0)
     registry = _registry(family)
     assert TextEncoder().encode(registry) == generate_latest(registry)
+
+
+@pytest.mark.parametrize(("value", "error"), [(None, TypeError), ("", ValueError)])
+def test_a_value_that_is_no_number_raises_as_in_the_library(value: object, error: type) -> None:
+    family = Metric("g", "help", "gauge")
+    family.add_sample("g", {}, value)  # type: ignore[arg-type]
+    registry = _registry(family)
+    with pytest.raises(error):
+        generate_latest(registry)
+    with pytest.raises(error):  # not "g 0.0": that would look like a real reading
+        TextEncoder().encode(registry)

@@ -14,6 +14,9 @@ reuses the text of every sub-collector whose version did not change (tuning, dri
 fleet, and health between slow reads), so the poll's GPU families are what a scrape
 re-renders. The pieces join into exactly the body one encoding of the whole registry
 gives, in the text format and in OpenMetrics (its ``# EOF`` written once, at the end).
+Both formats are written by our own encoders (the same bytes as prometheus_client's, with
+label text remembered between scrapes) where the client's escaping allows; any other
+encoding ``choose_encoder`` picks is the library's.
 """
 
 from __future__ import annotations
@@ -23,19 +26,29 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
 from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpuwatchd.exporter.collectors.base import GpuwatchdCollector
+from gpuwatchd.exporter.openmetrics_format import (
+    EOF,
+    FAST_ESCAPINGS,
+    OPENMETRICS_VERSION,
+    OpenMetricsEncoder,
+)
 from gpuwatchd.exporter.registry import ExporterRegistry
 from gpuwatchd.exporter.singleflight import SingleFlight
 from gpuwatchd.exporter.text_format import Collected, TextEncoder
 
 #: Default upper bound on how long a rendered body is reused.
 DEFAULT_MAX_AGE_S = 1.0
-_EOF = b"# EOF\n"  # OpenMetrics' last line
+#: Encodes a whole registry (a body); encodes one collector's families (a part of one).
+EncodeRegistry = Callable[[Collector], bytes]
+EncodeFamilies = Callable[[list[Metric]], bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +93,7 @@ class MetricsRenderer:
         self._entries_lock = threading.Lock()
         self._flights: SingleFlight[_Entry] = SingleFlight()
         self._text = TextEncoder()  # the plain text format, Prometheus' default
+        self._openmetrics: dict[str, OpenMetricsEncoder] = {}  # by escaping
 
     def cached(self, accept: str, accept_encoding: str) -> Rendered | None:
         """The body :meth:`render` would reuse right now, or None; never blocks."""
@@ -91,8 +105,7 @@ class MetricsRenderer:
 
     def render(self, accept: str, accept_encoding: str) -> Rendered:
         encoder, content_type = choose_encoder(accept)
-        if encoder is generate_latest:
-            encoder = self._text.encode
+        encoders = self._encoders(encoder)
         key = (content_type, gzip_accepted(accept_encoding))
         version = tuple(self._version())
         entry = self._entries.get(key)
@@ -100,7 +113,7 @@ class MetricsRenderer:
             return entry.rendered
 
         def fresh_entry() -> _Entry:
-            body = self._encode(encoder, content_type)
+            body = self._encode(*encoders, content_type)
             if key[1]:
                 body = gzip.compress(body, compresslevel=1)
             return _Entry(version, self._clock(), Rendered(body, content_type, key[1]))
@@ -112,32 +125,48 @@ class MetricsRenderer:
                 self._entries[key] = entry
         return entry.rendered
 
-    def _encode(self, encoder: Callable[[Collector], bytes], content_type: str) -> bytes:
+    def _encoders(self, chosen: EncodeRegistry) -> tuple[EncodeRegistry, EncodeFamilies]:
+        """Ours for what ``choose_encoder`` chose where we write the same bytes, else the
+        library's: a whole registry's encoder and one collector's families' encoder."""
+        if chosen is generate_latest:
+            return self._text.encode, self._text.encode_families
+        is_openmetrics = _is_openmetrics(chosen)
+        if is_openmetrics:
+            assert isinstance(chosen, partial)
+            escaping = chosen.keywords.get("escaping", openmetrics.UNDERSCORES)
+            version = chosen.keywords.get("version", OPENMETRICS_VERSION)
+            if escaping in FAST_ESCAPINGS and version == OPENMETRICS_VERSION:
+                ours = self._openmetrics.get(escaping)
+                if ours is None:
+                    ours = self._openmetrics[escaping] = OpenMetricsEncoder(escaping)
+                return ours.encode, ours.encode_families
+        eof = EOF if is_openmetrics else b""
+
+        def library_part(families: list[Metric]) -> bytes:
+            body = chosen(Collected(families))
+            return body[: -len(eof)] if eof and body.endswith(eof) else body
+
+        return chosen, library_part
+
+    def _encode(self, whole: EncodeRegistry, part: EncodeFamilies, content_type: str) -> bytes:
         """The registry in one format; collector by collector when it lists them."""
         registry = self._registry
         if not isinstance(registry, ExporterRegistry):
-            return encoder(registry)
-        eof = _EOF if content_type.startswith("application/openmetrics-text") else b""
-        if encoder == self._text.encode:
-
-            def encode(families: list[Metric]) -> bytes:
-                return self._text.encode_families(families)
-
-        else:
-
-            def encode(families: list[Metric]) -> bytes:
-                body = encoder(Collected(families))
-                return body[: -len(eof)] if eof and body.endswith(eof) else body
-
+            return whole(registry)
         now = self._clock()
         bodies = [
-            part.render(encode, content_type, self._max_age_s, now)
-            if isinstance(part, GpuwatchdCollector)
-            else encode(list(part.collect()))
-            for part in registry.parts
+            c.render(part, content_type, self._max_age_s, now)
+            if isinstance(c, GpuwatchdCollector)
+            else part(list(c.collect()))
+            for c in registry.parts
         ]
+        eof = EOF if content_type.startswith("application/openmetrics-text") else b""
         return b"".join(bodies) + eof
 
     def _fresh(self, entry: _Entry, version: tuple[object, ...]) -> bool:
         age = self._clock() - entry.created
         return 0 <= age < self._max_age_s and _same(entry.version, version)
+
+
+def _is_openmetrics(encoder: EncodeRegistry) -> bool:
+    return isinstance(encoder, partial) and encoder.func is openmetrics.generate_latest

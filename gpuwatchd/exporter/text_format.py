@@ -6,6 +6,8 @@ for 8 GPUs, and a scrape that misses the render cache waits for all of it (bench
 "The daemon's cost"). Per-GPU label sets and names repeat from scrape to scrape, so this
 encoder remembers them. A name outside the legacy character set (none of gpuwatchd's) makes
 it hand the whole registry to the library instead, so the output never differs.
+:class:`SeriesMemo` (what is remembered) also serves the OpenMetrics writer
+(:mod:`gpuwatchd.exporter.openmetrics_format`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ _ZERO = floatToGoString(0.0)
 _NEGATIVE_ZERO = floatToGoString(-0.0)
 
 
-class _Unusual(Exception):
+class Unusual(Exception):
     """A name the fast path does not handle: the library renders this registry."""
 
 
@@ -50,12 +52,16 @@ def _escape_help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
 
 
-class TextEncoder:
-    """``encode(registry)`` -> the body ``generate_latest(registry)`` would return.
+class SeriesMemo:
+    """The label text and value spellings both of our encoders remember between scrapes.
 
-    One per renderer: its memo of label strings is not locked (a lost race only
-    formats a string twice).
+    Not locked (a lost race only formats a string twice). ``_sample_name_ok`` and
+    ``_label_name_ok`` are what a sample's name and a label's name must match to be
+    written as they are; anything else is :class:`Unusual` and goes to the library.
     """
+
+    _sample_name_ok = _METRIC_NAME
+    _label_name_ok = _LABEL_NAME
 
     def __init__(self) -> None:
         self._names: dict[str, bool] = {}
@@ -64,6 +70,62 @@ class TextEncoder:
         #: (series name, label names) -> label values -> "name{labels}" of a rows family
         self._prefixes: dict[tuple[str, tuple[str, ...]], dict[tuple[str, ...], str]] = {}
 
+    def _row_lines(self, metric: GaugeRows | CounterRows, out: list[str]) -> None:
+        """A rows family's series: the remembered label text of each row's values."""
+        sname = metric.sample_name
+        self._check_name(sname)
+        names = metric.label_names
+        prefixes = self._prefixes.get((sname, names))
+        if prefixes is None or len(prefixes) > _MEMO_LIMIT:
+            prefixes = self._prefixes[(sname, names)] = {}
+        value_text = self._value_text
+        for values, value in metric.rows:
+            prefix = prefixes.get(values)
+            if prefix is None:
+                labels = tuple(dict(zip(names, values, strict=False)).items())
+                prefix = sname + (self._label_text(labels) if labels else "")
+                prefixes[values] = prefix
+            out.append(f"{prefix} {value_text(value)}\n")
+
+    def _check_name(self, name: str) -> None:
+        """A sample's name (or, in the text format, a family's) written as it is."""
+        ok = self._names.get(name)
+        if ok is None:
+            ok = self._names[name] = self._sample_name_ok.match(name) is not None
+        if not ok:
+            raise Unusual(name)
+
+    def _value_text(self, value: float) -> str:
+        """The library's spelling of ``value``; what it cannot convert (None, "") raises
+        as it does, so the aggregator reports that collector failed instead of a 0."""
+        if value == 0:  # 0.0 == -0.0 as a key: both are spelled out here
+            return _NEGATIVE_ZERO if math.copysign(1.0, value) < 0 else _ZERO
+        shown = self._values.get(value)
+        if shown is None:
+            shown = floatToGoString(value)
+            if value == value:  # NaN is never found again: don't keep it
+                if len(self._values) > _MEMO_LIMIT:
+                    self._values.clear()
+                self._values[value] = shown
+        return shown
+
+    def _label_text(self, key: tuple[tuple[str, str], ...]) -> str:
+        for label, _ in key:
+            if self._label_name_ok.match(label) is None or _RESERVED_LABEL.match(label):
+                raise Unusual(label)
+        text = "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(key)) + "}"
+        if len(self._labels) > _MEMO_LIMIT:
+            self._labels.clear()
+        self._labels[key] = text
+        return text
+
+
+class TextEncoder(SeriesMemo):
+    """``encode(registry)`` -> the body ``generate_latest(registry)`` would return.
+
+    One per renderer: its memos are not locked.
+    """
+
     def encode(self, registry: Collector) -> bytes:
         return self.encode_families(list(registry.collect()))
 
@@ -71,7 +133,7 @@ class TextEncoder:
         """The families' part of a body: bodies of consecutive lists join into one."""
         try:
             return "".join(self._lines(metrics)).encode("utf-8")
-        except _Unusual:
+        except Unusual:
             return generate_latest(Collected(metrics))
 
     def _lines(self, metrics: Iterable[Metric]) -> list[str]:
@@ -118,53 +180,6 @@ class TextEncoder:
                 out.append(f"# HELP {name + om} {help_text}\n# TYPE {name + om} gauge\n")
                 out.extend(lines)
         return out
-
-    def _row_lines(self, metric: GaugeRows | CounterRows, out: list[str]) -> None:
-        """A rows family's series: the remembered label text of each row's values."""
-        sname = metric.sample_name
-        self._check_name(sname)
-        names = metric.label_names
-        prefixes = self._prefixes.get((sname, names))
-        if prefixes is None or len(prefixes) > _MEMO_LIMIT:
-            prefixes = self._prefixes[(sname, names)] = {}
-        value_text = self._value_text
-        for values, value in metric.rows:
-            prefix = prefixes.get(values)
-            if prefix is None:
-                labels = tuple(dict(zip(names, values, strict=False)).items())
-                prefix = sname + (self._label_text(labels) if labels else "")
-                prefixes[values] = prefix
-            out.append(f"{prefix} {value_text(value)}\n")
-
-    def _check_name(self, name: str) -> None:
-        ok = self._names.get(name)
-        if ok is None:
-            ok = self._names[name] = _METRIC_NAME.match(name) is not None
-        if not ok:
-            raise _Unusual(name)
-
-    def _value_text(self, value: float) -> str:
-        if not value:  # 0.0 == -0.0 as a key: both are spelled out here
-            negative = isinstance(value, float) and math.copysign(1.0, value) < 0
-            return _NEGATIVE_ZERO if negative else _ZERO
-        shown = self._values.get(value)
-        if shown is None:
-            shown = floatToGoString(value)
-            if value == value:  # NaN is never found again: don't keep it
-                if len(self._values) > _MEMO_LIMIT:
-                    self._values.clear()
-                self._values[value] = shown
-        return shown
-
-    def _label_text(self, key: tuple[tuple[str, str], ...]) -> str:
-        for label, _ in key:
-            if _LABEL_NAME.match(label) is None or _RESERVED_LABEL.match(label):
-                raise _Unusual(label)
-        text = "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(key)) + "}"
-        if len(self._labels) > _MEMO_LIMIT:
-            self._labels.clear()
-        self._labels[key] = text
-        return text
 
 
 class Collected(Collector):

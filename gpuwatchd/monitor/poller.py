@@ -5,16 +5,17 @@ Each GPU's sample window and gate state live in a
 has: the reads, their health, throttle seconds, static facts and the energy counter.
 
 One sweeper thread reads all GPUs in turn each period: a Python thread wake-up costs
-about as much as a whole poll, so one wake-up per period instead of one per GPU is
-what keeps 8 GPUs at 10 Hz under 0.5% of a core. A read that hangs must not stall the
-other GPUs, so the supervisor check (``check_stalls``, run by the daemon's main loop)
-notices a read in flight longer than ``stall_periods`` periods, quarantines that GPU
-and starts a fresh sweeper for the rest. When the stuck call finally returns, its
-old sweeper publishes that reading, releases the GPU back to the current sweeper and
+about as much as a whole poll, so one wake-up per period instead of one per GPU is what
+keeps 8 GPUs at 10 Hz under 0.5% of a core. A read that hangs must not stall the other
+GPUs, so the supervisor check (``check_stalls``, run by the daemon's main loop) notices
+a read in flight longer than ``stall_periods`` periods (every backend call a poll makes,
+the static facts it reads first and after a GPU answers again included), quarantines
+that GPU and starts a fresh sweeper for the rest. When the stuck call finally returns,
+its old sweeper publishes that reading, releases the GPU back to the current sweeper and
 exits. ``stall_check_due_in`` tells that loop when to look next, so it wakes once per
 stall limit rather than every period. Slow fields (energy counter, static facts) are
-read off the hot path by a dispatch that never blocks: a GPU whose previous slow read
-is still running is skipped, not queued. The sweeper starts that dispatch itself every
+read off the hot path by a dispatch that never blocks: a GPU whose previous slow read is
+still running is skipped, not queued. The sweeper starts that dispatch itself every
 ``energy_period_s`` (no scheduler thread wakes for it); ``dispatch_slow_reads`` also
 starts one at once and restarts that clock.
 """
@@ -256,7 +257,7 @@ class Poller:
         """Read one GPU once, evaluate its gate and publish. Public for tests."""
         gpu = track.index
         if track.info is None:
-            self._read_info(track, refresh=True)
+            self._read_info_in_flight(track)
         started = time.monotonic()
         track.in_flight_since = started
         sample: Sample | None = None
@@ -272,13 +273,12 @@ class Poller:
             track.in_flight_since = None
         duration = time.monotonic() - started
         if track.stall_logged:
-            track.stall_logged = False
-            log.warning("GPU %d: telemetry read returned after %.1f s", gpu, duration)
+            self._log_returned(track, duration)
         if error is not None and track.last_health.error != error:
             log.warning("GPU %d: poll failed: %s", gpu, error)
         if sample is not None and track.last_health.lost:
             log.warning("GPU %d: answering again", gpu)
-            self._read_info(track, refresh=True)  # it may have been replaced or reset
+            self._read_info_in_flight(track)  # it may have been replaced or reset
         if sample is not None:
             self._accumulate_throttle(track, sample)
             track.watch.add(sample)
@@ -334,6 +334,22 @@ class Poller:
         for reason in _REASONS_OF[prev.reasons._value_]:
             acc[reason] = acc.get(reason, 0.0) + dt
         track.throttle_s = acc
+
+    def _read_info_in_flight(self, track: _GpuTrack) -> None:
+        """Re-read static facts as part of a poll: a read in flight, so a hang is a stall."""
+        started = time.monotonic()
+        track.in_flight_since = started
+        try:
+            self._read_info(track, refresh=True)
+        finally:
+            track.in_flight_since = None
+        if track.stall_logged:
+            self._log_returned(track, time.monotonic() - started)
+
+    @staticmethod
+    def _log_returned(track: _GpuTrack, duration: float) -> None:
+        track.stall_logged = False
+        log.warning("GPU %d: telemetry read returned after %.1f s", track.index, duration)
 
     def _read_info(self, track: _GpuTrack, refresh: bool = False) -> None:
         try:

@@ -223,8 +223,8 @@ class NvmlBackend:
 
         ``nvml`` replaces the pynvml module (tests pass a fake). ``reprobe_interval_s``
         is the least time between two attempts to re-acquire a lost GPU; ``xid_wait_s``
-        the XID thread's wait timeout, which bounds how long ``close`` takes (each wait costs
-        ~170 µs of CPU in the driver however long it lasts, on an H100: so not 1 s).
+        the XID thread's wait timeout (each wait costs ~170 µs of CPU in the driver however
+        long it lasts, on an H100: so not 1 s); ``close`` does not wait it out.
         """
         if not reprobe_interval_s >= 0:
             raise ValueError(f"reprobe_interval_s must be >= 0, got {reprobe_interval_s!r}")
@@ -708,14 +708,22 @@ class NvmlBackend:
         )
 
     def close(self) -> None:
-        """Shut NVML down once; later calls do nothing."""
+        """Shut NVML down once; later calls do nothing. Returns within about a second.
+
+        The XID thread may sit in a wait of ``xid_wait_s``: NVML is then shut down by that
+        thread once the wait returns, never under it (a stopping daemon exits first).
+        """
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
         with self._xids_lock:
             if self._xids_started:
-                self._xids.close()
+                self._xids.close(then=self._shutdown_nvml)
+                return
+        self._shutdown_nvml()
+
+    def _shutdown_nvml(self) -> None:
         try:
             self._shutdown()
         except self._catch as exc:

@@ -3,7 +3,10 @@
 An XID is the driver's report of a GPU fault (48: uncorrectable ECC error, 63/64: row
 remapping, 79: fallen off the bus, ...). NVML delivers them only as events, through an
 event set a thread waits on; there is no counter to poll. ``nvmlEventSetWait`` blocks in
-C with the GIL released, and its timeout bounds how long :meth:`XidCounter.close` waits.
+C with the GIL released for up to its timeout (seconds: each wait costs CPU in the driver),
+so :meth:`XidCounter.close` does not wait that out: it gives the thread a moment, and if
+the thread is still inside the wait it leaves the event set, and whatever must follow its
+freeing (``nvmlShutdown``), to the thread on its way out. A daemon stopping exits first.
 Subscribing to events changes no GPU setting. The NVML functions are injected (bound by
 :mod:`gpuwatchd.telemetry.nvml`), so this module never imports pynvml.
 """
@@ -23,6 +26,8 @@ log = logging.getLogger(__name__)
 
 #: nvmlEventTypeXidCriticalError, fixed by the NVML ABI.
 XID_EVENT = 0x8
+#: Seconds :meth:`XidCounter.close` waits for the thread to leave its wait.
+CLOSE_WAIT_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +64,9 @@ class XidCounter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        self._exited = False  # the thread has left its loop (under _lock)
+        self._left_to_thread = False  # close() left the freeing to the thread (under _lock)
+        self._then: Callable[[], None] | None = None  # what close() asked to follow it
 
     def start(self) -> bool:
         """Create the event set and the thread; False if this NVML has no events."""
@@ -94,22 +102,48 @@ class XidCounter:
         """XID code -> events seen since start; None if the GPU's XIDs are not watched."""
         return self._counts.get(gpu)
 
-    def close(self) -> None:
-        """Stop the thread (within one wait timeout) and free the event set."""
+    def close(self, then: Callable[[], None] | None = None, wait_s: float = CLOSE_WAIT_S) -> bool:
+        """Stop the thread, free the event set, then call ``then``; True if done here.
+
+        Waits at most ``wait_s`` for the thread to leave ``nvmlEventSetWait``. A thread
+        still inside it (a wait lasts up to its timeout) is a daemon thread: the set stays
+        allocated while it may use it, and the thread frees it and calls ``then`` when
+        the wait returns (if the process still runs). False then.
+        """
         self._stop.set()
         thread = self._thread
         if thread is not None:
-            thread.join(self._wait_ms / 1000.0 + 1.0)
-        if self._set is not None and (thread is None or not thread.is_alive()):
+            thread.join(wait_s)
+            with self._lock:
+                if not self._exited:
+                    self._left_to_thread, self._then = True, then
+                    return False
+        self._release(then)
+        return True
+
+    def _release(self, then: Callable[[], None] | None) -> None:
+        if self._set is not None:
             try:
                 self._api.free(self._set)
             except self._api.errors as exc:
                 log.debug("nvmlEventSetFree failed: %s", one_line(exc))
             self._set = None
+        if then is not None:
+            then()
 
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._lock:
+                self._exited = True
+                left, then = self._left_to_thread, self._then
+            if left:  # close() returned while this thread was waiting
+                self._release(then)
+
+    def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 event = self._api.wait(self._set, self._wait_ms)

@@ -232,9 +232,8 @@ class GpuwatchdCollector:
             name = worker.sub.name
             if bodies[i] is None:
                 run, stuck = ran[id(worker)]
-                families = self._finish(worker, run, stuck)
-                if families is not None:
-                    body = encode(families)
+                body = self._finish_encoded(worker, run, stuck, encode)
+                if body is not None:
                     bodies[i] = body
                     if versions[i] is not _UNVERSIONED:
                         self._parts[(name, fmt)] = _Part(versions[i], now, body)
@@ -254,6 +253,25 @@ class GpuwatchdCollector:
         timeout = run.started + self._deadline_s - time.monotonic()
         finished = run.done.wait(max(0.0, timeout))
         return self._outcome(worker.sub.name, run, finished, stuck)
+
+    def _finish_encoded(
+        self, worker: _Worker, run: _Run, stuck: bool, encode: Encode
+    ) -> bytes | None:
+        """:meth:`_finish`, encoded: a sample the format cannot write (a value that is not
+        a number) fails the collector as an exception in its ``collect()`` does."""
+        timeout = run.started + self._deadline_s - time.monotonic()
+        finished = run.done.wait(max(0.0, timeout))
+        body = b""
+        if finished and run.error is None:
+            try:
+                body = encode(run.families or [])
+            except Exception as exc:
+                failed = _Run()  # not the shared run: another format may encode it fine
+                failed.error = exc
+                failed.done.set()
+                run = failed
+        families = self._outcome(worker.sub.name, run, finished, stuck)
+        return None if families is None else body
 
     @staticmethod
     def _self_metrics(results: Iterable[tuple[str, bool, float]]) -> list[Metric]:
