@@ -6,27 +6,47 @@ keep the dashboard plain data that tests/test_dashboard.py checks against the me
 catalogue and tests/test_prometheus_e2e.py runs against a real Prometheus.
 
 Run ``python3 grafana/build_dashboard.py`` after editing; a test fails while the
-committed JSON differs from what this script writes. Every panel reads its data source
-from the ``datasource`` template variable, so the same file works imported through
-Grafana's UI and provisioned from a file or a ConfigMap (no ``__inputs`` to resolve).
+committed JSON differs from what this script writes. The panel, query, layout and
+file-writing helpers it shares with the fleet dashboard are in grafana/dashboard_kit.py.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-Panel = dict[str, Any]
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # dashboard_kit.py sits beside this script
+    sys.path.insert(0, str(HERE))
 
-OUTPUT = Path(__file__).resolve().parent / "gpuwatchd.json"
-GRID_WIDTH = 24
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+from dashboard_kit import (  # noqa: E402
+    DATASOURCE,
+    GPU_LEGEND,
+    INSTANCE_SEL,
+    Panel,
+    Section,
+    bargauge,
+    builtin_annotation,
+    dashboard,
+    datasource_variable,
+    inst,
+    instance_variable,
+    label_values_variable,
+    stat,
+    state_timeline,
+    table,
+    target,
+    timeseries,
+    value_mappings,
+    write_or_check,
+)
+from dashboard_kit import render as render_json  # noqa: E402
+
+OUTPUT = HERE / "gpuwatchd.json"
 GPU_SEL = 'instance=~"$instance", gpu=~"$gpu"'
-INSTANCE_SEL = 'instance=~"$instance"'
-GPU_LEGEND = "{{instance}} GPU {{gpu}}"
+
 
 #: Gate states in the order of their codes on the gate timeline (1 = cool_stable).
 GATE_CODES = (
@@ -41,213 +61,6 @@ GATE_CODES = (
 def gpu(metric: str) -> str:
     """``metric`` filtered by both dashboard variables."""
     return f"{metric}{{{GPU_SEL}}}"
-
-
-def inst(metric: str) -> str:
-    """``metric`` filtered by the instance variable (series without a gpu label)."""
-    return f"{metric}{{{INSTANCE_SEL}}}"
-
-
-# -- targets and field settings -------------------------------------------------------
-
-
-def target(
-    expr: str, legend: str = GPU_LEGEND, *, instant: bool = False, table: bool = False
-) -> dict[str, Any]:
-    """One Prometheus query; its refId is set when the panel is built."""
-    t: dict[str, Any] = {
-        "datasource": DATASOURCE,
-        "refId": "",
-        "editorMode": "code",
-        "expr": expr,
-        "legendFormat": legend,
-        "range": not instant,
-        "instant": instant,
-    }
-    if table:
-        t["format"] = "table"
-    return t
-
-
-def value_mappings(texts: Mapping[str, tuple[str, str]]) -> list[dict[str, Any]]:
-    """Grafana value mappings: value -> (text, colour), in the given order."""
-    options = {
-        value: {"text": text, "color": color, "index": i}
-        for i, (value, (text, color)) in enumerate(texts.items())
-    }
-    return [{"type": "value", "options": options}]
-
-
-def dashed(ref_id: str, color: str) -> dict[str, Any]:
-    """The override drawing one query (a limit: max clock, power limit) as a dashed line."""
-    return {
-        "matcher": {"id": "byFrameRefID", "options": ref_id},
-        "properties": [
-            {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
-            {"id": "custom.lineWidth", "value": 2},
-            {"id": "color", "value": {"mode": "fixed", "fixedColor": color}},
-        ],
-    }
-
-
-def _thresholds(*steps: tuple[str, float | None]) -> dict[str, Any]:
-    return {"mode": "absolute", "steps": [{"color": c, "value": v} for c, v in steps]}
-
-
-def _panel(
-    kind: str,
-    title: str,
-    description: str,
-    targets: Sequence[dict[str, Any]],
-    defaults: dict[str, Any],
-    options: dict[str, Any],
-    overrides: Sequence[dict[str, Any]] = (),
-) -> Panel:
-    numbered = [{**t, "refId": chr(ord("A") + i)} for i, t in enumerate(targets)]
-    return {
-        "id": 0,  # numbered by layout()
-        "type": kind,
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "gridPos": {},
-        "fieldConfig": {"defaults": defaults, "overrides": list(overrides)},
-        "options": options,
-        "targets": numbered,
-    }
-
-
-# -- panel kinds ----------------------------------------------------------------------
-
-
-def timeseries(
-    title: str,
-    description: str,
-    targets: Sequence[dict[str, Any]],
-    unit: str,
-    *,
-    limits: Mapping[str, str] | None = None,
-    minimum: float | None = None,
-    maximum: float | None = None,
-) -> Panel:
-    """Lines over time; ``limits`` maps a refId to the colour of its dashed line."""
-    defaults: dict[str, Any] = {
-        "unit": unit,
-        "color": {"mode": "palette-classic"},
-        "custom": {
-            "drawStyle": "line",
-            "lineWidth": 1,
-            "fillOpacity": 0,
-            "showPoints": "never",
-            "spanNulls": False,
-        },
-    }
-    if minimum is not None:
-        defaults["min"] = minimum
-    if maximum is not None:
-        defaults["max"] = maximum
-    options = {
-        "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-        "tooltip": {"mode": "multi", "sort": "desc"},
-    }
-    overrides = [dashed(ref, color) for ref, color in (limits or {}).items()]
-    return _panel("timeseries", title, description, targets, defaults, options, overrides)
-
-
-def state_timeline(
-    title: str,
-    description: str,
-    targets: Sequence[dict[str, Any]],
-    mappings: Mapping[str, tuple[str, str]],
-) -> Panel:
-    """Coded states over time; ``mappings``: code -> (text, colour)."""
-    defaults = {
-        "color": {"mode": "thresholds"},
-        "thresholds": _thresholds(("text", None)),
-        "mappings": value_mappings(mappings),
-        "custom": {
-            "fillOpacity": 80,
-            "lineWidth": 0,
-            "hideFrom": {"legend": False, "tooltip": False, "viz": False},
-        },
-    }
-    options = {
-        "mergeValues": True,
-        "showValue": "auto",
-        "alignValue": "left",
-        "rowHeight": 0.9,
-        "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
-        "tooltip": {"mode": "single", "sort": "none"},
-    }
-    return _panel("state-timeline", title, description, targets, defaults, options)
-
-
-def bargauge(
-    title: str,
-    description: str,
-    targets: Sequence[dict[str, Any]],
-    unit: str,
-    *,
-    maximum: float | None = None,
-    decimals: int | None = None,
-) -> Panel:
-    """One bar per series: the value at the end of the range (instant queries)."""
-    defaults: dict[str, Any] = {
-        "unit": unit,
-        "min": 0,
-        "color": {"mode": "palette-classic"},
-        "thresholds": _thresholds(("green", None)),
-    }
-    if maximum is not None:
-        defaults["max"] = maximum
-    if decimals is not None:
-        defaults["decimals"] = decimals
-    options = {
-        "orientation": "horizontal",
-        "displayMode": "basic",
-        "showUnfilled": True,
-        "valueMode": "color",
-        "namePlacement": "auto",
-        "sizing": "auto",
-        "minVizHeight": 16,
-        "minVizWidth": 8,
-        "maxVizHeight": 300,
-        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-    }
-    return _panel("bargauge", title, description, targets, defaults, options)
-
-
-def stat(
-    title: str,
-    description: str,
-    targets: Sequence[dict[str, Any]],
-    unit: str,
-    steps: Sequence[tuple[str, float | None]],
-) -> Panel:
-    """Big numbers, coloured by ``steps`` (colour from value)."""
-    defaults = {"unit": unit, "color": {"mode": "thresholds"}, "thresholds": _thresholds(*steps)}
-    options = {
-        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-        "colorMode": "value",
-        "graphMode": "none",
-        "justifyMode": "auto",
-        "textMode": "value_and_name",
-        "orientation": "auto",
-        "wideLayout": True,
-        "showPercentChange": False,
-    }
-    return _panel("stat", title, description, targets, defaults, options)
-
-
-def row(title: str) -> Panel:
-    return {
-        "id": 0,
-        "type": "row",
-        "title": title,
-        "collapsed": False,
-        "gridPos": {},
-        "panels": [],
-    }
 
 
 # -- the panels -----------------------------------------------------------------------
@@ -700,25 +513,15 @@ def tuning_panels() -> list[tuple[Panel, int, int]]:
 
 
 def _winners_table() -> Panel:
-    p = _panel(
-        "table",
+    return table(
         "Winners per regime",
         "The winning candidate of each workload in each thermal regime and its time per "
         "call. 'winners differ' is yes when the unthrottled and the sustained regime picked "
         "different candidates.",
         [target(_winners_query(), "__auto", instant=True, table=True)],
-        {
-            "custom": {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False},
-            "thresholds": _thresholds(("green", None)),
-            "color": {"mode": "thresholds"},
-        },
-        {
-            "showHeader": True,
-            "cellHeight": "sm",
-            "footer": {"show": False, "reducer": ["sum"], "fields": "", "countRows": False},
-            "sortBy": [{"displayName": "workload", "desc": False}],
-        },
-        [
+        columns=("instance", "workload", "regime", "candidate", "Value", "winners_differ"),
+        rename={"Value": "time per call", "winners_differ": "winners differ"},
+        overrides=[
             {
                 "matcher": {"id": "byName", "options": "time per call"},
                 "properties": [{"id": "unit", "value": "s"}, {"id": "decimals", "value": 3}],
@@ -736,25 +539,8 @@ def _winners_table() -> Panel:
                 ],
             },
         ],
+        sort_by="workload",
     )
-    p["transformations"] = [
-        {
-            "id": "organize",
-            "options": {
-                "excludeByName": {"Time": True, "job": True, "__name__": True},
-                "indexByName": {
-                    "instance": 0,
-                    "workload": 1,
-                    "regime": 2,
-                    "candidate": 3,
-                    "Value": 4,
-                    "winners_differ": 5,
-                },
-                "renameByName": {"Value": "time per call", "winners_differ": "winners differ"},
-            },
-        }
-    ]
-    return p
 
 
 def drift_panels() -> list[tuple[Panel, int, int]]:
@@ -884,7 +670,7 @@ def health_of_gpuwatchd_panels() -> list[tuple[Panel, int, int]]:
     ]
 
 
-def sections() -> list[tuple[str, list[tuple[Panel, int, int]]]]:
+def sections() -> list[Section]:
     """Rows top to bottom, each with its panels and their (width, height)."""
     return [
         ("Temperature, power and clocks", telemetry_panels()),
@@ -897,82 +683,15 @@ def sections() -> list[tuple[str, list[tuple[Panel, int, int]]]]:
     ]
 
 
-# -- layout and the dashboard ---------------------------------------------------------
-
-
-def layout(rows: Iterable[tuple[str, list[tuple[Panel, int, int]]]]) -> list[Panel]:
-    """Number the panels and place them left to right, wrapping at the grid's width."""
-    placed: list[Panel] = []
-    y = 0
-    for title, panels in rows:
-        header = row(title)
-        header["gridPos"] = {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y}
-        placed.append(header)
-        y += 1
-        x, line_h = 0, 0
-        for panel, w, h in panels:
-            if x + w > GRID_WIDTH:
-                y, x, line_h = y + line_h, 0, 0
-            panel["gridPos"] = {"h": h, "w": w, "x": x, "y": y}
-            placed.append(panel)
-            x, line_h = x + w, max(line_h, h)
-        y += line_h
-    for i, panel in enumerate(placed, 1):
-        panel["id"] = i
-    return placed
+# -- the dashboard --------------------------------------------------------------------
 
 
 def variables() -> list[dict[str, Any]]:
-    datasource = {
-        "name": "datasource",
-        "label": "Data source",
-        "description": "The Prometheus that scrapes gpuwatchd",
-        "type": "datasource",
-        "query": "prometheus",
-        "regex": "",
-        "current": {},
-        "options": [],
-        "refresh": 1,
-        "multi": False,
-        "includeAll": False,
-        "hide": 0,
-        "skipUrlSync": False,
-    }
-
-    def label_values(name: str, label: str, description: str, query: str) -> dict[str, Any]:
-        return {
-            "name": name,
-            "label": label,
-            "description": description,
-            "type": "query",
-            "datasource": DATASOURCE,
-            "definition": query,
-            "query": {
-                "qryType": 1,
-                "query": query,
-                "refId": "PrometheusVariableQueryEditor-VariableQuery",
-            },
-            "refresh": 2,
-            "regex": "",
-            "sort": 3,
-            "multi": True,
-            "includeAll": True,
-            "allValue": ".*",
-            "current": {},
-            "options": [],
-            "hide": 0,
-            "skipUrlSync": False,
-        }
-
+    """The data source, the daemons and the GPUs on them."""
     return [
-        datasource,
-        label_values(
-            "instance",
-            "Instance",
-            "gpuwatchd daemons (scrape targets)",
-            "label_values(gpuwatchd_build_info, instance)",
-        ),
-        label_values(
+        datasource_variable(),
+        instance_variable(),
+        label_values_variable(
             "gpu",
             "GPU",
             "GPU indices on the selected daemons",
@@ -982,16 +701,9 @@ def variables() -> list[dict[str, Any]]:
 
 
 def annotation_list() -> list[dict[str, Any]]:
+    """Grafana's own annotations and a mark where a GPU was tuning."""
     return [
-        {
-            "builtIn": 1,
-            "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-            "enable": True,
-            "hide": True,
-            "iconColor": "rgba(0, 211, 255, 1)",
-            "name": "Annotations & Alerts",
-            "type": "dashboard",
-        },
+        builtin_annotation(),
         {
             "datasource": DATASOURCE,
             "enable": True,
@@ -1008,70 +720,33 @@ def annotation_list() -> list[dict[str, Any]]:
     ]
 
 
-def requires(panels: Iterable[Panel]) -> list[dict[str, str]]:
-    names = {
-        "bargauge": "Bar gauge",
-        "stat": "Stat",
-        "state-timeline": "State timeline",
-        "table": "Table",
-        "timeseries": "Time series",
-    }
-    kinds = sorted({p["type"] for p in panels if p["type"] != "row"})
-    return [
-        {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
-        {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
-        *({"type": "panel", "id": k, "name": names[k], "version": ""} for k in kinds),
-    ]
-
-
 def build() -> dict[str, Any]:
     """The whole dashboard as a JSON-ready dict."""
-    panels = layout(sections())
-    return {
-        "__elements": {},
-        "__requires": requires(panels),
-        "annotations": {"list": annotation_list()},
-        "description": (
+    return dashboard(
+        uid="gpuwatchd",
+        title="gpuwatchd",
+        description=(
             "gpuwatchd: GPU temperature, power, clocks, memory, energy and health (XID, "
             "ECC, PCIe, NVLink), throttling, the tuning gate, gated tuning and its winners "
             "per thermal regime, clock drift and the daemon's own health."
         ),
-        "editable": True,
-        "fiscalYearStartMonth": 0,
-        "graphTooltip": 1,
-        "id": None,
-        "links": [],
-        "liveNow": False,
-        "panels": panels,
-        "refresh": "30s",
-        "schemaVersion": 39,
-        "tags": ["gpu", "nvidia", "gpuwatchd"],
-        "templating": {"list": variables()},
-        "time": {"from": "now-6h", "to": "now"},
-        "timepicker": {},
-        "timezone": "",
-        "title": "gpuwatchd",
-        "uid": "gpuwatchd",
-        "version": 1,
-        "weekStart": "",
-    }
+        sections=sections(),
+        annotations=annotation_list(),
+        variables=variables(),
+        tags=["gpu", "nvidia", "gpuwatchd"],
+        refresh="30s",
+        time_from="now-6h",
+    )
 
 
 def render() -> str:
-    """The file's exact text: 2-space indented JSON, non-ASCII kept, final newline."""
-    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+    """The file's exact text."""
+    return render_json(build())
 
 
 def main(argv: Sequence[str]) -> int:
     """Write the dashboard (``--check``: only say whether the committed file is current)."""
-    text = render()
-    if "--check" in argv:
-        current = OUTPUT.read_text(encoding="utf-8") == text
-        print(f"{OUTPUT}: {'up to date' if current else 'stale: run grafana/build_dashboard.py'}")
-        return 0 if current else 1
-    OUTPUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUTPUT}")
-    return 0
+    return write_or_check(OUTPUT, render(), "grafana/build_dashboard.py", argv)
 
 
 if __name__ == "__main__":

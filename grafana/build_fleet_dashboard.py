@@ -4,8 +4,8 @@ One picture of every gpuwatchd daemon a Prometheus (or Thanos, or a federation) 
 GPU models and driver versions, throttle time per host, hosts whose sustained clock
 falls behind their fleet's median for the same GPU model and power limit, tuning
 coverage, disagreements between hosts and the work the shared store saved. The
-per-host dashboard is grafana/gpuwatchd.json; this script reuses its panel builders
-(grafana/build_dashboard.py), so both look and validate alike.
+per-host dashboard is grafana/gpuwatchd.json; both are written with the panel builders
+of grafana/dashboard_kit.py, so they look and validate alike.
 
 Run ``python3 grafana/build_fleet_dashboard.py`` after editing; a test fails while the
 committed JSON differs from what this script writes.
@@ -13,32 +13,36 @@ committed JSON differs from what this script writes.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # dashboard_kit.py sits beside this script
+    sys.path.insert(0, str(HERE))
 
-def _base() -> ModuleType:
-    """grafana/build_dashboard.py, loaded by path (it is a script, not a package)."""
-    path = Path(__file__).resolve().parent / "build_dashboard.py"
-    spec = importlib.util.spec_from_file_location("gpuwatchd_build_dashboard", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from dashboard_kit import (  # noqa: E402
+    Panel,
+    Section,
+    bargauge,
+    builtin_annotation,
+    dashboard,
+    datasource_variable,
+    inst,
+    instance_variable,
+    stat,
+    state_timeline,
+    table,
+    target,
+    thresholds,
+    timeseries,
+    write_or_check,
+)
+from dashboard_kit import render as render_json  # noqa: E402
 
-
-base = _base()
-Panel = dict[str, Any]
-target, timeseries, bargauge, stat = base.target, base.timeseries, base.bargauge, base.stat
-
-OUTPUT = Path(__file__).resolve().parent / "gpuwatchd-fleet.json"
+OUTPUT = HERE / "gpuwatchd-fleet.json"
 UID = "gpuwatchd-fleet"
-INSTANCE_SEL = base.INSTANCE_SEL
 HOST_GPU_LEGEND = "{{instance}} GPU {{gpu}}"
 #: The alert's threshold: a GPU under 95% of its group's median is an outlier.
 OUTLIER_RATIO = 0.95
@@ -48,11 +52,6 @@ MIN_PEERS = 3
 SLOWDOWN_SEL = 'reason=~"sw_power_cap|sw_thermal_slowdown|hw_thermal_slowdown|hw_slowdown"'
 NOT_IDLE_SEL = 'reason!="gpu_idle"'
 COMPLETED_SEL = 'status="completed"'
-
-
-def inst(metric: str, extra: str = "") -> str:
-    """``metric`` filtered by the instance variable, plus ``extra`` matchers."""
-    return f"{metric}{{{INSTANCE_SEL}{', ' + extra if extra else ''}}}"
 
 
 def clock_ratio() -> str:
@@ -71,55 +70,6 @@ def outliers() -> str:
         "and on (instance, job, gpu_model, power_limit_watts)\n"
         f"{inst('gpuwatchd_fleet_peers')} >= {MIN_PEERS}"
     )
-
-
-def table(
-    title: str,
-    description: str,
-    targets: Sequence[dict[str, Any]],
-    *,
-    columns: Sequence[str],
-    rename: Mapping[str, str],
-    units: Mapping[str, str] | None = None,
-    merge: bool = False,
-) -> Panel:
-    """An instant-query table showing ``columns`` in order (renamed by ``rename``)."""
-    overrides = [
-        {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": u}]}
-        for name, u in (units or {}).items()
-    ]
-    p = base._panel(
-        "table",
-        title,
-        description,
-        targets,
-        {
-            "custom": {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False},
-            "thresholds": base._thresholds(("green", None)),
-            "color": {"mode": "thresholds"},
-        },
-        {
-            "showHeader": True,
-            "cellHeight": "sm",
-            "footer": {"show": False, "reducer": ["sum"], "fields": "", "countRows": False},
-            "sortBy": [{"displayName": rename.get(columns[0], columns[0]), "desc": False}],
-        },
-        overrides,
-    )
-    keep = {name: i for i, name in enumerate(columns)}
-    steps: list[dict[str, Any]] = [{"id": "merge", "options": {}}] if merge else []
-    steps.append(
-        {
-            "id": "organize",
-            "options": {
-                "excludeByName": {"Time": True, "job": True, "__name__": True},
-                "indexByName": keep,
-                "renameByName": dict(rename),
-            },
-        }
-    )
-    p["transformations"] = steps
-    return p
 
 
 # -- the panels -----------------------------------------------------------------------
@@ -201,7 +151,7 @@ def clock_panels() -> list[tuple[Panel, int, int]]:
         "percentunit",
     )
     defaults = ratio["fieldConfig"]["defaults"]
-    defaults["thresholds"] = base._thresholds(("red", None), ("transparent", OUTLIER_RATIO))
+    defaults["thresholds"] = thresholds(("red", None), ("transparent", OUTLIER_RATIO))
     defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
     return [
         (ratio, 12, 9),
@@ -451,7 +401,7 @@ def sync_panels() -> list[tuple[Panel, int, int]]:
             7,
         ),
         (
-            base.state_timeline(
+            state_timeline(
                 "Fleet sync",
                 "Whether each daemon's latest sync with the shared store succeeded; while it "
                 "fails, its fleet series keep their last values.",
@@ -464,7 +414,7 @@ def sync_panels() -> list[tuple[Panel, int, int]]:
     ]
 
 
-def sections() -> list[tuple[str, list[tuple[Panel, int, int]]]]:
+def sections() -> list[Section]:
     """Rows top to bottom, each with its panels and their (width, height)."""
     return [
         ("Fleet inventory", inventory_panels()),
@@ -477,27 +427,26 @@ def sections() -> list[tuple[str, list[tuple[Panel, int, int]]]]:
 
 def variables() -> list[dict[str, Any]]:
     """The data source and the instance variable of the per-host dashboard (no GPU one)."""
-    return [v for v in base.variables() if v["name"] in ("datasource", "instance")]
+    return [datasource_variable(), instance_variable()]
 
 
 def build() -> dict[str, Any]:
     """The whole dashboard as a JSON-ready dict."""
-    panels = base.layout(sections())
-    builtin = [a for a in base.annotation_list() if a.get("builtIn")]
-    return {
-        "__elements": {},
-        "__requires": base.requires(panels),
-        "annotations": {"list": builtin},
-        "description": (
+    return dashboard(
+        uid=UID,
+        title="gpuwatchd fleet",
+        description=(
             "gpuwatchd fleet: GPU models and driver versions, throttle time per host, hosts "
             "whose sustained clock falls behind their fleet's median, tuning coverage, "
             "disagreements and the work the shared store saved."
         ),
-        "editable": True,
-        "fiscalYearStartMonth": 0,
-        "graphTooltip": 1,
-        "id": None,
-        "links": [
+        sections=sections(),
+        annotations=[builtin_annotation()],
+        variables=variables(),
+        tags=["gpu", "nvidia", "gpuwatchd", "fleet"],
+        refresh="1m",
+        time_from="now-24h",
+        links=[
             {
                 "asDropdown": False,
                 "icon": "dashboard",
@@ -509,37 +458,17 @@ def build() -> dict[str, Any]:
                 "type": "dashboards",
             }
         ],
-        "liveNow": False,
-        "panels": panels,
-        "refresh": "1m",
-        "schemaVersion": 39,
-        "tags": ["gpu", "nvidia", "gpuwatchd", "fleet"],
-        "templating": {"list": variables()},
-        "time": {"from": "now-24h", "to": "now"},
-        "timepicker": {},
-        "timezone": "",
-        "title": "gpuwatchd fleet",
-        "uid": UID,
-        "version": 1,
-        "weekStart": "",
-    }
+    )
 
 
 def render() -> str:
-    """The file's exact text: 2-space indented JSON, non-ASCII kept, final newline."""
-    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+    """The file's exact text."""
+    return render_json(build())
 
 
 def main(argv: Sequence[str]) -> int:
     """Write the dashboard (``--check``: only say whether the committed file is current)."""
-    text = render()
-    if "--check" in argv:
-        current = OUTPUT.exists() and OUTPUT.read_text(encoding="utf-8") == text
-        print(f"{OUTPUT}: {'up to date' if current else 'stale: run ' + Path(__file__).name}")
-        return 0 if current else 1
-    OUTPUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUTPUT}")
-    return 0
+    return write_or_check(OUTPUT, render(), Path(__file__).name, argv)
 
 
 if __name__ == "__main__":

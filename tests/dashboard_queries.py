@@ -5,15 +5,34 @@ Grafana sends a panel's ``expr`` to Prometheus only after replacing ``$instance`
 against a real Prometheus, the tests have to do the same replacement. An unknown
 variable is an error, not left in place: it would be a typo that Grafana leaves
 unexpanded and Prometheus then rejects.
+
+Also the helpers both dashboards' tests (tests/test_dashboard.py, per host, and
+tests/test_fleet_dashboard.py) share: loading a generator script, finding panels,
+checking and evaluating queries with promtool.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
-from collections.abc import Iterator, Mapping
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+import pytest
+
+GRAFANA = Path(__file__).resolve().parent.parent / "grafana"
+#: How every panel and query names its data source: the ``datasource`` variable.
+DS_VAR = {"type": "prometheus", "uid": "${datasource}"}
+#: Grafana's own annotations' data source, the one other allowed.
+BUILTIN_DS = {"type": "grafana", "uid": "-- Grafana --"}
+GRID_WIDTH = 24
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
 
 #: Values for the dashboard's own variables: the "All" value (allValue) of each.
 DEFAULT_VARIABLES: Mapping[str, str] = {"instance": ".*", "gpu": ".*"}
@@ -105,3 +124,112 @@ def panel_queries(
             if expr:
                 queries.append((title, substitute(expr, values)))
     return queries
+
+
+# -- shared by the dashboard tests -------------------------------------------------------
+
+
+def load_generator(script: str) -> ModuleType:
+    """A grafana/ generator script (``build_dashboard.py``...), loaded by path: not a package."""
+    spec = importlib.util.spec_from_file_location(Path(script).stem, GRAFANA / script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_mode_round_trip(gen: ModuleType, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """Run ``gen.main``: --check says stale, a write makes it current; the JSON written."""
+    assert gen.main(["--check"]) == 1
+    assert "stale" in capsys.readouterr().out
+    assert gen.main([]) == 0
+    assert gen.main(["--check"]) == 0
+    return load_dashboard(gen.OUTPUT)
+
+
+def data_panels(dash: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every panel but the row headers."""
+    return [p for p in iter_panels(dash) if p.get("type") != "row"]
+
+
+def panel(dash: Mapping[str, Any], title: str) -> dict[str, Any]:
+    """The one panel titled ``title``."""
+    matches = [p for p in iter_panels(dash) if p.get("title") == title]
+    assert len(matches) == 1, f"expected one panel titled {title!r}, found {len(matches)}"
+    return matches[0]
+
+
+def filled(expr: str) -> str:
+    """``expr`` as Grafana sends it with every variable on "All" and default intervals."""
+    return substitute(expr, {**DEFAULT_VARIABLES, **builtin_variables()})
+
+
+def datasource_refs(node: Any, path: str = "$") -> Iterator[tuple[str, Any]]:
+    """(where, value) of every ``datasource`` key anywhere in ``node``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource":
+                yield f"{path}.datasource", value
+            yield from datasource_refs(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from datasource_refs(value, f"{path}[{index}]")
+
+
+def overlap(a: Mapping[str, int], b: Mapping[str, int]) -> bool:
+    """Whether two gridPos rectangles share any cell."""
+    return (
+        a["x"] < b["x"] + b["w"]
+        and b["x"] < a["x"] + a["w"]
+        and a["y"] < b["y"] + b["h"]
+        and b["y"] < a["y"] + a["h"]
+    )
+
+
+def promtool_check(
+    exprs: Sequence[str], tmp_path: Path, group: str
+) -> subprocess.CompletedProcess[str]:
+    """``promtool check rules`` on the exprs as recording rules (promtool parses PromQL)."""
+    rules = [{"record": f"gpuwatchd_{group}:query_{i}", "expr": e} for i, e in enumerate(exprs)]
+    path = tmp_path / f"{group}_rules.yml"
+    # JSON is YAML: no YAML library needed to write it.
+    path.write_text(json.dumps({"groups": [{"name": group, "rules": rules}]}))
+    assert PROMTOOL is not None
+    return subprocess.run(
+        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+
+
+def expr_test(
+    tmp_path: Path,
+    expr: str,
+    series: list[dict[str, str]],
+    expected: list[tuple[str, float]],
+    interval: str = "1m",
+) -> None:
+    """Evaluate ``expr`` on ``series`` (one sample per ``interval``) at 5m with promtool."""
+    (tmp_path / "empty_rules.yml").write_text('{"groups": []}')
+    test = {
+        "rule_files": ["empty_rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": interval,
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "5m",
+                        "exp_samples": [{"labels": lbl, "value": v} for lbl, v in expected],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "query_test.yml"
+    path.write_text(json.dumps(test))
+    assert PROMTOOL is not None
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -9,12 +9,8 @@ evaluated by promtool's rule unit tests on synthetic series.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import json
 import re
-import shutil
-import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,11 +18,25 @@ from typing import Any
 import pytest
 from builders import DAEMON_INFO, board_of, full_h200
 from dashboard_queries import (
+    BUILTIN_DS,
     DEFAULT_VARIABLES,
+    DS_VAR,
+    GRAFANA,
+    GRID_WIDTH,
     builtin_variables,
+    check_mode_round_trip,
+    data_panels,
+    datasource_refs,
+    expr_test,
+    filled,
     iter_panels,
     load_dashboard,
+    load_generator,
+    needs_promtool,
+    overlap,
+    panel,
     panel_queries,
+    promtool_check,
     substitute,
 )
 from metric_catalog import (
@@ -43,12 +53,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatchd.exporter import build_registry
 
-GRAFANA = Path(__file__).resolve().parent.parent / "grafana"
 DASHBOARD = GRAFANA / "gpuwatchd.json"
-DS_VAR = {"type": "prometheus", "uid": "${datasource}"}
-GRID_WIDTH = 24
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
 
 
 @pytest.fixture(scope="module")
@@ -56,22 +61,8 @@ def dash() -> dict[str, Any]:
     return load_dashboard(DASHBOARD)
 
 
-def data_panels(dash: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in iter_panels(dash) if p.get("type") != "row"]
-
-
-def panel(dash: Mapping[str, Any], title: str) -> dict[str, Any]:
-    matches = [p for p in iter_panels(dash) if p.get("title") == title]
-    assert len(matches) == 1, f"expected one panel titled {title!r}, found {len(matches)}"
-    return matches[0]
-
-
 def exprs_of(p: Mapping[str, Any]) -> list[str]:
     return [t["expr"] for t in p.get("targets", []) if t.get("expr")]
-
-
-def filled(expr: str) -> str:
-    return substitute(expr, {**DEFAULT_VARIABLES, **builtin_variables()})
 
 
 def annotation_exprs(dash: Mapping[str, Any]) -> list[str]:
@@ -95,16 +86,8 @@ def variable_selectors(dash: Mapping[str, Any]) -> Iterator[tuple[str, str, str]
 # -- generated ------------------------------------------------------------------------
 
 
-def _generator() -> Any:
-    spec = importlib.util.spec_from_file_location("build_dashboard", GRAFANA / "build_dashboard.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_committed_json_is_what_the_generator_writes() -> None:
-    expected = _generator().render()
+    expected = load_generator("build_dashboard.py").render()
     assert DASHBOARD.read_text(encoding="utf-8") == expected, (
         "grafana/gpuwatchd.json is stale: run python3 grafana/build_dashboard.py"
     )
@@ -113,14 +96,10 @@ def test_committed_json_is_what_the_generator_writes() -> None:
 def test_generator_check_mode_reports_a_stale_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    gen = _generator()
+    gen = load_generator("build_dashboard.py")
     gen.OUTPUT = tmp_path / "gpuwatchd.json"
     gen.OUTPUT.write_text("{}\n", encoding="utf-8")
-    assert gen.main(["--check"]) == 1
-    assert "stale" in capsys.readouterr().out
-    assert gen.main([]) == 0
-    assert gen.main(["--check"]) == 0
-    assert json.loads(gen.OUTPUT.read_text(encoding="utf-8"))["uid"] == "gpuwatchd"
+    assert check_mode_round_trip(gen, capsys)["uid"] == "gpuwatchd"
 
 
 #: Exported metrics left off the dashboard, and why.
@@ -167,17 +146,6 @@ def test_dashboard_is_import_ready(dash: dict[str, Any]) -> None:
     assert dash["uid"] == "gpuwatchd" and dash["title"]
 
 
-def _datasource_refs(node: Any, path: str = "$") -> Iterator[tuple[str, Any]]:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "datasource":
-                yield f"{path}.datasource", value
-            yield from _datasource_refs(value, f"{path}.{key}")
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _datasource_refs(value, f"{path}[{index}]")
-
-
 def test_datasource_is_a_template_variable(dash: dict[str, Any]) -> None:
     (var,) = [v for v in dash["templating"]["list"] if v["type"] == "datasource"]
     assert var["name"] == "datasource" and var["query"] == "prometheus"
@@ -187,11 +155,10 @@ def test_datasource_is_a_template_variable(dash: dict[str, Any]) -> None:
 
 def test_every_datasource_is_the_variable(dash: dict[str, Any]) -> None:
     """No concrete uid: only the variable (or Grafana's built-in annotations) anywhere."""
-    builtin = {"type": "grafana", "uid": "-- Grafana --"}
-    refs = list(_datasource_refs(dash))
-    bad = [(where, ref) for where, ref in refs if ref not in (DS_VAR, builtin)]
+    refs = list(datasource_refs(dash))
+    bad = [(where, ref) for where, ref in refs if ref not in (DS_VAR, BUILTIN_DS)]
     assert bad == []
-    assert sum(ref == builtin for _, ref in refs) == 1  # the built-in annotation only
+    assert sum(ref == BUILTIN_DS for _, ref in refs) == 1  # the built-in annotation only
 
 
 def test_every_data_panel_queries_prometheus(dash: dict[str, Any]) -> None:
@@ -216,16 +183,7 @@ def test_panel_ids_are_unique_positive_ints(dash: dict[str, Any]) -> None:
     assert len(ids) == len(set(ids))
 
 
-def _overlap(a: Mapping[str, int], b: Mapping[str, int]) -> bool:
-    return (
-        a["x"] < b["x"] + b["w"]
-        and b["x"] < a["x"] + a["w"]
-        and a["y"] < b["y"] + b["h"]
-        and b["y"] < a["y"] + a["h"]
-    )
-
-
-def test_grid_positions_fit_and_do_not_overlap(dash: dict[str, Any]) -> None:
+def test_grid_positions_fit_and_do_notoverlap(dash: dict[str, Any]) -> None:
     top = dash["panels"]  # panels inside collapsed rows are laid out when expanded
     for p in top:
         g = p["gridPos"]
@@ -236,15 +194,15 @@ def test_grid_positions_fit_and_do_not_overlap(dash: dict[str, Any]) -> None:
     clashes = [
         (a["title"], b["title"])
         for a, b in itertools.combinations(top, 2)
-        if _overlap(a["gridPos"], b["gridPos"])
+        if overlap(a["gridPos"], b["gridPos"])
     ]
     assert clashes == []
 
 
 def test_overlap_check_catches_a_clash() -> None:
-    assert _overlap({"x": 0, "y": 0, "w": 12, "h": 8}, {"x": 11, "y": 7, "w": 2, "h": 2})
-    assert not _overlap({"x": 0, "y": 0, "w": 12, "h": 8}, {"x": 12, "y": 0, "w": 12, "h": 8})
-    assert not _overlap({"x": 0, "y": 0, "w": 24, "h": 1}, {"x": 0, "y": 1, "w": 24, "h": 8})
+    assert overlap({"x": 0, "y": 0, "w": 12, "h": 8}, {"x": 11, "y": 7, "w": 2, "h": 2})
+    assert not overlap({"x": 0, "y": 0, "w": 12, "h": 8}, {"x": 12, "y": 0, "w": 12, "h": 8})
+    assert not overlap({"x": 0, "y": 0, "w": 24, "h": 1}, {"x": 0, "y": 1, "w": 24, "h": 8})
 
 
 # -- template variables ---------------------------------------------------------------
@@ -292,30 +250,18 @@ def test_panels_use_the_variables_and_nothing_undefined(dash: dict[str, Any]) ->
 # -- the queries ----------------------------------------------------------------------
 
 
-def _promtool_check(exprs: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """``promtool check rules`` on the exprs as recording rules (promtool parses PromQL)."""
-    rules = [{"record": f"gpuwatchd_dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]
-    path = tmp_path / "dashboard_rules.yml"
-    # JSON is YAML: no YAML library needed to write it.
-    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
-    assert PROMTOOL is not None
-    return subprocess.run(
-        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
-    )
-
-
 @needs_promtool
 def test_every_query_parses(dash: dict[str, Any], tmp_path: Path) -> None:
     exprs = [e for _, e in panel_queries(DASHBOARD)]
     exprs += [filled(e) for e in annotation_exprs(dash)]
-    result = _promtool_check(exprs, tmp_path)
+    result = promtool_check(exprs, tmp_path, "dashboard")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(exprs)} rules found" in result.stdout
 
 
 @needs_promtool
 def test_promtool_check_rejects_a_broken_query(tmp_path: Path) -> None:
-    result = _promtool_check(['sum by (gpu (gpuwatchd_gpu_lost{gpu=~".*"})'], tmp_path)
+    result = promtool_check(['sum by (gpu (gpuwatchd_gpu_lost{gpu=~".*"})'], tmp_path, "dashboard")
     assert result.returncode != 0
 
 
@@ -522,41 +468,6 @@ def _series(metric: str, labels: str, value: float) -> dict[str, str]:
     return {"series": f"{metric}{{{labels}}}", "values": f"{value}x10"}
 
 
-def _expr_test(
-    tmp_path: Path,
-    expr: str,
-    series: list[dict[str, str]],
-    expected: list[tuple[str, float]],
-    interval: str = "1m",
-) -> None:
-    """Evaluate ``expr`` on ``series`` (one sample per ``interval``) at 5m with promtool."""
-    (tmp_path / "empty_rules.yml").write_text('{"groups": []}')
-    test = {
-        "rule_files": ["empty_rules.yml"],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": interval,
-                "input_series": series,
-                "promql_expr_test": [
-                    {
-                        "expr": expr,
-                        "eval_time": "5m",
-                        "exp_samples": [{"labels": lbl, "value": v} for lbl, v in expected],
-                    }
-                ],
-            }
-        ],
-    }
-    path = tmp_path / "query_test.yml"
-    path.write_text(json.dumps(test))
-    assert PROMTOOL is not None
-    result = subprocess.run(
-        [PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 def _query(dash: Mapping[str, Any], title: str) -> str:
     (expr,) = exprs_of(panel(dash, title))
     return filled(expr)
@@ -574,7 +485,7 @@ def test_gate_timeline_query_yields_the_active_state_code(
     ]
     codes = {s: i for i, s in enumerate(GATE_STATES, 1)}
     expected = [(f"{{{_gpu(g)}}}", float(codes[s])) for g, s in active.items()]
-    _expr_test(tmp_path, _query(dash, "Gate state"), series, expected)
+    expr_test(tmp_path, _query(dash, "Gate state"), series, expected)
 
 
 @needs_promtool
@@ -593,7 +504,7 @@ def test_poll_state_query_ranks_lost_over_stalled_over_failing(
         )
     ]
     expected = [(f"{{{_gpu(g)}}}", float(code)) for g, (_, code) in cases.items()]
-    _expr_test(tmp_path, _query(dash, "Poll state"), series, expected)
+    expr_test(tmp_path, _query(dash, "Poll state"), series, expected)
 
 
 @needs_promtool
@@ -626,7 +537,7 @@ def test_winners_query_joins_candidate_time_and_differ_flag(
         )
         for (w, r), (c, s) in winners.items()
     ]
-    _expr_test(tmp_path, _query(dash, "Winners per regime"), series, expected)
+    expr_test(tmp_path, _query(dash, "Winners per regime"), series, expected)
 
 
 @needs_promtool
@@ -663,10 +574,10 @@ def test_tuning_timeline_shows_a_session_shorter_than_a_scrape(
     expected = [
         (f'{{instance="h1:9844",gpu="{g}"}}', v) for g, v in ((0, 1), (1, 1), (2, 0), (3, 0))
     ]
-    _expr_test(tmp_path, _query(dash, "Tuning running"), series, expected, interval="15s")
+    expr_test(tmp_path, _query(dash, "Tuning running"), series, expected, interval="15s")
     # The annotation marks the same sessions, and only them.
     (annotation,) = annotation_exprs(dash)
-    _expr_test(tmp_path, filled(annotation), series, expected[:2], interval="15s")
+    expr_test(tmp_path, filled(annotation), series, expected[:2], interval="15s")
 
 
 # -- the catalogue against the real exporter ------------------------------------------

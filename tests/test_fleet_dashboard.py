@@ -9,33 +9,34 @@ promtool on synthetic series from several daemons.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import json
-import shutil
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dashboard_queries import (
-    DEFAULT_VARIABLES,
-    builtin_variables,
+    BUILTIN_DS,
+    DS_VAR,
+    GRAFANA,
+    GRID_WIDTH,
+    check_mode_round_trip,
+    data_panels,
+    datasource_refs,
+    expr_test,
+    filled,
     iter_panels,
     load_dashboard,
+    load_generator,
+    needs_promtool,
+    overlap,
+    panel,
     panel_queries,
-    substitute,
+    promtool_check,
 )
 from metric_catalog import KNOWN_METRICS, SOURCE, scan, unknown_names
 
-GRAFANA = Path(__file__).resolve().parent.parent / "grafana"
 DASHBOARD = GRAFANA / "gpuwatchd-fleet.json"
-DS_VAR = {"type": "prometheus", "uid": "${datasource}"}
-BUILTIN_DS = {"type": "grafana", "uid": "-- Grafana --"}
-GRID_WIDTH = 24
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
 
 
 @pytest.fixture(scope="module")
@@ -43,52 +44,26 @@ def dash() -> dict[str, Any]:
     return load_dashboard(DASHBOARD)
 
 
-def _generator() -> Any:
-    path = GRAFANA / "build_fleet_dashboard.py"
-    spec = importlib.util.spec_from_file_location("build_fleet_dashboard", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def data_panels(dash: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in iter_panels(dash) if p.get("type") != "row"]
-
-
-def panel(dash: Mapping[str, Any], title: str) -> dict[str, Any]:
-    (found,) = [p for p in iter_panels(dash) if p.get("title") == title]
-    return found
-
-
-def _filled(expr: str) -> str:
-    return substitute(expr, {**DEFAULT_VARIABLES, **builtin_variables()})
-
-
 def _query(dash: Mapping[str, Any], title: str, ref: str = "A") -> str:
     (t,) = [t for t in panel(dash, title)["targets"] if t["refId"] == ref]
-    return _filled(t["expr"])
+    return filled(t["expr"])
 
 
 # -- generated and import-ready ----------------------------------------------------------
 
 
 def test_committed_json_is_what_the_generator_writes() -> None:
-    assert DASHBOARD.read_text(encoding="utf-8") == _generator().render(), (
-        "grafana/gpuwatchd-fleet.json is stale: run python3 grafana/build_fleet_dashboard.py"
-    )
+    assert (
+        DASHBOARD.read_text(encoding="utf-8") == load_generator("build_fleet_dashboard.py").render()
+    ), "grafana/gpuwatchd-fleet.json is stale: run python3 grafana/build_fleet_dashboard.py"
 
 
 def test_generator_check_mode_reports_a_stale_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    gen = _generator()
-    gen.OUTPUT = tmp_path / "gpuwatchd-fleet.json"
-    assert gen.main(["--check"]) == 1  # missing
-    assert "stale" in capsys.readouterr().out
-    assert gen.main([]) == 0
-    assert gen.main(["--check"]) == 0
-    assert json.loads(gen.OUTPUT.read_text(encoding="utf-8"))["uid"] == "gpuwatchd-fleet"
+    gen = load_generator("build_fleet_dashboard.py")
+    gen.OUTPUT = tmp_path / "gpuwatchd-fleet.json"  # missing: stale
+    assert check_mode_round_trip(gen, capsys)["uid"] == "gpuwatchd-fleet"
 
 
 def test_dashboard_is_import_ready(dash: dict[str, Any]) -> None:
@@ -102,17 +77,8 @@ def test_dashboard_is_import_ready(dash: dict[str, Any]) -> None:
     assert dash["uid"] != per_host["uid"]  # both can be provisioned side by side
 
 
-def _datasources(node: Any) -> list[Any]:
-    if isinstance(node, dict):
-        here = [node["datasource"]] if "datasource" in node else []
-        return here + [d for v in node.values() for d in _datasources(v)]
-    if isinstance(node, list):
-        return [d for v in node for d in _datasources(v)]
-    return []
-
-
 def test_every_datasource_is_the_variable(dash: dict[str, Any]) -> None:
-    refs = _datasources(dash)
+    refs = [ref for _, ref in datasource_refs(dash)]
     assert [r for r in refs if r not in (DS_VAR, BUILTIN_DS)] == []
     assert refs.count(BUILTIN_DS) == 1  # Grafana's built-in annotation only
 
@@ -133,14 +99,7 @@ def test_layout_ids_unique_and_no_overlap(dash: dict[str, Any]) -> None:
         g = p["gridPos"]
         assert g["x"] >= 0 and g["w"] >= 1 and g["x"] + g["w"] <= GRID_WIDTH, p["title"]
     for a, b in itertools.combinations(top, 2):
-        ga, gb = a["gridPos"], b["gridPos"]
-        overlap = (
-            ga["x"] < gb["x"] + gb["w"]
-            and gb["x"] < ga["x"] + ga["w"]
-            and ga["y"] < gb["y"] + gb["h"]
-            and gb["y"] < ga["y"] + ga["h"]
-        )
-        assert not overlap, (a["title"], b["title"])
+        assert not overlap(a["gridPos"], b["gridPos"]), (a["title"], b["title"])
 
 
 def test_variables_are_the_data_source_and_instances(dash: dict[str, Any]) -> None:
@@ -153,7 +112,7 @@ def test_variables_are_the_data_source_and_instances(dash: dict[str, Any]) -> No
 def test_every_selector_is_filtered_by_instance(dash: dict[str, Any]) -> None:
     for p in data_panels(dash):
         for t in p["targets"]:
-            for selector in scan(_filled(t["expr"])).selectors:
+            for selector in scan(filled(t["expr"])).selectors:
                 assert selector.matchers.get("instance") == ".*", (p["title"], selector.name)
             assert "$gpu" not in t["expr"], p["title"]  # no such variable here
 
@@ -193,49 +152,12 @@ def test_required_panel(dash: dict[str, Any], title: str) -> None:
 @needs_promtool
 def test_every_query_parses(tmp_path: Path) -> None:
     exprs = [e for _, e in panel_queries(DASHBOARD)]
-    rules = [{"record": f"gpuwatchd_fleet_dashboard:q{i}", "expr": e} for i, e in enumerate(exprs)]
-    path = tmp_path / "rules.yml"
-    path.write_text(json.dumps({"groups": [{"name": "fleet_dashboard", "rules": rules}]}))
-    assert PROMTOOL is not None
-    result = subprocess.run(
-        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
-    )
+    result = promtool_check(exprs, tmp_path, "fleet_dashboard")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(exprs)} rules found" in result.stdout
 
 
 # -- what the deciding queries compute (promtool evaluates them) -------------------------
-
-
-def _expr_test(
-    tmp_path: Path, expr: str, series: list[dict[str, str]], expected: list[tuple[str, float]]
-) -> None:
-    """Evaluate ``expr`` on constant ``series`` at 5m with promtool; assert ``expected``."""
-    (tmp_path / "empty_rules.yml").write_text('{"groups": []}')
-    test = {
-        "rule_files": ["empty_rules.yml"],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                "promql_expr_test": [
-                    {
-                        "expr": expr,
-                        "eval_time": "5m",
-                        "exp_samples": [{"labels": lbl, "value": v} for lbl, v in expected],
-                    }
-                ],
-            }
-        ],
-    }
-    path = tmp_path / "query_test.yml"
-    path.write_text(json.dumps(test))
-    assert PROMTOOL is not None
-    result = subprocess.run(
-        [PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _gpu(host: str, model: str, peers: int, clock_mhz: float, median_mhz: float) -> list[dict]:
@@ -270,7 +192,7 @@ def test_outlier_table_lists_only_a_gpu_over_5_percent_under_in_a_group_of_three
         '{instance="h1:9844",job="gpuwatchd",gpu="0",uuid="GPU-h1:9844",'
         'gpu_model="NVIDIA H200",power_limit_watts="700"}'
     )
-    _expr_test(tmp_path, _query(dash, "Outlier hosts"), series, [(labels, 0.94)])
+    expr_test(tmp_path, _query(dash, "Outlier hosts"), series, [(labels, 0.94)])
 
 
 @needs_promtool
@@ -287,7 +209,7 @@ def test_fleet_wide_counts_are_counted_once_however_many_daemons_report_them(
         for h in ("h1:9844", "h2:9844")
         for k, n in ((key, 2), (other, 0))
     ]
-    _expr_test(tmp_path, _query(dash, "Disagreements"), series, [(f"{{{key}}}", 2.0)])
+    expr_test(tmp_path, _query(dash, "Disagreements"), series, [(f"{{{key}}}", 2.0)])
     cov = 'gpu_model="NVIDIA H200",versions="driver=580.159.04"'
     series = [
         {
@@ -296,7 +218,7 @@ def test_fleet_wide_counts_are_counted_once_however_many_daemons_report_them(
         }
         for h in ("h1:9844", "h2:9844")
     ]
-    _expr_test(tmp_path, _query(dash, "Tuning coverage"), series, [(f"{{{cov}}}", 12.0)])
+    expr_test(tmp_path, _query(dash, "Tuning coverage"), series, [(f"{{{cov}}}", 12.0)])
 
 
 @needs_promtool
@@ -317,7 +239,7 @@ def test_models_by_driver_counts_gpus_and_hosts(dash: dict[str, Any], tmp_path: 
     title = "GPU models × driver versions"
     gpus = [('{name="NVIDIA H200",driver_version="580"}', 3.0)]
     gpus.append(('{name="NVIDIA H200",driver_version="575"}', 1.0))
-    _expr_test(tmp_path, _query(dash, title, "A"), series, gpus)
+    expr_test(tmp_path, _query(dash, title, "A"), series, gpus)
     hosts = [('{name="NVIDIA H200",driver_version="580"}', 2.0)]
     hosts.append(('{name="NVIDIA H200",driver_version="575"}', 1.0))
-    _expr_test(tmp_path, _query(dash, title, "B"), series, hosts)
+    expr_test(tmp_path, _query(dash, title, "B"), series, hosts)

@@ -74,7 +74,7 @@ class OpenMetricsEncoder(SeriesMemo):
 
     def _lines(self, metrics: Iterable[Metric]) -> list[str]:
         out: list[str] = []
-        names, label_texts = self._names, self._labels
+        series_and_value = self._series_and_value
         for metric in metrics:
             name = metric.name
             self._check_family(name)
@@ -86,25 +86,14 @@ class OpenMetricsEncoder(SeriesMemo):
             if isinstance(metric, GaugeRows | CounterRows):
                 self._row_lines(metric, out)
                 continue
-            for sample in metric.samples:  # per sample: inline, no call but the formatting
+            for sample in metric.samples:
                 if sample.exemplar or sample.native_histogram:
                     raise Unusual(sample.name)
-                sname = sample.name
-                if not names.get(sname):
-                    self._check_name(sname)
-                labels = sample.labels
-                if labels:
-                    key = tuple(labels.items())
-                    text = label_texts.get(key)
-                    if text is None:
-                        text = self._label_text(key)
-                else:
-                    text = ""
-                shown = self._value_text(sample.value)
+                series, shown = series_and_value(sample)
                 if sample.timestamp is not None:
-                    out.append(f"{sname}{text} {shown} {sample.timestamp}\n")
+                    out.append(f"{series} {shown} {sample.timestamp}\n")
                 else:
-                    out.append(f"{sname}{text} {shown}\n")
+                    out.append(f"{series} {shown}\n")
         return out
 
     def _check_family(self, name: str) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from gpuwatchd.exporter.rows import CounterRows, GaugeRows
@@ -87,6 +88,24 @@ class SeriesMemo:
                 prefixes[values] = prefix
             out.append(f"{prefix} {value_text(value)}\n")
 
+    def _series_and_value(self, sample: Sample) -> tuple[str, str]:
+        """``name{labels}`` and the value's spelling of one sample, from the memos.
+
+        Called once per sample of a plain family (a rows family's go through _row_lines).
+        """
+        sname = sample.name
+        if not self._names.get(sname):
+            self._check_name(sname)
+        labels = sample.labels
+        if labels:
+            key = tuple(labels.items())
+            text = self._labels.get(key)
+            if text is None:
+                text = self._label_text(key)
+        else:
+            text = ""
+        return sname + text, self._value_text(sample.value)
+
     def _check_name(self, name: str) -> None:
         """A sample's name (or, in the text format, a family's) written as it is."""
         ok = self._names.get(name)
@@ -138,7 +157,7 @@ class TextEncoder(SeriesMemo):
 
     def _lines(self, metrics: Iterable[Metric]) -> list[str]:
         out: list[str] = []
-        names, label_texts = self._names, self._labels
+        series_and_value = self._series_and_value
         for metric in metrics:
             name = metric.name
             mtype = metric.type
@@ -152,25 +171,14 @@ class TextEncoder(SeriesMemo):
                 continue
             extra: dict[str, list[str]] = {}
             om_names = {name + om: om for om in _OM_SUFFIXES}
-            for sample in metric.samples:  # per sample: inline, no call but the formatting
-                sname = sample.name
-                if not names.get(sname):
-                    self._check_name(sname)
-                labels = sample.labels
-                if labels:
-                    key = tuple(labels.items())
-                    text = label_texts.get(key)
-                    if text is None:
-                        text = self._label_text(key)
-                else:
-                    text = ""
-                shown = self._value_text(sample.value)
+            for sample in metric.samples:
+                series, shown = series_and_value(sample)
                 if sample.timestamp is not None:
                     ms = int(float(sample.timestamp) * 1000)
-                    line = f"{sname}{text} {shown} {ms:d}\n"
+                    line = f"{series} {shown} {ms:d}\n"
                 else:
-                    line = f"{sname}{text} {shown}\n"
-                om = om_names.get(sname)
+                    line = f"{series} {shown}\n"
+                om = om_names.get(sample.name)
                 if om is None:
                     out.append(line)
                 else:
