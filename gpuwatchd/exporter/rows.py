@@ -19,78 +19,61 @@ from prometheus_client.samples import Sample
 Row = tuple[tuple[str, ...], float]
 
 
-class GaugeRows(GaugeMetricFamily):
-    """A labelled gauge family; ``add_metric(labels, value)`` as for the library's."""
+class _Rows:
+    """What both row families share: rows in, the library's samples out on demand.
+
+    Listed before the library's family class, so ``samples`` here wins over the plain
+    attribute the library's ``Metric.__init__`` assigns (the setter takes that empty list).
+    """
+
+    rows: list[Row]
+    _labelnames: tuple[str, ...]
 
     def __init__(
         self, name: str, documentation: str, labels: Sequence[str], unit: str = ""
     ) -> None:
-        self.rows: list[Row] = []
-        super().__init__(name, documentation, labels=labels, unit=unit)
+        self.rows = []
+        super().__init__(name, documentation, labels=labels, unit=unit)  # type: ignore[call-arg]
 
     @property
     def sample_name(self) -> str:
         """The name each series is written under."""
-        return self.name
+        raise NotImplementedError
 
     @property
     def label_names(self) -> tuple[str, ...]:
         return self._labelnames
 
-    def add_metric(  # type: ignore[override]  # no timestamps: none of ours has one
-        self, labels: Sequence[str], value: float
-    ) -> None:
+    def add_metric(self, labels: Sequence[str], value: float) -> None:
+        """One series; no timestamps, created times or exemplars: none of ours has one."""
         self.rows.append((tuple(labels), value))
 
-    @property  # type: ignore[override]
+    @property
     def samples(self) -> list[Sample]:
         """The rows as the library's samples (made anew at each access)."""
-        return _samples(self.sample_name, self._labelnames, self.rows)
+        return [
+            Sample(self.sample_name, dict(zip(self._labelnames, values, strict=False)), value)
+            for values, value in self.rows
+        ]
 
     @samples.setter
     def samples(self, value: list[Sample]) -> None:
-        _refuse_samples(value)
+        # The library's Metric.__init__ starts every family with an empty list.
+        if value:
+            raise TypeError("a rows family takes series through add_metric(), not samples")
 
 
-class CounterRows(CounterMetricFamily):
+class GaugeRows(_Rows, GaugeMetricFamily):  # type: ignore[misc]
+    """A labelled gauge family; ``add_metric(labels, value)`` as for the library's."""
+
+    @property
+    def sample_name(self) -> str:
+        return self.name
+
+
+class CounterRows(_Rows, CounterMetricFamily):  # type: ignore[misc]
     """A labelled counter family (series named ``<name>_total``, no created time)."""
-
-    def __init__(
-        self, name: str, documentation: str, labels: Sequence[str], unit: str = ""
-    ) -> None:
-        self.rows: list[Row] = []
-        super().__init__(name, documentation, labels=labels, unit=unit)
 
     @property
     def sample_name(self) -> str:
         return self.name + "_total"
-
-    @property
-    def label_names(self) -> tuple[str, ...]:
-        return self._labelnames
-
-    def add_metric(  # type: ignore[override]  # no created time, timestamp or exemplar
-        self, labels: Sequence[str], value: float
-    ) -> None:
-        self.rows.append((tuple(labels), value))
-
-    @property  # type: ignore[override]
-    def samples(self) -> list[Sample]:
-        return _samples(self.sample_name, self._labelnames, self.rows)
-
-    @samples.setter
-    def samples(self, value: list[Sample]) -> None:
-        _refuse_samples(value)
-
-
-def _samples(name: str, label_names: tuple[str, ...], rows: list[Row]) -> list[Sample]:
-    return [
-        Sample(name, dict(zip(label_names, values, strict=False)), value, None)
-        for values, value in rows
-    ]
-
-
-def _refuse_samples(value: list[Sample]) -> None:
-    # The library's Metric.__init__ starts every family with an empty list.
-    if value:
-        raise TypeError("a rows family takes series through add_metric(), not samples")
