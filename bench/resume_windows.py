@@ -51,13 +51,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpuwatchd.sessions.resume import DEFAULT_RESUME_MAX_AGE_S  # noqa: E402
 from gpuwatchd.sessions.runner import TuneRunner  # noqa: E402
 from gpuwatchd.store import Store  # noqa: E402
 from gpuwatchd.telemetry.sim import SimBackend  # noqa: E402
 from gpuwatchd.telemetry.types import DeviceInfo  # noqa: E402
 from gpuwatchd.tuning.jobspec import JobSpec, SimSpec  # noqa: E402
-from gpuwatchd.tuning.settings import ProtocolConfig  # noqa: E402
+from gpuwatchd.tuning.settings import DEFAULT_RESUME_MAX_AGE_S, ProtocolConfig  # noqa: E402
 from gpuwatchd.tuning.types import Regime, SessionStatus, Workload  # noqa: E402
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS, device_kind  # noqa: E402
 

@@ -21,13 +21,13 @@ import pytest
 from store_backends import KINDS, make_backend
 
 from gpuwatchd.drift.versions import changed_versions
-from gpuwatchd.sessions.resume import DEFAULT_RESUME_MAX_AGE_S, remaining_job
+from gpuwatchd.sessions.resume import remaining_job
 from gpuwatchd.sessions.runner import SessionOutcome, TuneRunner
 from gpuwatchd.store import SqlStore, Store, StoreError
 from gpuwatchd.telemetry.sim import SimBackend
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.jobspec import JobSpec, JobSpecError, SimSpec
-from gpuwatchd.tuning.settings import ProtocolConfig
+from gpuwatchd.tuning.settings import DEFAULT_RESUME_MAX_AGE_S, ProtocolConfig
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
 

@@ -37,8 +37,6 @@ log = logging.getLogger("gpuwatchd.sessions.resume")
 
 Pair = tuple[str, Regime]
 
-#: How old a preempted session's result may be and still be reused (6 h).
-DEFAULT_RESUME_MAX_AGE_S = 6 * 3600.0
 #: Power limits closer than this are the same (NVML reports milliwatts).
 POWER_LIMIT_TOLERANCE_W = 0.5
 #: Maximum SM clocks closer than this are the same.

@@ -38,7 +38,6 @@ from typing import IO, Any, TypeVar
 import gpuwatchd
 from gpuwatchd.sessions.events import SessionFinished, SessionListener
 from gpuwatchd.sessions.resume import (
-    DEFAULT_RESUME_MAX_AGE_S,
     Pair,
     check_max_age,
     describe_reuse,
@@ -59,6 +58,7 @@ from gpuwatchd.tuning.jobspec import (
     ResultMessage,
     decode_message,
 )
+from gpuwatchd.tuning.settings import DEFAULT_RESUME_MAX_AGE_S
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
 from gpuwatchd.validate import describe
 

@@ -209,6 +209,11 @@ def _module_prefixes(prefixes: tuple[str, ...]) -> bool:
     return True
 
 
+#: How old a preempted session's result may be and still be reused (6 h): older ones were
+#: measured under conditions worth measuring again.
+DEFAULT_RESUME_MAX_AGE_S = 6 * 3600.0
+
+
 @dataclass(frozen=True, slots=True)
 class TuningConfig:
     """When and how the daemon tunes (``[tuning]``; ``[tuning.protocol]`` holds the protocol)."""
@@ -250,7 +255,7 @@ class TuningConfig:
     #: A session preempted by a real job keeps its finished (workload, regime) results;
     #: the next session on the same GPU reuses those at most this old (seconds; 0: never).
     resume_max_age_s: float = field(
-        default=6 * 3600.0, metadata=check(lambda v: v >= 0, "must be >= 0")
+        default=DEFAULT_RESUME_MAX_AGE_S, metadata=check(lambda v: v >= 0, "must be >= 0")
     )
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
 
