@@ -16,8 +16,9 @@ from daemon_helpers import http_get
 from fakes_backend import FakeBackend
 
 from gpuwatchd.config import STORE_NAME, Config, DaemonConfig, SimConfig, TuningConfig, load_config
-from gpuwatchd.daemon.process import FLEET_SYNC_JOB, Daemon, fleet_clock_max_age_s
+from gpuwatchd.daemon.process import FLEET_SYNC_JOB, Daemon
 from gpuwatchd.drift.config import DriftConfig
+from gpuwatchd.drift.fleet import clock_max_age_s
 from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.store import Store
 from gpuwatchd.tuning.types import RegimeResult
@@ -79,7 +80,11 @@ def test_a_sqlite_daemon_syncs_its_learned_clock_and_exports_the_fleet_metrics(
     daemon = Daemon(_sim_config(tmp_path, FleetConfig(sync_interval_s=1.0)))
     assert daemon.host == HOST and daemon.fleet_sync.host == HOST
     assert daemon.fleet_sync.interval_s == 1.0
-    assert daemon.fleet_sync.max_age_s == fleet_clock_max_age_s(daemon.cfg) == 3 * 600.0
+    assert (
+        daemon.fleet_sync.max_age_s
+        == clock_max_age_s(daemon.cfg.drift, daemon.cfg.fleet)
+        == 3 * 600.0
+    )
     info = daemon.backend.device_info(0)
     thread = _run(daemon)
     try:

@@ -115,6 +115,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def run_fleet(args: argparse.Namespace, out: TextIO) -> int:
     """``report --fleet``: the fleet document, with the ages the daemon's config uses."""
+    from gpuwatchd.drift.fleet import clock_max_age_s
     from gpuwatchd.report.fleet import (
         DEFAULT_CLOCK_MAX_AGE_S,
         DEFAULT_WINNER_MAX_AGE_S,
@@ -132,7 +133,7 @@ def run_fleet(args: argparse.Namespace, out: TextIO) -> int:
         store = open_store(_store_location(args.store), readonly=True)
     else:
         cfg, _ = load_with_overrides(args)
-        clock_age = 3 * cfg.drift.window_s
+        clock_age = clock_max_age_s(cfg.drift, cfg.fleet)
         winner_age = cfg.fleet.max_winner_age_s
         store = open_configured_store(cfg, readonly=True)
     try:

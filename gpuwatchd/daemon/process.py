@@ -50,7 +50,7 @@ from gpuwatchd.drift import (
     changed_versions,
     current_versions,
 )
-from gpuwatchd.drift.fleet import FleetSnapshot
+from gpuwatchd.drift.fleet import FleetSnapshot, clock_max_age_s
 from gpuwatchd.exporter import (
     DaemonInfo,
     HttpServer,
@@ -92,10 +92,6 @@ MEASURED_ANYWAY = (
 SPOOL_RESCAN_S = 60.0
 #: The main loop's longest sleep: a config reload (SIGHUP) waits at most this long.
 MAX_TICK_S = 1.0
-#: A host's sustained clock in the store older than this many drift windows (or fleet
-#: syncs, if longer) is left out of the fleet's medians: that host is gone, or has not
-#: seen sustained load for that long.
-FLEET_CLOCK_MAX_AGE_WINDOWS = 3.0
 
 
 def runner_factory(cfg: Config) -> RunnerFactory:
@@ -114,12 +110,6 @@ def keep_fleet_incumbents(store: TuningStore, cfg: Config) -> None:
     still use it (``[fleet] max_winner_age_s``)."""
     if isinstance(store, SqlStore):
         store.keep_incumbent_for_s = cfg.fleet.max_winner_age_s
-
-
-def fleet_clock_max_age_s(cfg: Config) -> float:
-    """How old (seconds) another host's sustained clock may be and still count."""
-    longest = max(cfg.drift.window_s, cfg.fleet.sync_interval_s)
-    return FLEET_CLOCK_MAX_AGE_WINDOWS * longest
 
 
 def setup_logging(level: str) -> None:
@@ -244,7 +234,7 @@ class Daemon:
             self.store,
             self.board,
             self.drift.view,
-            max_age_s=fleet_clock_max_age_s(cfg),
+            max_age_s=clock_max_age_s(cfg.drift, cfg.fleet),
             winner_max_age_s=cfg.fleet.max_winner_age_s,
             interval_s=cfg.fleet.sync_interval_s,
             host=self.host,
@@ -513,7 +503,7 @@ class Daemon:
 
     def _reconfigure_fleet_sync(self, new: Config) -> None:
         """Apply a reloaded ``[fleet]``/``[drift]`` to the fleet sync and its job."""
-        self.fleet_sync.max_age_s = fleet_clock_max_age_s(new)
+        self.fleet_sync.max_age_s = clock_max_age_s(new.drift, new.fleet)
         self.fleet_sync.winner_max_age_s = new.fleet.max_winner_age_s
         if new.fleet.sync_interval_s != self.fleet_sync.interval_s:
             self.fleet_sync.interval_s = new.fleet.sync_interval_s

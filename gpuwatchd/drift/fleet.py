@@ -14,6 +14,8 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 
+from gpuwatchd.drift.config import DriftConfig
+from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.store.rows import HostClock, WinnerRow
 from gpuwatchd.tuning.types import Versions
 
@@ -25,6 +27,16 @@ OUTLIER_SHORTFALL = 0.05
 MIN_PEERS = 3
 #: The ``versions`` label of a stack whose versions are all unknown (a simulated GPU).
 UNKNOWN_VERSIONS = "unknown"
+#: A host's sustained clock in the store older than this many drift windows (or fleet
+#: syncs, if longer) is left out of the fleet's medians: that host is gone, or has not
+#: seen sustained load for that long.
+CLOCK_MAX_AGE_WINDOWS = 3.0
+
+
+def clock_max_age_s(drift: DriftConfig, fleet: FleetConfig) -> float:
+    """How old (seconds) a host's stored sustained clock may be and still count, for the
+    daemon's metrics and ``report --fleet`` alike."""
+    return CLOCK_MAX_AGE_WINDOWS * max(drift.window_s, fleet.sync_interval_s)
 
 
 def power_limit_label(watts: float | None) -> str:

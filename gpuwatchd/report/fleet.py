@@ -15,14 +15,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuwatchd.drift.config import DriftConfig
-from gpuwatchd.drift.fleet import MIN_PEERS, OUTLIER_SHORTFALL, coverage, group_clocks
+from gpuwatchd.drift.fleet import (
+    MIN_PEERS,
+    OUTLIER_SHORTFALL,
+    coverage,
+    group_clocks,
+)
+from gpuwatchd.drift.fleet import clock_max_age_s as clock_age_rule
 from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.store import TuningStore
 from gpuwatchd.store.rows import Disagreement, WinnerRow
 
 FLEET_REPORT_FORMAT = "gpuwatchd-fleet-report/1"
-#: Host clocks older than this are left out by default: three drift windows, as the daemon.
-DEFAULT_CLOCK_MAX_AGE_S = 3 * DriftConfig().window_s
+#: Host clocks older than this are left out by default: the daemon's rule, default settings.
+DEFAULT_CLOCK_MAX_AGE_S = clock_age_rule(DriftConfig(), FleetConfig())
 #: Winners older than this do not count as coverage by default (``[fleet] max_winner_age_s``).
 DEFAULT_WINNER_MAX_AGE_S = FleetConfig().max_winner_age_s
 #: The most recent disagreements listed one by one (all are counted).
