@@ -46,18 +46,7 @@ WINNER_COLUMNS = (
 _KEY = ("gpu_model", "versions_key", "workload", "regime")
 _VERSION_FIELDS = ("driver", "cuda", "torch", "triton", "cudnn")
 #: What a newer pick replaces; the key and the versions it implies stay.
-_REPLACED = (
-    "candidate",
-    "family",
-    "median_s",
-    "sm_clock_hz",
-    "margin",
-    "tie",
-    "session_id",
-    "result_id",
-    "gpu_uuid",
-    "measured_at",
-)
+_REPLACED = tuple(c for c in WINNER_COLUMNS if c not in _KEY and not c.endswith("_version"))
 
 #: Called with (table, key, error) for a stored row that cannot be parsed.
 Skip = Callable[[str, object, Exception], None]
