@@ -10,7 +10,7 @@ alerts take ``max by`` over instances.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -83,32 +83,43 @@ def _clocks(snap: FleetSnapshot) -> list[Metric]:
 
 
 def _store_facts(snap: FleetSnapshot) -> list[Metric]:
-    disagreements = GaugeMetricFamily(
-        "gpuwatchd_fleet_disagreements",
-        "Winners on which two hosts of the fleet disagree beyond noise, as recorded in the "
-        "shared store and not yet pruned (the same on every host).",
-        labels=("gpu_model", "workload", "regime"),
-    )
-    for (model, workload, regime), n in sorted(snap.disagreements.items()):
-        disagreements.add_metric([model, workload, regime], float(n))
-    recent = GaugeMetricFamily(
-        "gpuwatchd_fleet_recent_disagreements",
-        f"Disagreements recorded in the shared store in the last "
-        f"{RECENT_DISAGREEMENTS_S / 3600:g} hours (the same on every host): the fleet alert "
-        "fires on a new one and resolves once it is older.",
-        labels=("gpu_model", "workload", "regime"),
-    )
-    for (model, workload, regime), n in sorted(snap.recent_disagreements.items()):
-        recent.add_metric([model, workload, regime], float(n))
-    coverage = GaugeMetricFamily(
-        "gpuwatchd_fleet_coverage_workloads",
-        "Workloads with a fresh winner in the shared store, per GPU model and software stack "
-        "(the same on every host).",
-        labels=("gpu_model", "versions"),
-    )
-    for (model, versions), n in sorted(snap.coverage.items()):
-        coverage.add_metric([model, versions], float(n))
-    return [disagreements, recent, coverage]
+    return [
+        _counts_gauge(
+            "gpuwatchd_fleet_disagreements",
+            "Winners on which two hosts of the fleet disagree beyond noise, as recorded in the "
+            "shared store and not yet pruned (the same on every host).",
+            ("gpu_model", "workload", "regime"),
+            snap.disagreements.items(),
+        ),
+        _counts_gauge(
+            "gpuwatchd_fleet_recent_disagreements",
+            f"Disagreements recorded in the shared store in the last "
+            f"{RECENT_DISAGREEMENTS_S / 3600:g} hours (the same on every host): the fleet alert "
+            "fires on a new one and resolves once it is older.",
+            ("gpu_model", "workload", "regime"),
+            snap.recent_disagreements.items(),
+        ),
+        _counts_gauge(
+            "gpuwatchd_fleet_coverage_workloads",
+            "Workloads with a fresh winner in the shared store, per GPU model and software "
+            "stack (the same on every host).",
+            ("gpu_model", "versions"),
+            snap.coverage.items(),
+        ),
+    ]
+
+
+def _counts_gauge(
+    name: str,
+    documentation: str,
+    labels: tuple[str, ...],
+    counts: Iterable[tuple[tuple[str, ...], int]],
+) -> GaugeMetricFamily:
+    """One gauge series per (label values, count) of ``counts``, sorted by label values."""
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for key, n in sorted(counts):
+        family.add_metric(list(key), float(n))
+    return family
 
 
 def _work(tuning: TuningSnapshot) -> list[Metric]:
