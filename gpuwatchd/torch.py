@@ -11,8 +11,9 @@ dtype, not by the benchmark flag: run the first call on the thread that will run
 rest, and the shapes tuned here keep their pick even if the flag is turned off after.
 
 A model's own shapes: :func:`capture` records the GEMMs and convolutions a few steps
-run (shapes, layouts, time shares) and submits them as workloads; :func:`apply_winners`
-makes the recorded winners run from the first call. torch.compile:
+run (shapes, layouts, time shares) and submits them as workloads; a later process loads
+the saved capture (:func:`load_capture`) and :func:`apply_winners` makes the recorded
+winners run from the model's first call. torch.compile:
 :func:`capture_compiled` records the GEMMs Inductor lowers, and
 :func:`use_inductor_winners` installs the winners as Inductor's lookup table, so
 ``mode="max-autotune"`` compiles without benchmarking.
@@ -33,7 +34,7 @@ from typing import Any, NamedTuple
 
 from gpuwatchd.client import Client, GpuState, GpuwatchdUnavailable
 from gpuwatchd.jobside.apply_winners import AppliedWinners, apply_winners
-from gpuwatchd.jobside.capture import Capture, capture
+from gpuwatchd.jobside.capture import Capture, capture, load_capture
 from gpuwatchd.jobside.inductor import (
     CompiledCapture,
     InductorWinners,
@@ -54,6 +55,7 @@ __all__ = [
     "capture_compiled",
     "current_gpu_uuid",
     "inductor_lookup_table",
+    "load_capture",
     "steady_state_time",
     "tune_first_call",
     "use_inductor_winners",

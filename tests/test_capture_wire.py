@@ -64,7 +64,12 @@ def gemm(
 
 
 def conv(
-    *, phase: str = "forward", layout: str = "contiguous", share: float = 0.1, tf32: bool = True
+    *,
+    phase: str = "forward",
+    layout: str = "contiguous",
+    share: float = 0.1,
+    tf32: bool = True,
+    bias: bool = False,
 ) -> CapturedCall:
     shape = {
         "input": [64, 3, 224, 224],
@@ -76,7 +81,7 @@ def conv(
     }
     aten = "convolution" if phase == "forward" else "convolution_backward"
     return CapturedCall(
-        "conv2d", aten, phase, "float32", shape, layout, True, tf32, 2, share * 0.01, share
+        "conv2d", aten, phase, "float32", shape, layout, bias, tf32, 2, share * 0.01, share
     )
 
 
@@ -112,7 +117,8 @@ def test_calls_that_tune_alike_make_one_workload_ranked_by_summed_share() -> Non
         gemm(share=0.15, phase="backward"),  # same GEMM, same layout: same workload
         gemm(4096, 4096, 4096, share=0.2),
         conv(share=0.05),
-        conv(share=0.02, layout="channels_last"),  # one conv workload, both formats tuned
+        conv(share=0.02, bias=True),  # with and without bias: one workload
+        conv(share=0.01, layout="channels_last"),  # the job's layouts make their own workload
         conv(share=0.5, phase="backward"),  # not tuned: the family times forward only
         gemm(share=0.9, dtype="float64"),  # no family measures float64
     ]
@@ -121,7 +127,13 @@ def test_calls_that_tune_alike_make_one_workload_ranked_by_summed_share() -> Non
         "model.gemm.bf16.8192x3072x1024.nt",
         "model.gemm.bf16.4096x4096x4096.nt",
         "model.conv.f32.64x3x224x224.64x3x3x3.s1.p1.tf32",
+        "model.conv.f32.64x3x224x224.64x3x3x3.s1.p1.tf32.cl",
     ]
+    assert ws[3].params == {
+        "tf32": True,
+        "input_layout": "channels_last",
+        "weight_layout": "channels_last",
+    }
     assert to_workloads(calls, top=1) == ws[:1]
     assert to_workloads(calls, min_share=0.1) == ws[:2]
 

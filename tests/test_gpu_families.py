@@ -214,7 +214,9 @@ def test_run_before_setup_is_a_candidate_error() -> None:
     for cand in (
         triton_matmul.TritonMatmul(DEFAULT_CONFIGS[0], data, 0),
         torch_matmul.TorchMatmul("cublas", data),
-        torch_conv.CudnnConv(torch_conv.parse_conv(conv()), "heuristic", "contiguous", data.device),
+        torch_conv.CudnnConv(
+            torch_conv.parse_conv(conv()), "heuristic", ("contiguous", "contiguous"), data.device
+        ),
     ):
         with pytest.raises(CandidateError, match="run before setup"):
             cand.run(1)
@@ -434,7 +436,8 @@ def _fresh_process_heuristic_kernels(shape: dict[str, Any], fmt: str) -> list[st
         from gpuwatchd.tuning.worker.families import torch_conv
         from gpuwatchd.tuning.types import Workload
         w = Workload("c", "conv2d", {shape!r}, "float32", (), {{"picks": ["heuristic"],
-                     "memory_formats": [{fmt!r}]}})
+                     "memory_formats": [{fmt!r}], "input_layout": {fmt!r},
+                     "weight_layout": {fmt!r}}})
         (c,) = torch_conv.build(w, CudaSession(torch.cuda.current_device(), None))
         c.setup()
         print(json.dumps(c.meta()["kernels"]))

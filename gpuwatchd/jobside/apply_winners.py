@@ -1,65 +1,88 @@
 """Make a job's captured shapes run with their recorded winners, from the first call on.
 
-Convolutions: in torch's cuDNN v8 path the execution plan picked by a shape's first
-call is cached (per thread, keyed by shapes, strides, dtype and math mode, not by the
-benchmark flag) and reused for the life of the process. So for each captured
-forward-convolution shape, :func:`apply_winners` runs that first call itself, with
-``cudnn.benchmark`` set as the winner says (heuristic or benchmark pick) and in the
-winning memory format, then restores the flag: the model's own calls of that shape
-then run the winner's plan. Run it on the thread that runs the model's forward pass.
+The order that works: capture once and write it (``Capture.write("capture.json")``);
+in every later process, load it (:func:`gpuwatchd.torch.load_capture`) and call
+:func:`apply_winners` *before the model's first forward pass*, on the thread that runs
+the forward pass.
 
-GEMMs: the BLAS library (cuBLAS or cuBLASLt) is the one GEMM choice torch gives a job,
-and it is process-wide: the plan's library is set with
-``torch.backends.cuda.preferred_blas_library``.
+Why. In torch's cuDNN v8 path the execution plan picked by a shape's first call is
+cached per thread, keyed by shapes, strides, dtype and math mode but not by the
+benchmark flag, and reused for the life of the process. :func:`apply_winners` runs each
+chosen shape's first call itself, with ``cudnn.benchmark`` set as the winner says and in
+the layouts it was measured in, then restores the flag: the model's own calls of that
+shape then run the winner's plan. A forward pass that ran first (a capture in the same
+process included) has already cached the job's own pick for its shapes on that thread;
+a different pick for those shapes cannot take effect there, and the result says so
+(``blocked``) instead of pretending.
+
+What it applies is exactly what was measured, or nothing: a conv choice in the job's own
+layouts; the whole model and its input converted to another memory format only when
+the plan found that faster for the summed convs (never one layer alone); the BLAS
+library, process-wide, only when it beats the default. Everything else stays as the job
+has it.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from gpuwatchd.client import Client
-from gpuwatchd.jobside.capture import MODEL_ATTR, Capture
+from gpuwatchd.jobside.capture import MODEL_ATTR, Capture, cached_pick, conv_plan_key
 from gpuwatchd.jobside.winner_plan import ConvChoice, WinnerPlan, latest_by_workload, plan_winners
 from gpuwatchd.tuning.types import Regime
+
+#: Attribute a converted model keeps its input-conversion hook handle under.
+_HOOK_ATTR = "_gpuwatchd_memory_format_hook"
 
 
 @dataclass(frozen=True, slots=True)
 class AppliedWinners:
-    """What :func:`apply_winners` did: the plan, the layers converted, the library set."""
+    """What :func:`apply_winners` did: the plan, the first calls it ran, the library set.
+
+    ``blocked``: (workload, why) for choices that could not take effect in this process.
+    """
 
     plan: WinnerPlan
-    warmed: tuple[str, ...]  # conv workloads whose first call ran with the winner
-    converted_layers: int
+    warmed: tuple[str, ...]  # conv workloads whose first call ran with the chosen pick
+    model_format: str | None  # the memory format the model and its input were put in
     blas_library: str | None
+    blocked: tuple[tuple[str, str], ...] = ()
 
     def __str__(self) -> str:
-        return self.plan.describe()
+        lines = [self.plan.describe()]
+        lines += [f"not applied {name}: {why}" for name, why in self.blocked]
+        return "\n".join(lines)
 
 
 def apply_winners(
     target: Any,
     regime: Regime | str = Regime.SUSTAINED,
     *,
+    capture: Capture | None = None,
     client: Client | None = None,
     gpu_model: str | None = "auto",
     memory_format: str = "keep",
 ) -> AppliedWinners:
     """Apply the recorded winners to the shapes a :class:`Capture` saw.
 
-    ``target``: the capture, or a model captured with ``capture(model)``.
+    ``target``: the model (with ``capture=`` a loaded capture, or a model captured with
+    ``capture(model)`` in this process), or the capture itself.
     ``gpu_model="auto"`` uses winners measured on this GPU's model only (None: any).
-    ``memory_format="winner"`` also converts the model's matching ``Conv2d`` layers to
-    the winning memory format (needs ``target`` to be the model).
+    ``memory_format="winner"`` also weighs converting the whole model and its input to
+    another memory format (needs the model); ``"keep"`` leaves the layouts as they are.
     """
     import torch
 
     model = None if isinstance(target, Capture) else target
-    cap = target if isinstance(target, Capture) else getattr(target, MODEL_ATTR, None)
+    cap = capture if capture is not None else target if isinstance(target, Capture) else None
+    if cap is None and model is not None:
+        cap = getattr(model, MODEL_ATTR, None)
     if not isinstance(cap, Capture):
         raise ValueError(
-            "apply_winners: no capture for this model; run a few steps inside "
-            "gpuwatchd.torch.capture(model) first, or pass the capture"
+            "apply_winners: no capture for this model; pass capture=load_capture(path), "
+            "or run a few steps inside gpuwatchd.torch.capture(model) first"
         )
     if memory_format == "winner" and model is None:
         raise ValueError("apply_winners: memory_format='winner' needs the model, not the capture")
@@ -69,30 +92,78 @@ def apply_winners(
     model_name = torch.cuda.get_device_name() if gpu_model == "auto" else gpu_model
     winners = latest_by_workload(client.winners(regime=regime, gpu_model=model_name))
     plan = plan_winners(cap.calls, winners, memory_format)
-    converted = 0
-    warmed = []
+    if plan.model_format is not None and model is not None:
+        convert_model(model, plan.model_format)
+    warmed: list[str] = []
+    blocked: list[tuple[str, str]] = []
     for choice in plan.convs:
-        if choice.converts and model is not None:
-            converted += _convert_layers(model, choice)
+        if not choice.acts:
+            continue
+        why = plan_cache_conflict(choice)
+        if why is not None:
+            blocked.append((choice.workload, why))
+            continue
         _first_call(choice)
         warmed.append(choice.workload)
     if plan.blas.library is not None:
         torch.backends.cuda.preferred_blas_library(plan.blas.library)
-    return AppliedWinners(plan, tuple(warmed), converted, plan.blas.library)
+    return AppliedWinners(plan, tuple(warmed), plan.model_format, plan.blas.library, tuple(blocked))
+
+
+def plan_cache_conflict(choice: ConvChoice, thread: int | None = None) -> str | None:
+    """Why ``choice`` cannot take effect on this thread (a capture cached another pick)."""
+    call = choice.call
+    key = conv_plan_key(call.dtype, call.shape, choice.layouts, call.tf32)
+    cached = cached_pick(key, threading.get_ident() if thread is None else thread)
+    if cached is None or cached == choice.pick:
+        return None
+    return (
+        f"a capture in this process already ran this shape with the {cached} pick, and "
+        "cuDNN keeps that plan for the thread: load the saved capture in a new process and "
+        "call apply_winners before the first forward pass"
+    )
+
+
+def convert_model(model: Any, memory_format: str) -> None:
+    """The model's parameters and every 4-D input of its forward pass in ``memory_format``.
+
+    Converting the input at the model's entry, once per forward pass, is what
+    ``model.to(memory_format=...)`` plus a converted input batch does in a job; the
+    measured candidates assumed exactly that.
+    """
+    import torch
+
+    fmt = _torch_format(memory_format)
+    model.to(memory_format=fmt)
+    old = getattr(model, _HOOK_ATTR, None)
+    if old is not None:
+        old.remove()
+
+    def to_format(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(
+            a.contiguous(memory_format=fmt) if isinstance(a, torch.Tensor) and a.dim() == 4 else a
+            for a in args
+        )
+
+    setattr(model, _HOOK_ATTR, model.register_forward_pre_hook(to_format))
+
+
+def _torch_format(layout: str) -> Any:
+    import torch
+
+    return torch.channels_last if layout == "channels_last" else torch.contiguous_format
 
 
 def _first_call(choice: ConvChoice) -> None:
-    """The shape's first conv, with the winner's pick and format, so its plan is cached."""
+    """The shape's first conv, with the chosen pick and layouts, so its plan is cached."""
     import torch
     import torch.nn.functional as F
 
     s = choice.call.shape
     dt = getattr(torch, choice.call.dtype)
-    fmt = (
-        torch.channels_last if choice.memory_format == "channels_last" else torch.contiguous_format
-    )
-    x = torch.randn(s["input"], dtype=dt, device="cuda").contiguous(memory_format=fmt)
-    w = torch.randn(s["weight"], dtype=dt, device="cuda").contiguous(memory_format=fmt)
+    x_fmt, w_fmt = (_torch_format(lay) for lay in choice.layouts)
+    x = torch.randn(s["input"], dtype=dt, device="cuda").contiguous(memory_format=x_fmt)
+    w = torch.randn(s["weight"], dtype=dt, device="cuda").contiguous(memory_format=w_fmt)
     b = torch.randn(s["weight"][0], dtype=dt, device="cuda") if choice.call.bias else None
     cudnn = torch.backends.cudnn
     previous = cudnn.benchmark
@@ -103,29 +174,3 @@ def _first_call(choice: ConvChoice) -> None:
         torch.cuda.synchronize()
     finally:
         cudnn.benchmark = previous
-
-
-def _convert_layers(model: Any, choice: ConvChoice) -> int:
-    """Put the model's Conv2d layers of this shape into the winning memory format."""
-    import torch
-
-    fmt = (
-        torch.channels_last if choice.memory_format == "channels_last" else torch.contiguous_format
-    )
-    s = choice.call.shape
-    n = 0
-    for layer in model.modules():
-        if not isinstance(layer, torch.nn.Conv2d):
-            continue
-        same = (
-            list(layer.weight.shape) == s["weight"]
-            and list(layer.stride) == s["stride"]
-            and list(layer.dilation) == s["dilation"]
-            and layer.groups == s["groups"]
-            and isinstance(layer.padding, tuple)
-            and list(layer.padding) == s["padding"]
-        )
-        if same:
-            layer.to(memory_format=fmt)  # type: ignore[call-overload]  # documented, unstubbed
-            n += 1
-    return n

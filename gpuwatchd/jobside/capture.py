@@ -12,13 +12,22 @@ machine without one, and its share of all the time the profiler saw.
 
 The result (:class:`Capture`) prints as a table, turns into workloads for the existing
 families (:mod:`gpuwatchd.tuning.captured`), writes them as TOML ``[[workload]]``
-tables or JSON, and submits them to the daemon (or its spool).
+tables or JSON, and submits them to the daemon (or its spool). A JSON capture loads
+again in a later process (:meth:`Capture.load`), so a job applies its winners there
+before the model's first forward pass without capturing again.
+
+A forward convolution run under the capture fills cuDNN's per-thread plan cache for its
+shape with the pick the job had then (see :mod:`gpuwatchd.jobside.apply_winners`); the
+capture remembers which (thread, conv key) it ran, so ``apply_winners`` can say when a
+recorded pick can no longer take effect in this process.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +41,7 @@ from gpuwatchd.tuning.captured import (
     CapturedCall,
     CapturedSet,
     check_share,
+    parse_capture,
     share_table,
 )
 from gpuwatchd.tuning.types import Workload
@@ -57,6 +67,39 @@ class _Signature:
     layout: str
     bias: bool
     tf32: bool
+    weight_layout: str | None = None
+
+
+#: A cuDNN conv plan-cache key as far as a job can tell: (dtype, shape, layouts, tf32).
+ConvPlanKey = tuple[str, tuple[tuple[str, Any], ...], tuple[str, str], bool]
+#: (thread id, key) -> the pick (``heuristic``/``benchmark``) a captured forward conv
+#: cached on that thread; cuDNN's plan cache keeps it for the life of the process.
+_CACHED_PLANS: dict[tuple[int, ConvPlanKey], str] = {}
+_CACHED_PLANS_LOCK = threading.Lock()
+
+
+def conv_plan_key(dtype: str, shape: Any, layouts: tuple[str, str], tf32: bool) -> ConvPlanKey:
+    """The key under which this process's plan cache holds a forward conv's pick."""
+    items = shape.items() if isinstance(shape, dict) else shape
+    norm = tuple((k, tuple(v) if isinstance(v, list | tuple) else v) for k, v in items)
+    return (dtype, norm, layouts, tf32)
+
+
+def cached_pick(key: ConvPlanKey, thread: int | None = None) -> str | None:
+    """The pick a capture left cached for ``key`` on ``thread`` (default: this one)."""
+    ident = threading.get_ident() if thread is None else thread
+    with _CACHED_PLANS_LOCK:
+        return _CACHED_PLANS.get((ident, key))
+
+
+def _note_cached_plan(sig: _Signature) -> None:
+    import torch
+
+    layouts = (sig.layout, sig.weight_layout or sig.layout)
+    key = conv_plan_key(sig.dtype, sig.shape, layouts, sig.tf32)
+    pick = "benchmark" if torch.backends.cudnn.benchmark else "heuristic"
+    with _CACHED_PLANS_LOCK:
+        _CACHED_PLANS.setdefault((threading.get_ident(), key), pick)
 
 
 @dataclass(slots=True)
@@ -157,7 +200,9 @@ def signature(name: str, args: tuple[Any, ...]) -> _Signature | None:
         ("groups", int(groups)),
     )
     tf32 = dtype == "float32" and _tf32("conv")
-    return _Signature("conv2d", name, phase, dtype, shape, _conv_layout(x), has_bias, tf32)
+    return _Signature(
+        "conv2d", name, phase, dtype, shape, _conv_layout(x), has_bias, tf32, _conv_layout(w)
+    )
 
 
 def _conv_layout(x: Any) -> str:
@@ -185,6 +230,8 @@ def _make_mode(tally: _Tally) -> Any:
             if sig is None:
                 return func(*args, **kwargs)
             i = tally.note(sig)
+            if sig.kind == "conv2d" and sig.phase == "forward":
+                _note_cached_plan(sig)
             with torch.profiler.record_function(f"{RANGE_PREFIX}{i}"):
                 return func(*args, **kwargs)
 
@@ -196,6 +243,29 @@ class Capture:
 
     def __init__(self) -> None:
         self._set: CapturedSet | None = None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Capture:
+        """A capture written as JSON by :meth:`write`, in this or a later process.
+
+        ValueError naming the file and the bad field for anything else (a TOML file holds
+        workloads only, not the calls a plan needs).
+        """
+        p = Path(path)
+        if p.suffix.lower() == ".toml":
+            raise ValueError(
+                f"{p}: a TOML capture holds workloads only; write the capture as JSON "
+                "(Capture.write('capture.json')) to load it again"
+            )
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ValueError(f"{p}: cannot read: {e.strerror or e}") from e
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"{p}: not a JSON capture: {e}") from e
+        out = cls()
+        out._finish(parse_capture(doc, str(p)))
+        return out
 
     @property
     def captured(self) -> CapturedSet:
@@ -225,9 +295,8 @@ class Capture:
         self, path: str | os.PathLike[str], top: int | None = None, min_share: float = 0.0
     ) -> Path:
         """``.toml``: ``[[workload]]`` tables (daemon config, ``gpuwatchd workloads add``);
-        anything else: the JSON capture document, calls and workloads. Returns the path."""
-        import json
-
+        anything else: the JSON capture document, calls and workloads, which
+        :meth:`load` reads back. Returns the path."""
         p = Path(path)
         if p.suffix.lower() == ".toml":
             comment = (
@@ -346,7 +415,13 @@ def _calls(tally: _Tally, times: list[float], total: float) -> tuple[CapturedCal
                 calls=tally.counts[i],
                 time_s=times[i],
                 share=share,
+                weight_layout=sig.weight_layout,
             )
         )
     out.sort(key=lambda c: -c.time_s)
     return tuple(out)
+
+
+def load_capture(path: str | os.PathLike[str]) -> Capture:
+    """:meth:`Capture.load`: a JSON capture written by :meth:`Capture.write`."""
+    return Capture.load(path)

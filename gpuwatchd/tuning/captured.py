@@ -12,12 +12,15 @@ families, one per distinct tuning problem, biggest share first:
   family ``torch.matmul`` (cuBLAS vs cuBLASLt, what a job can choose);
 - any other GEMM (a transposed operand, a batch): op ``matmul`` or ``bmm`` with
   ``params.layout``, family ``torch.gemm``, the same two libraries on that exact layout;
-- a forward convolution: op ``conv2d``, family ``torch.conv2d`` (heuristic vs benchmark
-  pick, contiguous vs channels_last). Backward convolutions are recorded (they take
-  time) but not tuned: the family times the forward pass only.
+- a forward convolution: op ``conv2d``, family ``torch.conv2d`` with the job's input and
+  weight layouts (``params.input_layout``/``weight_layout`` where not contiguous): the
+  family times the heuristic and benchmark picks as the job runs them, and each uniform
+  memory format the whole model could be converted to. Backward convolutions are
+  recorded (they take time) but not tuned: the family times the forward pass only.
 
 Layouts: ``n`` is a row-major operand (unit stride along its last dimension), ``t`` a
-column-major one (a transposed view, as ``nn.Linear``'s weight is in ``x @ w.t()``).
+column-major one (a transposed view, as ``nn.Linear``'s weight is in ``x @ w.t()``). A
+conv's ``layout`` is its input's memory format and ``weight_layout`` its weight's.
 Workload names are derived from the shape, so capturing the same model twice gives the
 same names and the daemon replaces rather than duplicates.
 """
@@ -49,6 +52,7 @@ CONV_FAMILY = "torch.conv2d"
 #: Prefix of every workload made from a capture.
 NAME_PREFIX = "model"
 _SHORT_DTYPE = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+_SHORT_LAYOUT = {"contiguous": "nchw", "channels_last": "cl"}
 _CALL_KEYS = frozenset(
     {
         "kind",
@@ -62,6 +66,7 @@ _CALL_KEYS = frozenset(
         "calls",
         "time_s",
         "share",
+        "weight_layout",
     }
 )
 _DOC_KEYS = frozenset({"format", "timer", "total_s", "device", "torch", "calls", "workloads"})
@@ -73,10 +78,12 @@ class CapturedCall:
 
     ``shape`` for a GEMM: ``batch`` (1 when unbatched), ``m``, ``n``, ``k``; for a conv:
     ``input`` (N,C,H,W), ``weight`` (K,C/groups,R,S), ``stride``, ``padding``,
-    ``dilation`` (pairs) and ``groups``. ``time_s`` is the time of all ``calls`` together
-    (GPU time on a GPU, CPU time on CPU); ``share`` is that time over all the time the
-    capture measured, so the shapes worth tuning stand out. ``tf32``: for float32, whether
-    the job let this op use TF32 tensor cores (always false for other dtypes).
+    ``dilation`` (pairs) and ``groups``; ``layout`` is the input's memory format and
+    ``weight_layout`` the weight's (None: the same). ``time_s`` is the time of all
+    ``calls`` together (GPU time on a GPU, CPU time on CPU); ``share`` is that time over
+    all the time the capture measured, so the shapes worth tuning stand out. ``tf32``:
+    for float32, whether the job let this op use TF32 tensor cores (always false for
+    other dtypes).
     """
 
     kind: str
@@ -90,8 +97,15 @@ class CapturedCall:
     calls: int
     time_s: float
     share: float
+    weight_layout: str | None = None
+
+    @property
+    def layouts(self) -> tuple[str, str]:
+        """A conv's (input, weight) memory formats."""
+        return (self.layout, self.weight_layout or self.layout)
 
     def to_json(self) -> dict[str, Any]:
+        extra = {"weight_layout": self.weight_layout} if self.weight_layout is not None else {}
         return {
             "kind": self.kind,
             "aten": self.aten,
@@ -104,6 +118,7 @@ class CapturedCall:
             "calls": self.calls,
             "time_s": self.time_s,
             "share": self.share,
+            **extra,
         }
 
     @property
@@ -125,7 +140,10 @@ class CapturedCall:
             extra += f" d{_pair_text(s['dilation'])}"
         if s["groups"] != 1:
             extra += f" g{s['groups']}"
-        return dims + extra + (" cl" if self.layout == "channels_last" else "")
+        x_layout, w_layout = self.layouts
+        if x_layout == w_layout:
+            return dims + extra + (" cl" if x_layout == "channels_last" else "")
+        return dims + extra + f" x:{_SHORT_LAYOUT[x_layout]} w:{_SHORT_LAYOUT[w_layout]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +182,7 @@ def to_workloads(
     """One workload per distinct tuning problem, largest summed share first.
 
     Calls that tune the same way (a GEMM seen in forward and backward with one layout, a
-    conv with and without bias, in either memory format) become one workload.
+    conv with and without bias in one pair of layouts) become one workload.
     ``top`` keeps the first N, ``min_share`` drops those under that share of the time.
     """
     if top is not None:
@@ -230,6 +248,15 @@ def _conv_workload(call: CapturedCall) -> Workload:
     if call.dtype == "float32":
         params["tf32"] = call.tf32
         name += ".tf32" if call.tf32 else ".ieee"
+    x_layout, w_layout = call.layouts
+    if (x_layout, w_layout) != ("contiguous", "contiguous"):
+        name += (
+            ".cl"
+            if x_layout == w_layout
+            else f".x{_SHORT_LAYOUT[x_layout]}.w{_SHORT_LAYOUT[w_layout]}"
+        )
+        params["input_layout"] = x_layout
+        params["weight_layout"] = w_layout
     shape = {
         "input": list(s["input"]),
         "weight": list(s["weight"]),
@@ -290,6 +317,10 @@ def parse_call(d: Any, where: str) -> CapturedCall:
     share = need_number(d.get("share"), f"{where}.share", minimum=0.0)
     if share > 1.0 + 1e-9:
         raise fail(f"{where}.share", "expected a fraction between 0 and 1", share)
+    weight_layout = d.get("weight_layout")
+    if weight_layout is not None and (kind != "conv2d" or weight_layout not in CONV_LAYOUTS):
+        expected = f"one of {', '.join(CONV_LAYOUTS)} (conv2d only)"
+        raise fail(f"{where}.weight_layout", f"expected {expected}", weight_layout)
     return CapturedCall(
         kind=str(kind),
         aten=need_text(d.get("aten"), f"{where}.aten"),
@@ -302,6 +333,7 @@ def parse_call(d: Any, where: str) -> CapturedCall:
         calls=need_int(d.get("calls"), f"{where}.calls", minimum=1),
         time_s=need_number(d.get("time_s"), f"{where}.time_s", minimum=0.0),
         share=share,
+        weight_layout=weight_layout,
     )
 
 

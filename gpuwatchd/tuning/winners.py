@@ -9,9 +9,17 @@ from __future__ import annotations
 
 from gpuwatchd.tuning.types import CandidateStats, RegimeResult
 
+#: Candidate meta key a family sets (true) on what the job runs without gpuwatchd.
+JOB_DEFAULT = "job_default"
+#: Regime meta key: no candidate beat the job's default beyond the noise, so it stays.
+KEPT_DEFAULT = "kept_default"
+#: Candidate meta key: ``{"margin", "noise", "beats"}`` of this candidate against the default.
+VS_DEFAULT = "vs_default"
+
 
 def pick_winner(result: RegimeResult) -> CandidateStats | None:
-    """The candidate a winners row records: the declared winner, else on a tie the fastest.
+    """The candidate a winners row records: the declared winner, else on a tie the job's
+    default where nothing beat it beyond the noise, else the fastest.
 
     None when nothing was measured (every batch of every candidate rejected).
     """
@@ -19,6 +27,9 @@ def pick_winner(result: RegimeResult) -> CandidateStats | None:
         return next(c for c in result.candidates if c.name == result.winner)
     if not result.tie:
         return None
+    kept = next((c for c in result.candidates if c.meta.get(JOB_DEFAULT)), None)
+    if kept is not None and kept.meta.get(KEPT_DEFAULT) and kept.median_s is not None:
+        return kept
     timed = [c for c in result.candidates if c.median_s is not None]
     return min(timed, key=lambda c: c.median_s or 0.0) if timed else None
 

@@ -45,7 +45,12 @@ DEFAULT_WORKLOADS: tuple[Workload, ...] = (
         shape={"input": [64, 64, 56, 56], "weight": [64, 64, 3, 3], "stride": 1, "padding": 1},
         dtype="float16",
         families=("torch.conv2d",),
-        params={"memory_formats": ["channels_last"]},
+        # a job whose model and input are channels_last: that is its default to beat
+        params={
+            "input_layout": "channels_last",
+            "weight_layout": "channels_last",
+            "memory_formats": ["channels_last"],
+        },
     ),
     Workload(
         name="sim-gemm",

@@ -49,6 +49,7 @@ from typing import Any
 from gpuwatchd.telemetry.types import LIMITING_REASONS, POWER_REASONS, Sample, ThrottleReason
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import BatchRecord, CandidateStats, Regime, RegimeResult, Workload
+from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, VS_DEFAULT
 from gpuwatchd.tuning.worker import stats
 from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.headroom import LoadEvidence, shows_limit, skip_reason
@@ -782,17 +783,57 @@ class _RegimeRun:
             # gap between them is measurement bias (thread, order), not a faster kernel.
             winner, tie = None, True
             self.regime_meta["tie_reason"] = "winner and runner-up launch the same kernels"
+        vs_default = self._versus_default()
+        pick = winner or (decision.ranking[0] if tie and decision.ranking else None)
+        if vs_default is not None and pick in vs_default and not vs_default[pick]["beats"]:
+            winner, tie = None, True
+            self.regime_meta[KEPT_DEFAULT] = True
+            self.regime_meta["tie_reason"] = "no candidate beats the job's default beyond the noise"
         return RegimeResult(
             workload=self.workload.name,
             regime=self.regime,
-            candidates=tuple(self._stats(s) for s in ordered),
+            candidates=tuple(self._stats(s, (vs_default or {}).get(s.name)) for s in ordered),
             winner=winner,
             tie=tie,
             margin=decision.margin,
             noise=decision.noise,
         )
 
-    def _stats(self, slot: _Slot) -> CandidateStats:
+    def _versus_default(self) -> dict[str, dict[str, Any]] | None:
+        """Each timed candidate against the job's default, on the rounds both were timed in.
+
+        None when no candidate is the job's default or the default has no timing. A
+        candidate beats the default when its margin over it exceeds the noise, the rule
+        :func:`~gpuwatchd.tuning.worker.stats.decide` applies; a default that racing
+        dropped is beaten by every candidate still racing.
+        """
+        default = next((s for s in self._active() if s.meta.get(JOB_DEFAULT)), None)
+        if default is None or not default.accepted:
+            return None
+        cfg = self.cfg
+        base = dict(
+            zip(default.rounds, (r.seconds_per_call for r in default.accepted), strict=True)
+        )
+        out: dict[str, dict[str, Any]] = {}
+        for slot in self._active():
+            if slot is default or not slot.accepted:
+                continue
+            mine = dict(zip(slot.rounds, (r.seconds_per_call for r in slot.accepted), strict=True))
+            common = sorted(set(mine) & set(base))
+            if not common:
+                continue
+            margin, noise = stats.versus(
+                [mine[r] for r in common],
+                [base[r] for r in common],
+                noise_k=cfg.noise_k,
+                min_margin=cfg.min_margin,
+                confidence=cfg.confidence,
+            )
+            dropped = default.out_after is not None and slot.out_after is None
+            out[slot.name] = {"margin": margin, "noise": noise, "beats": dropped or margin > noise}
+        return out
+
+    def _stats(self, slot: _Slot, vs_default: dict[str, Any] | None = None) -> CandidateStats:
         acc = slot.accepted
         xs = [r.seconds_per_call for r in acc]
         med = stats.median(xs) if xs else None
@@ -816,6 +857,8 @@ class _RegimeRun:
             meta["out_of_race_after_rounds"] = slot.out_after
         if slot.error is not None:
             meta["error"] = slot.error
+        if vs_default is not None:
+            meta[VS_DEFAULT] = vs_default
         return CandidateStats(
             name=slot.name,
             family=slot.cand.family,

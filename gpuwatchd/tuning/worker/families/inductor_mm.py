@@ -32,6 +32,7 @@ from gpuwatchd.tuning.inductor_sites import (
     parse_site_workload,
 )
 from gpuwatchd.tuning.types import Workload
+from gpuwatchd.tuning.winners import JOB_DEFAULT
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.cuda_session import (
     first_line,
@@ -219,6 +220,8 @@ class InductorChoice(CandidateBase):
             "kernels": kernels,
             # ATen's cuBLAS kernel names identify the code; Inductor's Triton names do not
             "kernels_identify_code": aten,
+            # torch.compile without max-autotune lowers a GEMM site to ATen's extern mm
+            JOB_DEFAULT: aten,
             "cuda_graph": self._graph is not None,
             "compile_s": compile_s,
             "flops": self._inputs.flops,

@@ -1,8 +1,21 @@
 """``torch.conv2d`` family: the cuDNN kernels torch picks, heuristic and benchmark, per layout.
 
-Four candidates by default: {heuristic pick (``cudnn.benchmark=False``), benchmark pick
-(``cudnn.benchmark=True``)} x {contiguous (NCHW), channels_last (NHWC)}. Each records the
-kernels it really launches (torch.profiler) in ``meta["kernels"]``.
+Candidates are measured as the job runs them. ``params.input_layout`` and
+``params.weight_layout`` (``contiguous`` or ``channels_last``, default contiguous) are the
+layouts the job's activations and weights have; a capture records them. For each pick
+(heuristic: ``cudnn.benchmark=False``; benchmark: ``cudnn.benchmark=True``) there is:
+
+- the job's own layouts, exactly as captured: a mixed pair (NCHW input, channels_last
+  weight) is timed as it is, so the layout conversion torch pays on every call is in the
+  time. The heuristic pick in the job's layouts is what the job runs without gpuwatchd:
+  its meta says ``job_default`` and a winner must beat it beyond the noise;
+- each uniform memory format (``params.memory_formats``, default both) that differs from
+  the job's: input and weight both in that format, what the conv costs once the whole
+  model and its input are converted (``model.to(memory_format=...)``). Such a candidate's
+  meta says ``model_wide``: a job can take it only by converting the whole model.
+
+Each candidate records the kernels it really launches (torch.profiler) in
+``meta["kernels"]``.
 
 Why each candidate owns a thread. In ATen's cuDNN v8 path (``Conv_v8.cpp``,
 ``run_single_conv``) the chosen execution plan is cached per key, and the key holds the
@@ -32,6 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuwatchd.tuning.types import Workload
+from gpuwatchd.tuning.winners import JOB_DEFAULT
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.cuda_session import (
     canonical_dtype,
@@ -56,6 +70,8 @@ if TYPE_CHECKING:
 FAMILY = "torch.conv2d"
 PICKS = ("heuristic", "benchmark")
 MEMORY_FORMATS = ("contiguous", "channels_last")
+#: The pick a job gets without gpuwatchd (torch's default ``cudnn.benchmark=False``).
+DEFAULT_PICK = "heuristic"
 _ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 #: Images of the batch checked against a float64 CPU reference (convs are per image).
 _CHECK_IMAGES = 2
@@ -77,6 +93,8 @@ class ConvSpec:
     tf32: bool
     bias: bool
     seed: int
+    input_layout: str = "contiguous"
+    weight_layout: str = "contiguous"
 
     @property
     def output(self) -> tuple[int, int, int, int]:
@@ -139,7 +157,11 @@ def parse_conv(workload: Workload) -> ConvSpec:
     tf32 = bool_param(workload, "tf32", where)
     bias = bool_param(workload, "bias", where)
     seed = seed_param(workload, where)
-    spec = ConvSpec(x, w, stride, padding, dilation, groups, dtype, tf32, bias, seed)
+    x_layout = _layout_param(workload, "input_layout", where)
+    w_layout = _layout_param(workload, "weight_layout", where)
+    spec = ConvSpec(
+        x, w, stride, padding, dilation, groups, dtype, tf32, bias, seed, x_layout, w_layout
+    )
     if min(spec.output[2:]) < 1:
         raise ValueError(f"{where}: shape.weight (dilated) is larger than the padded input")
     return spec
@@ -173,11 +195,16 @@ class CudnnConv(CandidateBase):
 
     family = FAMILY
 
-    def __init__(self, spec: ConvSpec, pick: str, memory_format: str, device: torch.device):
-        super().__init__(f"cudnn[{pick},{memory_format}]")
+    def __init__(
+        self, spec: ConvSpec, pick: str, layouts: tuple[str, str], device: torch.device
+    ) -> None:
+        super().__init__(f"cudnn[{pick},{layout_label(*layouts)}]")
         self.spec = spec
         self.pick = pick
-        self.memory_format = memory_format
+        self.input_layout, self.weight_layout = layouts
+        #: the uniform format of both operands, or "mixed" (the job's own mixed pair)
+        self.memory_format = layouts[0] if layouts[0] == layouts[1] else "mixed"
+        self._job_layouts = layouts == (spec.input_layout, spec.weight_layout)
         self._device = device
         self._thread: _OwnThread | None = None
         self._x: Any = None
@@ -206,6 +233,10 @@ class CudnnConv(CandidateBase):
             "pick": self.pick,
             "cudnn_benchmark": self.pick == "benchmark",
             "memory_format": self.memory_format,
+            "input_layout": self.input_layout,
+            "weight_layout": self.weight_layout,
+            JOB_DEFAULT: self._job_layouts and self.pick == DEFAULT_PICK,
+            "model_wide": not self._job_layouts,
             "kernels": kernels,
             # library kernel names encode tile, layout and precision: same names, same code
             "kernels_identify_code": True,
@@ -228,14 +259,11 @@ class CudnnConv(CandidateBase):
 
         s = self.spec
         dt = getattr(torch, s.dtype)
-        fmt = torch.channels_last if self.memory_format == "channels_last" else None
         g = torch.Generator(device=self._device).manual_seed(s.seed)
         x = torch.randn(s.input, dtype=dt, device=self._device, generator=g)
         w = torch.randn(s.weight, dtype=dt, device=self._device, generator=g)
-        if fmt is not None:
-            x = x.contiguous(memory_format=fmt)
-            w = w.contiguous(memory_format=fmt)
-        self._x, self._w = x, w
+        self._x = x.contiguous(memory_format=_torch_format(self.input_layout))
+        self._w = w.contiguous(memory_format=_torch_format(self.weight_layout))
         if s.bias:
             self._b = torch.randn(s.weight[0], dtype=dt, device=self._device, generator=g)
         torch.cuda.synchronize(self._device)
@@ -309,10 +337,19 @@ def _v8_api_disabled() -> bool:
     )
 
 
+def candidate_layouts(spec: ConvSpec, formats: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(input, weight) layouts to time: the job's own first, then each other uniform format."""
+    job = (spec.input_layout, spec.weight_layout)
+    return [job] + [(f, f) for f in formats if (f, f) != job]
+
+
 def build(workload: Workload, session: DeviceSession) -> list[CudnnConv]:
-    """``params.picks`` x ``params.memory_formats`` candidates (default: all four)."""
+    """``params.picks`` x (the job's layouts + ``params.memory_formats``); the job's
+    default (heuristic pick, the job's layouts) is always one of them."""
     spec = parse_conv(workload)
     picks = choices_param(workload, "picks", PICKS)
+    if DEFAULT_PICK not in picks:
+        picks = [DEFAULT_PICK, *picks]
     formats = choices_param(workload, "memory_formats", MEMORY_FORMATS)
     device = require_cuda_device(session, FAMILY)
     if _v8_api_disabled():
@@ -324,7 +361,30 @@ def build(workload: Workload, session: DeviceSession) -> list[CudnnConv]:
 
     if torch.version.hip is not None or not torch.backends.cudnn.is_available():
         raise CandidateError(f"{FAMILY}: this torch has no cuDNN")
-    return [CudnnConv(spec, p, f, device) for p in picks for f in formats]
+    layouts = candidate_layouts(spec, tuple(formats))
+    return [CudnnConv(spec, p, lay, device) for p in picks for lay in layouts]
+
+
+def layout_label(input_layout: str, weight_layout: str) -> str:
+    """A candidate's layout in its name: one format, or ``x:<input>+w:<weight>`` when mixed."""
+    if input_layout == weight_layout:
+        return input_layout
+    return f"x:{input_layout}+w:{weight_layout}"
+
+
+def _torch_format(layout: str) -> Any:
+    import torch
+
+    return torch.channels_last if layout == "channels_last" else torch.contiguous_format
+
+
+def _layout_param(workload: Workload, key: str, where: str) -> str:
+    value = workload.params.get(key, "contiguous")
+    if value not in MEMORY_FORMATS:
+        raise ValueError(
+            f"{where}: params.{key} must be one of {', '.join(MEMORY_FORMATS)}, got {value!r}"
+        )
+    return str(value)
 
 
 def _dims(v: object, where: str) -> tuple[int, int, int, int]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from gpuwatchd.tuning.types import Workload
+from gpuwatchd.tuning.winners import JOB_DEFAULT
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.cuda_session import (
     canonical_dtype,
@@ -228,6 +229,7 @@ class BlasGemm(CandidateBase):
             "rel_error": err,
             "first_call_s": first_call_s,
             "fp32_precision": fp32_precision_label(s.dtype, s.tf32),
+            JOB_DEFAULT: self.library == default_library(),
             **self._more_meta(),
         }
 
@@ -276,6 +278,15 @@ def _pinned_blas(library: str) -> Iterator[None]:
         yield
     finally:
         pick(prev)
+
+
+def default_library() -> str:
+    """The library torch prefers in a process that never chose one (``cublas`` unless
+    ``TORCH_BLAS_PREFER_CUBLASLT`` says otherwise): what a job runs without gpuwatchd."""
+    import torch
+
+    pick = getattr(torch.backends.cuda, "preferred_blas_library", None)
+    return "cublas" if pick is None else str(pick().name).lower()
 
 
 def available_libraries() -> tuple[str, ...]:
