@@ -116,7 +116,9 @@ def capture_main(args: argparse.Namespace) -> None:
     print(json.dumps({"variant": args.variant, "workloads": [w.name for w in convs]}))
     source = {"kind": "capture", "variant": args.variant}
     result = submit_workloads(tuple(convs), source)
-    print(f"submitted {len(convs)} conv workloads: {result.status} {result.detail}")
+    print(f"submitted {len(convs)} conv workloads: {result.how} {result.detail}")
+    if result.how != "daemon":
+        raise SystemExit(f"the daemon did not queue the workloads: {result.detail}")
 
 
 # -- stage 3: A/B ---------------------------------------------------------------------------------
