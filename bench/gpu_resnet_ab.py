@@ -1,6 +1,7 @@
 """ResNet-50 with and without gpuwatchd: captured, tuned by the daemon, applied in a new process.
 
-    python3 bench/gpu_resnet_ab.py e2e --out DIR [--variants nchw-fp16,cl-fp16,...] [--top 10]
+    python3 bench/gpu_resnet_ab.py tune --out DIR [--variants ...] [--top 8] [--all-shapes V,...]
+    python3 bench/gpu_resnet_ab.py ab --src DIR --out DIR [--variants ...]
 
 For each variant (activations NCHW or channels_last, fp16 or fp32; torchvision's
 ResNet-50 built in-process with random weights, batch 32, 224x224):
@@ -8,22 +9,26 @@ ResNet-50 built in-process with random weights, batch 32, 224x224):
 1. ``capture`` (a fresh process): three training steps (forward + backward) inside
    ``gpuwatchd.torch.capture``, written as ``capture-<variant>.json``.
 2. A gpuwatchd daemon (NVML backend, drift off, sustained regime only) gets the top
-   ``--top`` forward-conv workloads of every capture through ``Capture.submit`` (the
-   control socket) and tunes them at its next open gate.
-3. ``ab`` (a new process per variant): the saved capture is loaded
-   (``load_capture``) and applied with ``apply_winners(model, capture=...,
-   memory_format="winner")`` before the model's first forward pass. Four arms, each a
+   ``--top`` forward-conv workloads of every capture (every one for the variants in
+   ``--all-shapes``) through the control socket and tunes them at its next open gate.
+   The captures and the daemon's store are packed into ``tuned.tar.gz``.
+3. ``ab`` (a new process per variant, possibly on another machine of the same model):
+   the saved capture is loaded (``load_capture``) and applied with
+   ``apply_winners(model, capture=..., memory_format="winner")`` before the model's
+   first forward pass. Five arms, each a
    model of its own on a thread of its own (cuDNN's plan cache is per thread):
-   ``default`` (what the job runs alone: ``cudnn.benchmark=False``), ``gpuwatchd``,
+   ``default`` (what the job runs alone: ``cudnn.benchmark=False``), ``default_again``
+   (the same, an A/A control whose ratio is the noise floor), ``gpuwatchd``,
    ``bench_cool`` (``cudnn.benchmark=True``, first step on a cool idle GPU) and
    ``bench_loaded`` (``cudnn.benchmark=True``, first step beside a neighbour process
    running a bf16 GEMM loop). Then, interleaved in rounds with the order rotating:
-   every tuned conv layer alone (back-to-back calls: sustained) and the whole training
-   step. Each arm's time is reported as a ratio to ``default`` (median over rounds).
+   every tuned conv layer alone (a CUDA graph of back-to-back calls, captured on the
+   arm's thread after its plan is cached: GPU time only) and the whole training step.
+   Each arm's time is reported as a ratio to ``default`` (median over rounds).
    For every applied benchmark pick the profiler's kernels in the gpuwatchd arm are
    compared with the winner's recorded kernels.
 
-Never changes a GPU setting. Writes ``result.json`` and the captures into --out.
+Never changes a GPU setting. ``ab`` writes ``ab.tar.gz`` (one JSON per variant) into --out.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 PORT = 9878
 VARIANTS = ("nchw-fp16", "cl-fp16", "nchw-fp32", "cl-fp32")
 BATCH = 32
-ARMS = ("default", "gpuwatchd", "bench_cool", "bench_loaded")
+ARMS = ("default", "default_again", "gpuwatchd", "bench_cool", "bench_loaded")
 
 CONFIG = """
 [daemon]
@@ -112,7 +118,7 @@ def capture_main(args: argparse.Namespace) -> None:
             step(model, x)
     out = Path(args.out)
     cap.write(out / f"capture-{args.variant}.json")
-    convs = [w for w in cap.workloads() if w.op == "conv2d"][: args.top]
+    convs = [w for w in cap.workloads() if w.op == "conv2d"][: args.top or None]
     print(json.dumps({"variant": args.variant, "workloads": [w.name for w in convs]}))
     source = {"kind": "capture", "variant": args.variant}
     result = submit_workloads(tuple(convs), source)
@@ -179,35 +185,74 @@ def _nvml_state() -> dict[str, float]:
     }
 
 
-def _layer_fn(arm: Arm, call: Any, layouts: tuple[str, str]) -> Any:
-    """A forward conv of the captured shape in ``layouts``, made on the arm's thread."""
-    import torch
-    import torch.nn.functional as F
+class Layer:
+    """One forward conv of a captured shape, in given layouts, on an arm's thread.
 
-    s = call.shape
-    dt = getattr(torch, call.dtype)
-    fx, fw = (
-        torch.channels_last if lay == "channels_last" else torch.contiguous_format
-        for lay in layouts
-    )
+    ``conv`` is one call (its plan cached on the arm's thread by the first one);
+    ``graph`` replays ``GRAPH_CALLS`` of them, captured on that thread: GPU time only.
+    """
 
-    def make() -> Any:
+    GRAPH_CALLS = 20
+
+    def __init__(self, arm: Arm, call: Any, layouts: tuple[str, str]) -> None:
+        self.arm = arm
+        self.conv, self.graph = arm.call(self._make, call, layouts)
+
+    @classmethod
+    def _make(cls, call: Any, layouts: tuple[str, str]) -> tuple[Any, Any]:
+        import torch
+        import torch.nn.functional as F
+
+        s = call.shape
+        dt = getattr(torch, call.dtype)
+        fx, fw = (
+            torch.channels_last if lay == "channels_last" else torch.contiguous_format
+            for lay in layouts
+        )
         x = torch.randn(s["input"], device="cuda", dtype=dt).contiguous(memory_format=fx)
         w = torch.randn(s["weight"], device="cuda", dtype=dt).contiguous(memory_format=fw)
 
-        def run() -> None:
+        def conv() -> None:
             with torch.no_grad():
                 F.conv2d(x, w, None, s["stride"], s["padding"], s["dilation"], s["groups"])
 
-        return run
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                conv()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(cls.GRAPH_CALLS):
+                conv()
+        return conv, graph
 
-    return arm.call(make)
+    def timed(self, replays: int) -> float:
+        return float(self.arm.call(_timed, self.graph.replay, replays)) / self.GRAPH_CALLS
 
 
 def _kernels_of(arm: Arm, fn: Any) -> list[str]:
     from gpuwatchd.tuning.worker.cuda_session import launched_kernels
 
     return list(arm.call(launched_kernels, fn))
+
+
+def _ratios(times: dict[str, list[float]]) -> dict[str, Any]:
+    """Each arm's median over rounds and its per-round ratio to ``default`` (median, range)."""
+    base = times["default"]
+    out: dict[str, Any] = {}
+    for name, xs in times.items():
+        ratios = sorted(t / b for t, b in zip(xs, base, strict=True))
+        n = len(ratios)
+        out[name] = {
+            "median_s": statistics.median(xs),
+            "ratio_to_default": statistics.median(ratios),
+            # the middle half of the per-round ratios: how far one round's ratio wanders
+            "ratio_q1": ratios[n // 4],
+            "ratio_q3": ratios[(3 * n) // 4],
+        }
+    return out
 
 
 def ab_main(args: argparse.Namespace) -> None:
@@ -217,15 +262,14 @@ def ab_main(args: argparse.Namespace) -> None:
     from gpuwatchd.client import Client
 
     variant = args.variant
-    out = Path(args.out)
-    cap = gt.load_capture(out / f"capture-{variant}.json")
-    client = Client(url=f"http://127.0.0.1:{PORT}")
+    src, out = Path(args.src), Path(args.out)
+    cap = gt.load_capture(src / f"capture-{variant}.json")
+    client = Client(url="http://127.0.0.1:9", store=src / "gpuwatchd.db")
     doc: dict[str, Any] = {"variant": variant, "gpu": torch.cuda.get_device_name()}
     arms = {name: Arm(name, variant) for name in ARMS}
-    bench_flag = {"default": False, "gpuwatchd": False, "bench_cool": True, "bench_loaded": True}
-
-    # gpuwatchd: load + apply before the model's first forward pass, on the arm's thread
     gw = arms["gpuwatchd"]
+
+    # gpuwatchd: the saved capture, applied before the model's first forward pass
     applied = gw.call(
         lambda: gt.apply_winners(gw.model, capture=cap, client=client, memory_format="winner")
     )
@@ -235,29 +279,19 @@ def ab_main(args: argparse.Namespace) -> None:
         "warmed": list(applied.warmed),
         "blocked": [list(b) for b in applied.blocked],
         "blas": applied.blas_library,
-        "convs": [
-            {
-                "workload": c.workload,
-                "candidate": c.candidate,
-                "pick": c.pick,
-                "layouts": list(c.layouts),
-                "kept_default": c.kept_default,
-            }
-            for c in applied.plan.convs
-        ],
     }
-    # first steps: default and gpuwatchd as they are, bench_cool on an idle GPU,
+    # first steps: default(s) and gpuwatchd as they are, bench_cool on an idle GPU,
     # bench_loaded beside a neighbour's GEMM loop
-    for name in ("gpuwatchd", "default"):
+    for name in ("gpuwatchd", "default", "default_again"):
         arm = arms[name]
-        arm.call(_flag, bench_flag[name])
+        arm.call(_flag, False)
         arm.call(lambda a=arm: [step(a.model, a.x) for _ in range(3)])
         torch.cuda.synchronize()
     time.sleep(8)
     doc["bench_cool_start"] = _nvml_state()
-    arm = arms["bench_cool"]
-    arm.call(_flag, True)
-    arm.call(lambda: [step(arm.model, arm.x) for _ in range(3)])
+    cool = arms["bench_cool"]
+    cool.call(_flag, True)
+    cool.call(lambda: [step(cool.model, cool.x) for _ in range(3)])
     torch.cuda.synchronize()
     neighbour = _neighbour()
     time.sleep(4)
@@ -271,93 +305,68 @@ def ab_main(args: argparse.Namespace) -> None:
     _flag(False)
     time.sleep(3)
 
-    # the layers: every captured forward conv with a plan choice
-    choices = {c.workload: c for c in applied.plan.convs}
-    job_layouts = {}
-    layers = []
+    # every captured forward conv with a recorded choice, alone, in each arm's layouts
+    layers: dict[str, dict[str, Layer]] = {}
     for c in applied.plan.convs:
-        job_layouts[c.workload] = c.call.layouts
-        layers.append(c)
-    fns: dict[str, dict[str, Any]] = {}
-    for c in layers:
-        fns[c.workload] = {
-            name: _layer_fn(
-                arm, c.call, c.layouts if name == "gpuwatchd" else job_layouts[c.workload]
-            )
+        layers[c.workload] = {
+            name: Layer(arm, c.call, c.layouts if name == "gpuwatchd" else c.call.layouts)
             for name, arm in arms.items()
         }
     # what really runs: the gpuwatchd arm's kernels for every benchmark pick it applied
     ranked = {w.workload: w for w in client.winners(regime="sustained")}
     checks = []
-    for c in layers:
-        if c.kept_default or c.pick != "benchmark":
+    for c in applied.plan.convs:
+        if not c.acts or c.pick != "benchmark":
             continue
         w = ranked.get(c.workload)
-        recorded = next(
-            (r.meta.get("kernels") for r in (w.ranked if w else ()) if r.name == c.candidate), None
-        )
-        got = _kernels_of(gw, fns[c.workload]["gpuwatchd"])
+        cands = w.ranked if w is not None else ()
+        recorded = next((r.meta.get("kernels") for r in cands if r.name == c.candidate), None)
+        got = _kernels_of(gw, layers[c.workload]["gpuwatchd"].conv)
         checks.append({"workload": c.workload, "recorded": recorded, "ran": got,
                        "same": bool(recorded) and sorted(recorded) == sorted(got)})  # fmt: skip
     doc["kernel_checks"] = checks
 
-    rounds = args.rounds
-    layer_times: dict[str, dict[str, list[float]]] = {
-        c.workload: {a: [] for a in ARMS} for c in layers
-    }
+    layer_times = {w: {a: [] for a in ARMS} for w in layers}
     step_times: dict[str, list[float]] = {a: [] for a in ARMS}
-    for r in range(rounds):
+    for r in range(args.rounds):
         order = ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]
-        for c in layers:
+        for w, by_arm in layers.items():
             for name in order:
-                fn = fns[c.workload][name]
-                arms[name].call(fn)  # one untimed call: the same cached plan, warm caches
-                layer_times[c.workload][name].append(arms[name].call(_timed, fn, args.layer_calls))
+                layer_times[w][name].append(by_arm[name].timed(args.layer_replays))
         for name in order:
             arm = arms[name]
             step_times[name].append(
                 arm.call(_timed, lambda a=arm: step(a.model, a.x), args.step_calls)
             )
     doc["end_state"] = _nvml_state()
-
-    def summary(times: dict[str, list[float]]) -> dict[str, Any]:
-        base = times["default"]
-        out_: dict[str, Any] = {}
-        for name in ARMS:
-            ratios = [t / b for t, b in zip(times[name], base, strict=True)]
-            out_[name] = {
-                "median_s": statistics.median(times[name]),
-                "ratio_to_default": statistics.median(ratios),
-                "ratio_min": min(ratios),
-                "ratio_max": max(ratios),
-            }
-        return out_
-
+    choices = {c.workload: c for c in applied.plan.convs}
     doc["layers"] = {
-        w: {"choice": choices[w].candidate, "kept_default": choices[w].kept_default,
-            "share": choices[w].call.share, **summary(t)}
+        w: {"choice": choices[w].candidate, "applied": choices[w].acts,
+            "share": choices[w].call.share, **_ratios(t)}
         for w, t in layer_times.items()
     }  # fmt: skip
-    doc["step"] = summary(step_times)
+    doc["step"] = _ratios(step_times)
     (out / f"ab-{variant}.json").write_text(json.dumps(doc, indent=1, default=str))
-    s = doc["step"]
+    st = doc["step"]
     print(
-        f"{variant}: step gpuwatchd/default {s['gpuwatchd']['ratio_to_default']:.4f}, "
-        f"bench_cool {s['bench_cool']['ratio_to_default']:.4f}, "
-        f"bench_loaded {s['bench_loaded']['ratio_to_default']:.4f}; "
+        f"{variant}: step vs default: gpuwatchd {st['gpuwatchd']['ratio_to_default']:.4f}, "
+        f"A/A {st['default_again']['ratio_to_default']:.4f}, "
+        f"bench_cool {st['bench_cool']['ratio_to_default']:.4f}, "
+        f"bench_loaded {st['bench_loaded']['ratio_to_default']:.4f}; "
         f"model_format {applied.model_format}; kernel checks "
         f"{sum(c['same'] for c in checks)}/{len(checks)}"
     )
     for w, d in doc["layers"].items():
         print(
-            f"  {w}: {d['choice']}{' (default)' if d['kept_default'] else ''} "
+            f"  {w}: {d['choice']}{'' if d['applied'] else ' (default kept)'} "
             f"gw {d['gpuwatchd']['ratio_to_default']:.4f} "
+            f"A/A {d['default_again']['ratio_to_default']:.4f} "
             f"cool {d['bench_cool']['ratio_to_default']:.4f} "
             f"loaded {d['bench_loaded']['ratio_to_default']:.4f}"
         )
 
 
-# -- the whole run ------------------------------------------------------------------------------
+# -- the stages ------------------------------------------------------------------------------------
 
 
 def http_json(path: str) -> Any:
@@ -391,7 +400,18 @@ def wait_tuned(sock: Path, timeout_s: float) -> float:
     raise SystemExit(f"the daemon did not finish tuning within {timeout_s:g}s")
 
 
-def e2e(args: argparse.Namespace) -> None:
+def _env(sock: Path, work: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["GPUWATCHD_URL"] = f"http://127.0.0.1:{PORT}"
+    env["GPUWATCHD_CONTROL_SOCKET"] = str(sock)
+    env["GPUWATCHD_SPOOL"] = str(work / "state" / "spool")
+    return env
+
+
+def tune_main(args: argparse.Namespace) -> None:
+    """Capture every variant, let a daemon tune the convs, pack captures and store."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work)
@@ -399,35 +419,28 @@ def e2e(args: argparse.Namespace) -> None:
     sock = work / "ctl.sock"
     cfg = work / "config.toml"
     cfg.write_text(CONFIG.format(port=PORT, state=work / "state", sock=sock, budget=args.budget_s))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["GPUWATCHD_URL"] = f"http://127.0.0.1:{PORT}"
-    env["GPUWATCHD_CONTROL_SOCKET"] = str(sock)
-    env["GPUWATCHD_SPOOL"] = str(work / "state" / "spool")
-    variants = args.variants.split(",")
+    env = _env(sock, work)
     summary: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    log = (out / "daemon.log").open("w")
+    log = (work / "daemon.log").open("w")
     daemon = subprocess.Popen(
         [sys.executable, "-m", "gpuwatchd", "run", "--config", str(cfg)],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    me = [sys.executable, __file__]
+    every = set(args.all_shapes.split(",")) if args.all_shapes else set()
     try:
         for _ in range(100):
             if sock.exists():
                 break
             time.sleep(0.2)
         t0 = time.time()
-        for v in variants:
-            cmd = [*me, "capture", "--variant", v, "--out", str(out), "--top", str(args.top)]
+        for v in args.variants.split(","):
+            top = "0" if v in every else str(args.top)
+            cmd = [sys.executable, __file__, "capture", "--variant", v, "--out", str(work),
+                   "--top", top]  # fmt: skip
             subprocess.run(cmd, env=env, check=True, timeout=300)
         summary["capture_s"] = time.time() - t0
         summary["tune_s"] = wait_tuned(sock, args.tune_timeout_s)
-        for v in variants:
-            cmd = [*me, "ab", "--variant", v, "--out", str(out), "--rounds", str(args.rounds)]
-            subprocess.run(cmd, env=env, check=True, timeout=400)
-        summary["variants"] = {v: json.loads((out / f"ab-{v}.json").read_text()) for v in variants}
+        print(json.dumps(summary))
     finally:
         daemon.send_signal(signal.SIGTERM)
         try:
@@ -435,32 +448,63 @@ def e2e(args: argparse.Namespace) -> None:
         except subprocess.TimeoutExpired:
             daemon.kill()
         log.close()
-        (out / "result.json").write_text(json.dumps(summary, indent=1, default=str))
+        (work / "tune.json").write_text(json.dumps(summary, indent=1))
+        with tarfile.open(out / "tuned.tar.gz", "w:gz") as tar:
+            for f in sorted(work.glob("capture-*.json")):
+                tar.add(f, arcname=f.name)
+            for name in ("daemon.log", "tune.json"):
+                tar.add(work / name, arcname=name)
+            tar.add(work / "state" / "gpuwatchd.db", arcname="gpuwatchd.db")
+
+
+def ab_all(args: argparse.Namespace) -> None:
+    """Unpack a ``tune`` stage's archive; one ``ab`` process per variant; pack the results."""
+    src = Path(args.work)
+    src.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(Path(args.src) / "tuned.tar.gz") as tar:
+        tar.extractall(src, filter="data")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for v in args.variants.split(","):
+        cmd = [sys.executable, __file__, "ab-one", "--variant", v, "--src", str(src), "--out",
+               str(src), "--rounds", str(args.rounds)]  # fmt: skip
+        subprocess.run(cmd, env=env, check=True, timeout=500)
+    with tarfile.open(out / "ab.tar.gz", "w:gz") as tar:
+        for f in sorted(src.glob("ab-*.json")):
+            tar.add(f, arcname=f.name)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    e = sub.add_parser("e2e")
-    e.add_argument("--out", required=True)
-    e.add_argument("--work", default="/tmp/gpuwatchd-resnet")
-    e.add_argument("--variants", default=",".join(VARIANTS))
-    e.add_argument("--top", type=int, default=10)
-    e.add_argument("--budget-s", type=float, default=8.0)
-    e.add_argument("--tune-timeout-s", type=float, default=360.0)
-    e.add_argument("--rounds", type=int, default=8)
+    t = sub.add_parser("tune")
+    t.add_argument("--out", required=True)
+    t.add_argument("--work", default="/tmp/gpuwatchd-resnet")
+    t.add_argument("--variants", default=",".join(VARIANTS))
+    t.add_argument("--top", type=int, default=8)
+    t.add_argument("--all-shapes", default="", help="variants whose every conv shape is tuned")
+    t.add_argument("--budget-s", type=float, default=4.0)
+    t.add_argument("--tune-timeout-s", type=float, default=480.0)
     c = sub.add_parser("capture")
     c.add_argument("--variant", required=True)
     c.add_argument("--out", required=True)
-    c.add_argument("--top", type=int, default=10)
+    c.add_argument("--top", type=int, default=8, help="0: every forward conv shape")
     a = sub.add_parser("ab")
-    a.add_argument("--variant", required=True)
+    a.add_argument("--src", required=True, help="folder holding a tune stage's tuned.tar.gz")
     a.add_argument("--out", required=True)
-    a.add_argument("--rounds", type=int, default=8)
-    a.add_argument("--layer-calls", type=int, default=20)
-    a.add_argument("--step-calls", type=int, default=4)
+    a.add_argument("--work", default="/tmp/gpuwatchd-resnet-ab")
+    a.add_argument("--variants", default=",".join(VARIANTS))
+    a.add_argument("--rounds", type=int, default=16)
+    o = sub.add_parser("ab-one")
+    o.add_argument("--variant", required=True)
+    o.add_argument("--src", required=True)
+    o.add_argument("--out", required=True)
+    o.add_argument("--rounds", type=int, default=16)
+    o.add_argument("--layer-replays", type=int, default=5)
+    o.add_argument("--step-calls", type=int, default=10)
     args = p.parse_args()
-    {"e2e": e2e, "capture": capture_main, "ab": ab_main}[args.cmd](args)
+    {"tune": tune_main, "capture": capture_main, "ab": ab_all, "ab-one": ab_main}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -137,6 +137,14 @@ def test_a_written_capture_loads_in_a_later_process_with_its_layouts(tmp_path: P
     assert Capture.load(path).calls == cap.calls
 
 
+def test_a_1x1_weight_valid_in_both_formats_follows_the_input_layout() -> None:
+    model = torch.nn.Conv2d(8, 4, 1).to(memory_format=torch.channels_last)
+    with gt.capture(timer="cpu") as cap:
+        model(torch.randn(2, 8, 6, 6).contiguous(memory_format=torch.channels_last))
+    (fwd,) = [c for c in cap.calls if c.phase == "forward"]
+    assert fwd.layouts == ("channels_last", "channels_last")
+
+
 def test_loading_a_toml_or_broken_capture_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="TOML capture holds workloads only"):
         load_capture(tmp_path / "w.toml")

@@ -200,8 +200,9 @@ def signature(name: str, args: tuple[Any, ...]) -> _Signature | None:
         ("groups", int(groups)),
     )
     tf32 = dtype == "float32" and _tf32("conv")
+    x_layout = _conv_layout(x)
     return _Signature(
-        "conv2d", name, phase, dtype, shape, _conv_layout(x), has_bias, tf32, _conv_layout(w)
+        "conv2d", name, phase, dtype, shape, x_layout, has_bias, tf32, _weight_layout(w, x_layout)
     )
 
 
@@ -213,6 +214,16 @@ def _conv_layout(x: Any) -> str:
     if x.is_contiguous(memory_format=torch.channels_last):
         return "channels_last"
     return "contiguous"  # torch makes other layouts contiguous before cuDNN sees them
+
+
+def _weight_layout(w: Any, input_layout: str) -> str:
+    """The weight's memory format; one valid in both (a 1x1 kernel) follows the input's,
+    as torch's conv then runs it in the input's format with no conversion."""
+    import torch
+
+    if w.is_contiguous() and w.is_contiguous(memory_format=torch.channels_last):
+        return input_layout
+    return _conv_layout(w)
 
 
 def _make_mode(tally: _Tally) -> Any:
