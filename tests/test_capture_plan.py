@@ -133,6 +133,19 @@ def test_keep_takes_a_pick_that_beats_the_default_in_the_jobs_own_layouts(
     assert (choice.pick, choice.kept_default, choice.acts) == ("benchmark", False, True)
 
 
+def test_a_benchmark_pick_that_is_not_reproducible_is_never_applied(tmp_path: Path) -> None:
+    name = workload_for(conv()).name
+    flaky = cudnn("benchmark", "contiguous", 0.50e-3, beats=True)
+    flaky.meta["reproducible"] = False  # made again, cuDNN landed on other kernels
+    steady = cudnn("benchmark", "contiguous", 0.60e-3, beats=True)
+    steady.meta["kernels"] = ["k_steady"]
+    default = cudnn("heuristic", "contiguous", 0.70e-3)
+    (choice,) = plan_for(tmp_path, [conv()], {name: [flaky, default]}).convs
+    assert choice.kept_default
+    (choice,) = plan_for(tmp_path / "b", [conv()], {name: [steady, default]}).convs
+    assert (choice.pick, choice.kernels) == ("benchmark", ("k_steady",))
+
+
 def test_a_recorded_pick_without_a_verdict_against_the_default_never_replaces_it(
     tmp_path: Path,
 ) -> None:

@@ -16,7 +16,9 @@ a different pick for those shapes cannot take effect there, and the result says 
 (``blocked``) instead of pretending.
 
 What it applies is exactly what was measured, or nothing: a conv choice in the job's own
-layouts; the whole model and its input converted to another memory format only when
+layouts, whose pick is first made on a throwaway thread and kept only if it lands on the
+kernels the worker measured (cuDNN's benchmark mode may pick others), then checked again
+on the job's thread; the whole model and its input converted to another memory format only when
 the plan found that faster for the summed convs (never one layer alone); the BLAS
 library, process-wide, only when it beats the default. Everything else stays as the job
 has it.
@@ -99,11 +101,14 @@ def apply_winners(
     for choice in plan.convs:
         if not choice.acts:
             continue
-        why = plan_cache_conflict(choice)
+        why = plan_cache_conflict(choice) or _lands_elsewhere(choice)
         if why is not None:
             blocked.append((choice.workload, why))
             continue
-        _first_call(choice)
+        ran = _first_call(choice)
+        if choice.kernels and ran and sorted(ran) != sorted(choice.kernels):
+            blocked.append((choice.workload, f"this thread's pick launched {', '.join(ran)}"))
+            continue
         warmed.append(choice.workload)
     if plan.blas.library is not None:
         torch.backends.cuda.preferred_blas_library(plan.blas.library)
@@ -154,10 +159,29 @@ def _torch_format(layout: str) -> Any:
     return torch.channels_last if layout == "channels_last" else torch.contiguous_format
 
 
-def _first_call(choice: ConvChoice) -> None:
-    """The shape's first conv, with the chosen pick and layouts, so its plan is cached."""
+def _lands_elsewhere(choice: ConvChoice) -> str | None:
+    """Make the pick on a throwaway thread: why not to apply it, if its kernels differ."""
+    if not choice.kernels:
+        return None
+    seen: list[list[str]] = []
+    probe = threading.Thread(target=lambda: seen.append(_first_call(choice)), daemon=True)
+    probe.start()
+    probe.join()
+    if seen and seen[0] and sorted(seen[0]) != sorted(choice.kernels):
+        return (
+            f"the {choice.pick} pick landed on {', '.join(seen[0])} here, not the measured "
+            f"{', '.join(choice.kernels)}: the default stays"
+        )
+    return None
+
+
+def _first_call(choice: ConvChoice) -> list[str]:
+    """The shape's first conv, with the chosen pick and layouts, so its plan is cached on
+    this thread; then the kernels a second call launches (empty if not profiled)."""
     import torch
     import torch.nn.functional as F
+
+    from gpuwatchd.tuning.worker.cuda_session import launched_kernels
 
     s = choice.call.shape
     dt = getattr(torch, choice.call.dtype)
@@ -167,10 +191,15 @@ def _first_call(choice: ConvChoice) -> None:
     b = torch.randn(s["weight"][0], dtype=dt, device="cuda") if choice.call.bias else None
     cudnn = torch.backends.cudnn
     previous = cudnn.benchmark
-    try:
-        cudnn.benchmark = choice.pick == "benchmark"
+
+    def conv() -> None:
         with torch.no_grad():
             F.conv2d(x, w, b, s["stride"], s["padding"], s["dilation"], s["groups"])
+
+    try:
+        cudnn.benchmark = choice.pick == "benchmark"
+        conv()
         torch.cuda.synchronize()
     finally:
         cudnn.benchmark = previous
+    return launched_kernels(conv) if choice.kernels else []

@@ -7,7 +7,9 @@ Otherwise the default stays and the plan says so.
 
 Convolutions: each forward convolution shape gets the fastest cuDNN pick (heuristic or
 benchmark) measured in the job's own input and weight layouts that beats the default
-(the heuristic pick in those layouts). ``memory_format="winner"`` also weighs converting
+(the heuristic pick in those layouts). A benchmark pick that landed on other kernels
+when the worker made it again (``meta["reproducible"]`` false) is never chosen: a job
+can ask cuDNN for the mode, not for the kernels. ``memory_format="winner"`` also weighs converting
 the *whole model* and its input to another memory format: only when every captured conv
 shape was measured in that format (both operands in it, as after
 ``model.to(memory_format=...)``) and the summed conv time beats the kept choices beyond
@@ -55,6 +57,7 @@ class ConvChoice:
     layouts: tuple[str, str]  # (input, weight) memory formats it was measured with
     median_s: float | None
     kept_default: bool  # nothing beat the job's default beyond the noise
+    kernels: tuple[str, ...] = ()  # what the measured candidate launched
 
     @property
     def memory_format(self) -> str:
@@ -177,9 +180,11 @@ def _conv_choice(
     for c, (pick, lay) in mine:  # fastest first
         if c is default:
             break
-        if _beats_default(c):
-            return ConvChoice(name, call, c.name, pick, lay, c.median_s, False)
-    return ConvChoice(name, call, default.name, DEFAULT_PICK, layouts, default.median_s, True)
+        if _beats_default(c) and _reproducible(c):
+            return ConvChoice(name, call, c.name, pick, lay, c.median_s, False, _kernels(c))
+    return ConvChoice(
+        name, call, default.name, DEFAULT_PICK, layouts, default.median_s, True, _kernels(default)
+    )
 
 
 def _model_format(
@@ -207,7 +212,9 @@ def _model_format(
                 break
             # in a converted model nothing is the job's default any more: pin every pick
             c, pick = fastest
-            switched[name] = ConvChoice(name, call, c.name, pick, (fmt, fmt), c.median_s, False)
+            switched[name] = ConvChoice(
+                name, call, c.name, pick, (fmt, fmt), c.median_s, False, _kernels(c)
+            )
         else:
             keep_s = sum(_time(kept[n]) for n in kept)
             switch_s = sum(_time(switched[n]) for n in kept)
@@ -221,8 +228,15 @@ def _model_format(
 
 
 def _fastest_in(w: Winner, layouts: tuple[str, str]) -> tuple[RankedCandidate, str] | None:
-    """The fastest measured candidate in ``layouts`` and its pick."""
-    return next(((c, pick) for c, (pick, lay) in _conv_candidates(w) if lay == layouts), None)
+    """The fastest measured, reproducible candidate in ``layouts`` and its pick."""
+    return next(
+        (
+            (c, pick)
+            for c, (pick, lay) in _conv_candidates(w)
+            if lay == layouts and _reproducible(c)
+        ),
+        None,
+    )
 
 
 def _time(choice: ConvChoice) -> float:
@@ -266,6 +280,16 @@ def _beats_default(c: RankedCandidate) -> bool:
     """The worker's verdict: faster than the job's default beyond the noise."""
     verdict = c.meta.get(VS_DEFAULT)
     return isinstance(verdict, Mapping) and verdict.get("beats") is True
+
+
+def _reproducible(c: RankedCandidate) -> bool:
+    """False only where the worker saw the pick land on other kernels when made again."""
+    return c.meta.get("reproducible") is not False
+
+
+def _kernels(c: RankedCandidate) -> tuple[str, ...]:
+    names = c.meta.get("kernels")
+    return tuple(str(n) for n in names) if isinstance(names, list) else ()
 
 
 def _noise(w: Winner, candidate: str) -> float:

@@ -15,7 +15,14 @@ layouts the job's activations and weights have; a capture records them. For each
   meta says ``model_wide``: a job can take it only by converting the whole model.
 
 Each candidate records the kernels it really launches (torch.profiler) in
-``meta["kernels"]``.
+``meta["kernels"]``. A benchmark pick is timed again on fresh threads at set-up: cuDNN's
+benchmark mode may pick other kernels each time it runs, and a job can only ask for the
+mode, not the kernels; ``meta["reproducible"]`` says whether every probe picked the same
+kernels, and a pick that is not reproducible is never applied to a job.
+
+Timing: the calls are replayed from CUDA graphs captured on the candidate's thread (its
+plan already cached), so a batch measures the kernels' GPU time, not Python's launch
+rate: inside a training step the GPU, not the launch, sets a conv's cost.
 
 Why each candidate owns a thread. In ATen's cuDNN v8 path (``Conv_v8.cpp``,
 ``run_single_conv``) the chosen execution plan is cached per key, and the key holds the
@@ -75,6 +82,10 @@ DEFAULT_PICK = "heuristic"
 _ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 #: Images of the batch checked against a float64 CPU reference (convs are per image).
 _CHECK_IMAGES = 2
+#: Fresh threads a benchmark pick is made on again to see whether it picks the same kernels.
+_REPRODUCE_PROBES = 2
+#: Calls in the larger timing graph; a batch replays it, then the one-call graph for the rest.
+_GRAPH_CALLS = 16
 _FLAGS_LOCK = threading.Lock()
 _T = TypeVar("_T")
 
@@ -210,6 +221,7 @@ class CudnnConv(CandidateBase):
         self._x: Any = None
         self._w: Any = None
         self._b: Any = None
+        self._graphs: tuple[Any, Any] | None = None
 
     def _setup(self) -> None:
         """Pick the algorithm (on our thread), check against float64, read the kernels."""
@@ -224,6 +236,8 @@ class CudnnConv(CandidateBase):
             # Profiled from this thread: CUPTI sees every thread's kernels, and Kineto
             # complains when its first session starts on a thread it was not set up on.
             kernels = launched_kernels(lambda: self.run(1))
+            probes = [self._probe() for _ in range(_REPRODUCE_PROBES)] if self._benchmark else []
+            self._graphs, timing = self._thread.call(self._capture_graphs)
         except RuntimeError as e:
             raise CandidateError(f"{self.name}: {type(e).__name__}: {first_line(e)}") from e
         if not kernels:
@@ -238,6 +252,9 @@ class CudnnConv(CandidateBase):
             JOB_DEFAULT: self._job_layouts and self.pick == DEFAULT_PICK,
             "model_wide": not self._job_layouts,
             "kernels": kernels,
+            "reproducible": all(p == kernels for p in probes),
+            "probe_kernels": [p for p in probes if p != kernels],
+            "timing": timing,
             # library kernel names encode tile, layout and precision: same names, same code
             "kernels_identify_code": True,
             "pick_s": pick_s,
@@ -252,6 +269,43 @@ class CudnnConv(CandidateBase):
             "cudnn_benchmark_limit": torch.backends.cudnn.benchmark_limit,
             "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         }
+
+    @property
+    def _benchmark(self) -> bool:
+        return self.pick == "benchmark"
+
+    def _probe(self) -> list[str]:
+        """The kernels this pick lands on when made again on a fresh thread."""
+        import torch
+
+        assert self._thread is not None
+        probe = _OwnThread(f"{self.name}-probe", self._device, torch.cuda.current_stream())
+        try:
+            probe.call(self._call_in_mode)  # the first call: the pick is made here
+            return launched_kernels(lambda: probe.call(self._call_in_mode))
+        finally:
+            probe.close()
+
+    def _call_in_mode(self) -> None:
+        with self._mode():
+            self._conv()
+
+    def _capture_graphs(self) -> tuple[tuple[Any, Any] | None, str]:
+        """Runs on our thread: graphs of 16 calls and of 1 call, or None where capture fails."""
+        import torch
+
+        try:
+            graphs = []
+            for n in (_GRAPH_CALLS, 1):
+                g = torch.cuda.CUDAGraph()
+                with self._mode(), torch.cuda.graph(g):
+                    for _ in range(n):
+                        self._conv()
+                graphs.append(g)
+            torch.cuda.synchronize(self._device)
+        except RuntimeError:
+            return None, "launches"
+        return (graphs[0], graphs[1]), "cuda_graph"
 
     def _first_call(self) -> tuple[Any, float]:
         """Runs on our thread: make inputs, then the call where cuDNN picks the algorithm."""
@@ -311,6 +365,13 @@ class CudnnConv(CandidateBase):
         return F.conv2d(self._x, self._w, self._b, s.stride, s.padding, s.dilation, s.groups)
 
     def _enqueue(self, calls: int) -> None:
+        if self._graphs is not None:
+            many, one = self._graphs
+            for _ in range(calls // _GRAPH_CALLS):
+                many.replay()
+            for _ in range(calls % _GRAPH_CALLS):
+                one.replay()
+            return
         with self._mode():
             for _ in range(calls):
                 self._conv()
@@ -324,6 +385,7 @@ class CudnnConv(CandidateBase):
         if self._thread is not None:
             self._thread.close()
             self._thread = None
+        self._graphs = None
         self._x = self._w = self._b = None
 
 
