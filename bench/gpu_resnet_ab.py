@@ -23,7 +23,8 @@ ResNet-50 built in-process with random weights, batch 32, 224x224):
    ``bench_loaded`` (``cudnn.benchmark=True``, first step beside a neighbour process
    running a bf16 GEMM loop). Then, interleaved in rounds with the order rotating:
    every tuned conv layer alone (a CUDA graph of back-to-back calls, captured on the
-   arm's thread after its plan is cached: GPU time only) and the whole training step.
+   arm's thread after its plan is cached: GPU time only) and the whole training step
+   (likewise a CUDA graph of forward and backward, captured after the arm's first steps).
    Each arm's time is reported as a ratio to ``default`` (median over rounds).
    For every applied benchmark pick the profiler's kernels in the gpuwatchd arm are
    compared with the winner's recorded kernels.
@@ -137,9 +138,40 @@ class Arm:
         self.name = name
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.model, self.x = self.call(build, variant)
+        self.step_graph: Any = None
 
     def call(self, fn: Any, *args: Any) -> Any:
         return self.pool.submit(fn, *args).result()
+
+    def capture_step(self) -> str:
+        """A CUDA graph of one training step, captured on this arm's thread after its
+        first steps (its cuDNN plans cached): replays time the GPU work alone."""
+        return str(self.call(self._capture_step))
+
+    def _capture_step(self) -> str:
+        import torch
+
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    step(self.model, self.x)
+            torch.cuda.current_stream().wait_stream(side)
+            self.model.zero_grad(set_to_none=True)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.model(self.x).float().sum().backward()
+            torch.cuda.synchronize()
+        except RuntimeError as e:
+            return f"eager ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        self.step_graph = graph
+        return "cuda_graph"
+
+    def timed_step(self, calls: int) -> float:
+        if self.step_graph is not None:
+            return float(self.call(_timed, self.step_graph.replay, calls))
+        return float(self.call(_timed, lambda: step(self.model, self.x), calls))
 
 
 def _flag(benchmark: bool) -> None:
@@ -326,6 +358,7 @@ def ab_main(args: argparse.Namespace) -> None:
                        "same": bool(recorded) and sorted(recorded) == sorted(got)})  # fmt: skip
     doc["kernel_checks"] = checks
 
+    doc["step_timing"] = {name: arm.capture_step() for name, arm in arms.items()}
     layer_times = {w: {a: [] for a in ARMS} for w in layers}
     step_times: dict[str, list[float]] = {a: [] for a in ARMS}
     for r in range(args.rounds):
@@ -334,10 +367,7 @@ def ab_main(args: argparse.Namespace) -> None:
             for name in order:
                 layer_times[w][name].append(by_arm[name].timed(args.layer_replays))
         for name in order:
-            arm = arms[name]
-            step_times[name].append(
-                arm.call(_timed, lambda a=arm: step(a.model, a.x), args.step_calls)
-            )
+            step_times[name].append(arms[name].timed_step(args.step_calls))
     doc["end_state"] = _nvml_state()
     choices = {c.workload: c for c in applied.plan.convs}
     doc["layers"] = {
