@@ -123,7 +123,7 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
     from gpuwatchd.tuning.types import Regime
 
     scan = read_spool(spool)
-    workloads = tuple(e.request.to_workload(["user_kernels"]) for e in scan.entries)
+    workloads = tuple(e.request.to_workload() for e in scan.entries)
     nvml = NvmlBackend()
     info = nvml.device_info(0)
     sample = nvml.read(0)
@@ -139,6 +139,7 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
         regimes=(Regime.UNTHROTTLED, Regime.SUSTAINED),
         protocol=protocol,
         time_budget_s=budget_s * 2 * len(workloads) + 60,
+        allowed_modules=("user_kernels",),
     )
     env = dict(os.environ)
     env["PYTHONPATH"] = str(EXAMPLES) + os.pathsep + env.get("PYTHONPATH", "")

@@ -26,7 +26,7 @@ from gpuwatchd.tuning.settings import TuningConfig, TuningSetup
 from gpuwatchd.tuning.types import SessionStatus
 
 SIM = DeviceInfo(0, "GPU-sim-0", "NVIDIA H200 (simulated)", max_sm_clock_mhz=1980.0)
-USER = sample_request(gpu_model=SIM.name).to_workload(["user_kernels"])
+USER = sample_request(gpu_model=SIM.name).to_workload()
 
 
 class RecordingRunner:
@@ -86,7 +86,8 @@ def test_a_user_kernel_is_planned_as_cuda_work_at_the_open_gate(sched: TuneSched
     assert job.device == "cuda" and job.gpu_uuid == SIM.uuid
     assert [w.name for w in job.workloads] == [USER.name]
     assert {r.value for r in job.regimes} == {"unthrottled", "sustained"}
-    assert job.workloads[0].params["allowed_modules"] == ["user_kernels"]
+    assert job.allowed_modules == ("user_kernels",)  # the config's list, not the workload's
+    assert "allowed_modules" not in job.workloads[0].params
     runner.release.set()
     wait_idle(sched)
     assert sched.pending() == {}

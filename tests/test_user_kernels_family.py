@@ -68,9 +68,12 @@ def _request(kernel: Any, tmp_path: Path, n: int, factory: str | None = None) ->
     return entry.request
 
 
+ALLOWED = ("ukfam_kernels",)
+
+
 def _tune(workload: Workload) -> dict[str, Any]:
     session = CpuSession(flush_bytes=0)
-    cands = build(workload, session)
+    cands = build(workload, session, ALLOWED)
     (result,) = tune(workload, cands, session, [Regime.SUSTAINED], QUICK)
     return {c.name: c for c in result.candidates} | {"_result": result}
 
@@ -83,7 +86,7 @@ def test_configs_are_timed_and_out_of_resources_is_rejected_per_config(
     mods: Any, tmp_path: Path
 ) -> None:
     req = _request(mods.scale, tmp_path, 100)
-    got = _tune(req.to_workload(["ukfam_kernels"]))
+    got = _tune(req.to_workload())
     oor = got["BLOCK=512,w8,s3"]
     assert oor.median_s is None and "OutOfResources: out of resource" in oor.meta["error"]
     for label in ("BLOCK=64,w4,s3", "BLOCK=128,w4,s3", "BLOCK=256,w8,s3"):
@@ -99,7 +102,7 @@ def test_a_config_whose_output_differs_from_the_majority_is_rejected(
     mods: Any, tmp_path: Path
 ) -> None:
     req = _request(mods.partial, tmp_path, 200)  # BLOCK 64 handles only 64 of 200 columns
-    got = _tune(req.to_workload(["ukfam_kernels"]))
+    got = _tune(req.to_workload())
     bad = got["BLOCK=64,w4,s3"].meta["error"]
     assert "outputs differ from the majority of configs" in bad
     assert "y_ptr: relative difference" in bad and "float32" in bad
@@ -109,7 +112,7 @@ def test_a_config_whose_output_differs_from_the_majority_is_rejected(
 
 def test_configs_that_all_disagree_are_all_rejected(mods: Any, tmp_path: Path) -> None:
     req = _request(mods.partial, tmp_path, 1000)  # 64, 256, 257 wrong, each differently
-    got = _tune(req.to_workload(["ukfam_kernels"]))
+    got = _tune(req.to_workload())
     for label in ("BLOCK=64,w4,s3", "BLOCK=256,w4,s3", "BLOCK=257,w4,s3", "BLOCK=1024,w4,s3"):
         assert "no majority" in got[label].meta["error"]
     assert got["_result"].winner is None
@@ -119,15 +122,13 @@ def test_an_empty_allow_list_imports_nothing(
     mods: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     req = _request(mods.scale, tmp_path, 100)
-    workload = req.to_workload(["ukfam_kernels"])
+    workload = req.to_workload()
     import sys
 
     monkeypatch.delitem(sys.modules, "ukfam_kernels")
     for allowed in ([], ["other"], ["ukfam"]):
-        w = Workload(**{**workload.to_json(), "families": workload.families,
-                        "params": {**workload.params, "allowed_modules": allowed}})  # fmt: skip
         with pytest.raises(ValueError, match="not under \\[tuning\\] allowed_modules"):
-            build(w, CpuSession())
+            build(workload, CpuSession(), allowed)
     assert "ukfam_kernels" not in sys.modules
 
 
@@ -135,12 +136,12 @@ def test_an_edited_kernel_is_not_tuned_under_its_old_identity(
     mods: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     req = _request(mods.scale, tmp_path, 100)
-    workload = req.to_workload(["ukfam_kernels"])
+    workload = req.to_workload()
     fakes.write_module(
         tmp_path / "mods", "ukfam_kernels", fakes.KERNELS.replace("* 2", "* 3"), monkeypatch
     )
     session = CpuSession()
-    cands = build(workload, session)
+    cands = build(workload, session, ALLOWED)
     with pytest.raises(ValueError, match="changed since the request"):
         tune(workload, cands, session, [Regime.SUSTAINED], QUICK)
 
@@ -150,7 +151,7 @@ def test_args_factory_builds_the_inputs(mods: Any, tmp_path: Path) -> None:
 
     req = _request(mods.scale, tmp_path, 100, factory="ukfam_kernels:make_args")
     assert req.args_factory == "ukfam_kernels:make_args"
-    kernel = UserKernel(req, ["ukfam_kernels"], torch.device("cpu"))
+    kernel = UserKernel(req, ALLOWED, torch.device("cpu"))
     kernel.acquire()
     assert torch.equal(kernel.args["x_ptr"], torch.arange(400.0).reshape(4, 100))
     assert kernel.args["y_ptr"].shape == (4, 100) and kernel.args["n"] == 100

@@ -15,15 +15,18 @@ from gpuwatchd.tuning.kernels import (
     ConfigSpec,
     KernelRequest,
     KernelRequestError,
-    check_allowed,
     config_spec,
     describe_arg,
     kernel_identity,
     kernel_source,
-    module_allowed,
-    parse_allowed_modules,
     request_from_workload,
     versions_mismatch,
+)
+from gpuwatchd.tuning.trust import (
+    TrustError,
+    check_request,
+    module_allowed,
+    parse_allowed_modules,
 )
 from gpuwatchd.tuning.types import Versions
 
@@ -243,32 +246,32 @@ def test_module_allowed_matches_whole_dotted_prefixes(
 
 def test_empty_allow_list_accepts_no_request() -> None:
     req = sample_request()
-    with pytest.raises(KernelRequestError, match="nothing is imported until set") as exc:
-        req.to_workload([])
-    assert "request.kernel.module" in str(exc.value)
+    with pytest.raises(TrustError, match="nothing is imported until set") as exc:
+        check_request(req, [])
+    assert "request.kernel" in str(exc.value)
 
 
 def test_args_factory_module_must_be_allowed_too() -> None:
     req = sample_request(args_factory="elsewhere.factories:make")
-    with pytest.raises(KernelRequestError, match=r"request\.args_factory"):
-        check_allowed(req, ["user_kernels"])
-    check_allowed(sample_request(), ["user_kernels"])
+    with pytest.raises(TrustError, match=r"request\.args_factory"):
+        check_request(req, ["user_kernels"])
+    check_request(sample_request(), ["user_kernels"])
 
 
 def test_parse_allowed_modules_rejects_non_modules() -> None:
     assert parse_allowed_modules(["a.b", "c"]) == ("a.b", "c")
-    with pytest.raises(KernelRequestError, match=r"tuning.allowed_modules\[1\]"):
+    with pytest.raises(TrustError, match=r"tuning.allowed_modules\[1\]"):
         parse_allowed_modules(["a", "b/c"])
-    with pytest.raises(KernelRequestError, match="expected a list"):
+    with pytest.raises(TrustError, match="expected a list"):
         parse_allowed_modules("a")
 
 
 def test_request_as_workload_and_back() -> None:
     req = sample_request()
-    w = req.to_workload(["user_kernels"])
+    w = req.to_workload()
     assert (w.op, w.families, w.dtype) == (FAMILY, (FAMILY,), "float16")
     assert w.shape == {"key": {"n_cols": 4096}, "dtypes": ["float16", "float16"]}
-    assert w.params["allowed_modules"] == ["user_kernels"]
+    assert set(w.params) == {"request"}  # no allow-list travels with the work
     assert request_from_workload(w) == req
     renamed = type(w)(**{**w.to_json(), "name": "other", "families": w.families})
     with pytest.raises(KernelRequestError, match="its request names workload"):

@@ -111,11 +111,11 @@ def test_building_and_setting_up_candidates_spends_the_jobs_budget(
     sessions: list[DeviceSession] = []
     build = main.candidates_for
 
-    def slow_build(workload: Workload, session: DeviceSession) -> Iterable[Candidate]:
+    def slow_build(workload: Workload, session: DeviceSession, *rest: Any) -> Iterable[Candidate]:
         assert isinstance(session, SimSession)
         sessions.append(session)
         session.clock.advance(1.0)
-        return build(workload, session)
+        return build(workload, session, *rest)
 
     monkeypatch.setattr(main, "candidates_for", slow_build)
     for queued in (1, 3):

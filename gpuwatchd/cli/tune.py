@@ -281,7 +281,7 @@ def _tune(
     except BaseException:
         store.close()
         raise
-    runner = TuneRunner(store)
+    runner = TuneRunner(store, worker_user=cfg.tuning.worker_user)
     poller = Poller(
         backend,
         StateBoard(),

@@ -28,6 +28,7 @@ from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.telemetry.settings import BACKENDS, BackendSpec, ReplayConfig
 from gpuwatchd.telemetry.sim.settings import SimConfig
 from gpuwatchd.tuning.settings import ProtocolConfig, TuningConfig, TuningSetup
+from gpuwatchd.tuning.trust import TrustError, check_workload
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.workloads import (
     DEFAULT_WORKLOADS,
@@ -279,6 +280,7 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> Config:
     where = f"{source}: " if source else ""
     sections: dict[str, Any] = {}
     data = dict(data)
+    configured: tuple[Workload, ...] = ()
     if "workload" in data:
         try:
             configured = parse_workloads(data.pop("workload"))
@@ -303,6 +305,11 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> Config:
         _check_claim_renewal(cfg)
     except ValueError as exc:
         raise ConfigError(f"{where}{exc}") from None
+    for i, w in enumerate(configured):  # the config's own list is the only allow-list
+        try:
+            check_workload(w, cfg.tuning.allowed_modules, f"workload[{i}]")
+        except TrustError as exc:
+            raise ConfigError(f"{where}{exc}") from None
     for i, name in enumerate(cfg.tuning.workloads):  # the planner looks each one up
         try:
             cfg.workload(name)

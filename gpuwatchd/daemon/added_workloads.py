@@ -3,7 +3,9 @@
 ``<state_dir>/added-workloads.json`` holds every added workload and where it came from;
 it is rewritten atomically (temporary file, fsync, rename) on every change, so a crash
 leaves either the old list or the new one. A file that cannot be read is moved aside
-(``.bad``) with a log line, never silently overwritten.
+(``.bad``) with a log line, never silently overwritten. Workloads the daemon will not run
+any more (:meth:`AddedWorkloads.set_aside`) go to ``added-workloads.set-aside.jsonl``,
+one JSON line each with the reason, before they leave the list: nothing is lost.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from gpuwatchd.validate import one_line
 log = logging.getLogger(__name__)
 
 FILE_NAME = "added-workloads.json"
+#: Beside it: workloads taken out of the list, one JSON object per line, reason included.
+ASIDE_NAME = "added-workloads.set-aside.jsonl"
 FORMAT = "gpuwatchd-added-workloads/1"
 
 
@@ -41,6 +45,7 @@ class AddedWorkloads:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self.aside_path = self.path.with_name(ASIDE_NAME)
         self._items: dict[str, Added] = {}
 
     def load(self) -> None:
@@ -87,6 +92,31 @@ class AddedWorkloads:
         if gone:
             self.save()
         return gone
+
+    def set_aside(self, reasons: dict[str, str]) -> None:
+        """Move the named workloads out of the list into :attr:`aside_path` with their
+        reasons (appended and synced first, then the list saved without them). OSError
+        when either file cannot be written; the list is then unchanged."""
+        lines = []
+        for name, why in reasons.items():
+            a = self._items.get(name)
+            if a is not None:
+                item = {**a.workload.to_json(), "source": a.source, "reason": why}
+                lines.append(json.dumps(item, sort_keys=True) + "\n")
+        if not lines:
+            return
+        with open(self.aside_path, "a", encoding="utf-8") as f:
+            f.write("".join(lines))
+            f.flush()
+            os.fsync(f.fileno())
+        kept = dict(self._items)
+        for name in reasons:
+            self._items.pop(name, None)
+        try:
+            self.save()
+        except OSError:
+            self._items = kept
+            raise
 
     def save(self) -> None:
         """Write the whole list atomically (OSError when the directory is not writable)."""

@@ -99,6 +99,7 @@ def runner_factory(cfg: Config) -> RunnerFactory:
     return functools.partial(
         TuneRunner,
         python=cfg.tuning.worker_executable,
+        worker_user=cfg.tuning.worker_user,
         resume_max_age_s=cfg.tuning.resume_max_age_s,
         versions_now=current_versions,  # a job resumed whole: is its stack still installed?
         changed_versions=changed_versions,
@@ -484,7 +485,7 @@ class Daemon:
             restart_needed.append("[store]")
         restart_needed += [
             f"tuning.{key}"
-            for key in ("worker_python", "spool_dir")
+            for key in ("worker_python", "worker_user", "spool_dir")
             if getattr(new.tuning, key) != getattr(self.cfg.tuning, key)
         ]
         if restart_needed:

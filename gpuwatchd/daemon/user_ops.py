@@ -14,16 +14,18 @@ The request formats are :mod:`gpuwatchd.tuning.kernels` and
 :mod:`gpuwatchd.tuning.workload_requests`; what happens to accepted work is
 :class:`~gpuwatchd.daemon.user_work.UserWork`. Only peers the socket authorizes get
 here; a refusal is one line (a module outside ``allowed_modules``, a GPU model this host
-lacks, a bad field).
+lacks, a bad field). A request naming user code outside the trust rule
+(:mod:`gpuwatchd.tuning.trust`) is also logged once, with the peer that sent it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from gpuwatchd.daemon.control_server import PeerCred, RequestError
 from gpuwatchd.daemon.ops import Op, Request, Response
-from gpuwatchd.daemon.user_work import UserWork, UserWorkError
+from gpuwatchd.daemon.user_work import TrustRefused, UserWork, UserWorkError
 from gpuwatchd.tuning.kernels import FAMILY, KernelRequest, KernelRequestError
 from gpuwatchd.tuning.kernels import MAX_NAME_CHARS as MAX_KERNEL_NAME_CHARS
 from gpuwatchd.tuning.types import Workload
@@ -36,6 +38,8 @@ from gpuwatchd.tuning.workload_requests import (
     parse_remove_request,
 )
 from gpuwatchd.validate import fail, one_line
+
+log = logging.getLogger(__name__)
 
 TUNE_KERNEL_OP = "tune_kernel"
 USER_KERNEL_PREFIX = FAMILY + ":"
@@ -87,6 +91,10 @@ def user_ops(work: UserWork, runnable: Callable[[], tuple[Workload, ...]]) -> tu
         def handle(request: Request, peer: PeerCred) -> Response:
             try:
                 return {"ok": True, **fn(request)}
+            except TrustRefused as e:
+                log.warning("control socket: %s refused for uid %d (pid %d): %s",
+                            request.get("op"), peer.uid, peer.pid, e)  # fmt: skip
+                raise RequestError(str(e)) from None
             except UserWorkError as e:
                 raise RequestError(str(e)) from None
 

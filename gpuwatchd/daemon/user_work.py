@@ -13,8 +13,11 @@ serve them; the first GPU of a model to tune one takes it off the others of that
   the ones with no winner yet on a GPU's model are queued, and requests that jobs
   spooled for them are taken in.
 
-Every refusal is a :class:`UserWorkError` of one line; nothing is imported here (the
-worker imports the user's module, checking ``allowed_modules`` again).
+Every refusal is a :class:`UserWorkError` of one line; nothing is imported here. Work
+that names user code outside :mod:`gpuwatchd.tuning.trust`'s rule (or carries an
+allow-list of its own) is refused as it arrives (:class:`TrustRefused`: not stored, not
+queued); added workloads kept from before that fail it at start are set aside, not run.
+The worker applies the rule again as it imports.
 """
 
 from __future__ import annotations
@@ -36,12 +39,14 @@ from gpuwatchd.tuning.spool import (
     REJECTED_DIR,
     SpoolEntry,
     read_spool,
+    reject_file,
     remove_entry,
     write_request,
 )
+from gpuwatchd.tuning.trust import TrustError, check_request, check_workload
 from gpuwatchd.tuning.types import SessionStatus, Workload
 from gpuwatchd.tuning.workload_requests import AddRequest
-from gpuwatchd.tuning.workload_spool import read_workload_spool, remove_spooled
+from gpuwatchd.tuning.workload_spool import SUBDIR, read_workload_spool, remove_spooled
 from gpuwatchd.tuning.workloads import device_kind
 from gpuwatchd.validate import one_line
 
@@ -57,6 +62,10 @@ _NEEDS = {"cuda": "a CUDA GPU (backend nvml)", "sim": "the sim backend", "cpu": 
 
 class UserWorkError(ValueError):
     """A user's request is refused; one line saying why."""
+
+
+class TrustRefused(UserWorkError):
+    """A request names user code outside the trust rule (logged with who asked)."""
 
 
 class Queue(Protocol):
@@ -108,6 +117,7 @@ class UserWork:
         self._tuned = tuned
         self._kernels: dict[str, _Kernel] = {}
         self._left: set[str] = set()  # spool files refused once (told once, kept for the admin)
+        self._blocked: set[str] = set()  # added workloads refused by the trust rule, kept
         self._lock = threading.Lock()
 
     # -- user kernels ----------------------------------------------------------------
@@ -139,9 +149,10 @@ class UserWork:
                 "tuning is disabled in the config ([tuning] enabled = false): nothing would run"
             )
         try:
-            workload = request.to_workload(cfg.allowed_modules)
-        except KernelRequestError as e:
-            raise UserWorkError(one_line(e)) from None
+            check_request(request, cfg.allowed_modules)
+        except (KernelRequestError, TrustError) as e:
+            raise TrustRefused(one_line(e)) from None
+        workload = request.to_workload()
         self._check_device(workload, "request")
         return workload, self._gpus_of(request.gpu_model)
 
@@ -176,7 +187,12 @@ class UserWork:
     def add(self, request: AddRequest) -> dict[str, Any]:
         """Check, keep and queue added workloads; the answer's fields."""
         configured = {w.name for w in self._configured()}
+        allowed = self._tuning().allowed_modules
         for i, w in enumerate(request.workloads):
+            try:
+                check_workload(w, allowed, f"workloads[{i}]")
+            except TrustError as e:
+                raise TrustRefused(one_line(e)) from None
             if w.name in configured:
                 raise UserWorkError(
                     f"workloads[{i}].name: {w.name!r} is a configured workload; "
@@ -186,6 +202,7 @@ class UserWork:
         with self._lock:
             try:
                 replaced = self._added.add(request.workloads, request.source)
+                self._blocked.difference_update(w.name for w in request.workloads)
             except OSError as e:
                 raise UserWorkError(
                     f"cannot keep the workloads in {self._added.path}: {one_line(e)}"
@@ -232,7 +249,11 @@ class UserWork:
         """Added workloads this backend can run: tuned like configured ones."""
         devices = self._devices()
         with self._lock:
-            return tuple(w for w in self._added.workloads() if device_kind(w) in devices)
+            return tuple(
+                w
+                for w in self._added.workloads()
+                if device_kind(w) in devices and w.name not in self._blocked
+            )
 
     def added_names(self) -> frozenset[str]:
         with self._lock:
@@ -244,6 +265,7 @@ class UserWork:
         """At start: the added workloads, jobs' spooled requests, and what to queue."""
         with self._lock:
             self._added.load()
+            self._set_aside_untrusted()
         self._take_spooled_workloads()
         tuned: dict[str, Collection[str]] = {}
         waiting: list[Workload] = []
@@ -257,6 +279,27 @@ class UserWork:
         if waiting:
             log.info("queued %d added workload(s) not tuned yet", len({w.name for w in waiting}))
 
+    def _set_aside_untrusted(self) -> None:
+        """Added workloads kept from before that fail the trust rule now: moved out of the
+        list into the set-aside file with their reason, one log line each (lock held)."""
+        allowed = self._tuning().allowed_modules
+        bad: dict[str, str] = {}
+        for a in self._added.items():
+            try:
+                check_workload(a.workload, allowed, f"added workload {a.workload.name!r}")
+            except TrustError as e:
+                bad[a.workload.name] = one_line(e)
+        if not bad:
+            return
+        try:
+            self._added.set_aside(bad)
+            where = f"set aside in {self._added.aside_path}"
+        except OSError as e:  # kept in the list (nothing is lost), but never run
+            self._blocked.update(bad)
+            where = f"kept in {self._added.path} (cannot set it aside: {one_line(e)})"
+        for why in bad.values():
+            log.warning("%s; %s, not run", why, where)
+
     def _take_spooled_workloads(self) -> None:
         scan = read_workload_spool(self.spool_dir)
         for name, why in scan.rejected:
@@ -264,6 +307,14 @@ class UserWork:
         for spooled in scan.requests:
             try:
                 self.add(spooled.request)
+            except TrustRefused as e:
+                key = f"{SUBDIR}/{spooled.path.name}"
+                moved = reject_file(spooled.path.parent, spooled.path.name, None, str(e)).moved_to
+                if key not in self._left:
+                    log.warning("spooled workloads %s set aside: %s", spooled.path.name, e)
+                if moved is None:  # still there: said once, not at every scan
+                    self._left.add(key)
+                continue
             except UserWorkError as e:
                 log.warning("spooled workloads %s not taken: %s", spooled.path.name, e)
                 continue

@@ -98,6 +98,7 @@ def build_jobs(
                 protocol=cfg.tuning.protocol,
                 time_budget_s=cfg.tuning.protocol.time_budget_s * len(ws) * len(regimes),
                 sim=sim,
+                allowed_modules=cfg.tuning.allowed_modules,
             )
         )
     return jobs

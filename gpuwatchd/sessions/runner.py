@@ -1,13 +1,14 @@
 """The daemon side of a tuning session: spawn the worker, watch it, record what it sends.
 
-:class:`TuneRunner` starts a session row in the store, runs ``python -m
-gpuwatchd.tuning.worker`` pinned to one GPU, stores the versions from its ``hello`` and
-each ``result`` as it arrives, and ends the session ``completed``, ``failed`` (crash,
-hang, garbage output, a missing result) or ``preempted`` (``should_preempt`` gave a
-reason, or :meth:`TuneRunner.cancel`), then tells ``on_finished`` with a
-:class:`~gpuwatchd.sessions.events.SessionFinished`. The worker runs in its own process
-group so a kill also reaches its children (Triton's compilers); every wait is bounded,
-every child is reaped, and nothing here imports torch.
+:class:`TuneRunner` starts a session row in the store, runs ``python -P -m
+gpuwatchd.tuning.worker`` pinned to one GPU, apart from the daemon's working directory
+and environment (:mod:`gpuwatchd.tuning.worker_isolation`), stores the versions from
+its ``hello`` and each ``result`` as it arrives, and ends the session ``completed``,
+``failed`` (crash, hang, garbage output, a missing result) or ``preempted``
+(``should_preempt`` gave a reason, or :meth:`TuneRunner.cancel`), then tells
+``on_finished`` with a :class:`~gpuwatchd.sessions.events.SessionFinished`. The worker
+runs in its own process group so a kill also reaches its children (Triton's compilers);
+every wait is bounded, every child is reaped, and nothing here imports torch.
 
 Sessions resume: results that preempted sessions of the same GPU recorded recently, under
 the same conditions and stack (:mod:`gpuwatchd.sessions.resume` has the rule), are
@@ -60,6 +61,14 @@ from gpuwatchd.tuning.jobspec import (
 )
 from gpuwatchd.tuning.settings import DEFAULT_RESUME_MAX_AGE_S
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
+from gpuwatchd.tuning.worker_isolation import (
+    PYTHON_FLAGS,
+    WORKER_CWD,
+    WorkerUser,
+    resolve_worker_user,
+    switch_user,
+    worker_environment,
+)
 from gpuwatchd.validate import describe
 
 log = logging.getLogger("gpuwatchd.sessions.runner")
@@ -130,15 +139,26 @@ class WorkerProcess:
     level and its last lines kept for the failure message.
     """
 
-    def __init__(self, cmd: Sequence[str], env: dict[str, str], stdin_data: bytes) -> None:
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        env: dict[str, str],
+        stdin_data: bytes,
+        cwd: str = WORKER_CWD,
+        user: WorkerUser | None = None,
+    ) -> None:
         self.proc = subprocess.Popen(
             list(cmd),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
+            cwd=cwd,
             start_new_session=True,  # own process group: killpg reaches grandchildren
             close_fds=True,
+            user=None if user is None else user.uid,
+            group=None if user is None else user.gid,
+            extra_groups=None if user is None else list(user.groups),
         )
         self.pid = self.proc.pid
         self.events: queue.Queue[_Event] = queue.Queue()
@@ -260,10 +280,12 @@ def _feed(stream: IO[bytes], data: bytes) -> None:
 class TuneRunner:
     """Runs tuning sessions in worker subprocesses and records them in ``store``.
 
-    ``python`` runs the worker; ``env`` (default: this process's) is its environment,
+    ``python -P`` runs the worker in ``/`` (:mod:`gpuwatchd.tuning.worker_isolation`);
+    ``env`` is its environment (default: the minimal one taken from this process's),
     to which the runner adds ``CUDA_VISIBLE_DEVICES`` (the GPU's UUID for a ``cuda``
-    job, empty otherwise), ``PYTHONPATH`` and ``PYTHONUNBUFFERED``. ``worker_cmd``
-    replaces the whole command (tests use small fake workers). ``term_grace_s`` is
+    job, empty otherwise), ``PYTHONPATH`` and ``PYTHONUNBUFFERED``. ``worker_user``
+    (``[tuning] worker_user``) is who a root runner starts it as ("" : its own user).
+    ``worker_cmd`` replaces the whole command (tests use small fake workers). ``term_grace_s`` is
     how long a SIGTERM'd worker gets before SIGKILL; ``poll_s`` how often
     ``should_preempt`` is asked; ``exit_wait_s`` how long an exited worker's pipes, or
     a worker that reported an error, may linger before its group is killed.
@@ -292,8 +314,10 @@ class TuneRunner:
         now: Callable[[], float] = time.time,
         versions_now: VersionsNow | None = None,
         changed_versions: ChangedVersions | None = None,
+        worker_user: str = "",
     ) -> None:
         self.resume_max_age_s = check_max_age(resume_max_age_s)
+        self._user = switch_user(resolve_worker_user(worker_user))
         self._now = now
         self._versions_now = versions_now
         self._changed_versions = changed_versions
@@ -310,7 +334,8 @@ class TuneRunner:
         self.store = store
         self.python = python
         self._env = env
-        self._cmd = list(worker_cmd) if worker_cmd is not None else [python, "-m", WORKER_MODULE]
+        default_cmd = [python, *PYTHON_FLAGS, "-m", WORKER_MODULE]
+        self._cmd = list(worker_cmd) if worker_cmd is not None else default_cmd
         if not self._cmd:
             raise ValueError("worker_cmd must not be empty")
         self.term_grace_s = term_grace_s
@@ -460,15 +485,20 @@ class TuneRunner:
                 log.exception("on_finished failed for tuning session %d", sid)
 
     def _command_env(self, job: JobSpec) -> dict[str, str]:
-        env = dict(os.environ if self._env is None else self._env)
+        if self._env is None:
+            env = worker_environment(os.environ, _PACKAGE_ROOT, self._user)
+        else:
+            env = dict(self._env)
+            path = env.get("PYTHONPATH")
+            env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
         env["CUDA_VISIBLE_DEVICES"] = job.gpu_uuid if job.device == "cuda" else ""
         env["PYTHONUNBUFFERED"] = "1"
-        path = env.get("PYTHONPATH")
-        env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
         return env
 
     def _spawn(self, job: JobSpec) -> WorkerProcess:
-        worker = WorkerProcess(self._cmd, self._command_env(job), job.dumps().encode())
+        worker = WorkerProcess(
+            self._cmd, self._command_env(job), job.dumps().encode(), user=self._user
+        )
         with self._lock:
             self._worker = worker
         return worker

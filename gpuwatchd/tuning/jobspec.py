@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpuwatchd.tuning.settings import ProtocolConfig
+from gpuwatchd.tuning.trust import TrustError, parse_allowed_modules
 from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, Versions, Workload
 from gpuwatchd.validate import (
     field_error,
@@ -259,7 +260,8 @@ class JobSpec:
     worker shares what is left equally between the remaining (workload, regime) pairs,
     each capped at ``protocol.time_budget_s``. ``workload_regimes`` narrows the regimes
     of the workloads it names (a resumed session measures only what is still missing);
-    every other workload gets all of ``regimes``.
+    every other workload gets all of ``regimes``. ``allowed_modules`` is the daemon's
+    ``[tuning] allowed_modules``: the only list the worker imports user code under.
     """
 
     gpu_index: int
@@ -271,6 +273,7 @@ class JobSpec:
     time_budget_s: float = 600.0
     sim: SimSpec | None = None
     workload_regimes: Mapping[str, tuple[Regime, ...]] = field(default_factory=dict)
+    allowed_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _int(self.gpu_index, "job.gpu_index")
@@ -308,6 +311,10 @@ class JobSpec:
             if self.sim.speed is not None and not _num(self.sim.speed, "job.sim.speed") > 0:
                 raise _fail("job.sim.speed", "expected a number > 0", self.sim.speed)
         self._check_workload_regimes(seen)
+        try:
+            parse_allowed_modules(self.allowed_modules, "job.allowed_modules")
+        except TrustError as e:
+            raise JobSpecError(str(e)) from None
 
     def _check_workload_regimes(self, names: set[str]) -> None:
         """Each named workload is in the job; its regimes a non-empty, ordered subset."""
@@ -344,6 +351,7 @@ class JobSpec:
             "regimes": [r.value for r in self.regimes],
             "protocol": asdict(self.protocol),
             "time_budget_s": self.time_budget_s,
+            "allowed_modules": list(self.allowed_modules),
             **(
                 {
                     "workload_regimes": {
@@ -364,7 +372,7 @@ class JobSpec:
             d,
             "job",
             ("gpu_index", "gpu_uuid", "device", "workloads", "regimes", "protocol"),
-            ("time_budget_s", "sim", "workload_regimes"),
+            ("time_budget_s", "sim", "workload_regimes", "allowed_modules"),
         )
         sim = None
         if d.get("sim") is not None:
@@ -405,6 +413,9 @@ class JobSpec:
                 )
                 for name, rs in by_workload.items()
             },
+            allowed_modules=tuple(
+                _list(d.get("allowed_modules", []), "job.allowed_modules", nonempty=False)
+            ),
         )
 
     @classmethod

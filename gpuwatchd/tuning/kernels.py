@@ -4,7 +4,7 @@ A job that misses a recorded winner files a :class:`KernelRequest`: enough to re
 the call in the tuning worker (the kernel's import path, its configs with the launch
 grid each one used, the key values, every argument's kind and description). The daemon
 validates it (:meth:`KernelRequest.loads`, one-line :class:`KernelRequestError`), checks
-the module against ``[tuning] allowed_modules`` (:func:`check_allowed`) and tunes it as an
+its names against :mod:`gpuwatchd.tuning.trust` and tunes it as an
 ordinary :class:`~gpuwatchd.tuning.types.Workload` (:meth:`KernelRequest.to_workload`),
 so the store, the report and ``/api/v1/winners`` carry user kernels unchanged.
 
@@ -28,6 +28,8 @@ from typing import Any
 
 from gpuwatchd.tuning.types import Regime, Versions, Workload
 from gpuwatchd.validate import (
+    ErrorType,
+    fail,
     field_error,
     is_number,
     need_int,
@@ -101,10 +103,15 @@ def _names(value: Any, where: str) -> tuple[str, ...]:
     return tuple(_text(v, f"{where}[{i}]") for i, v in enumerate(value))
 
 
-def _module(value: Any, where: str) -> str:
+def module_name(value: Any, where: str, error: ErrorType = KernelRequestError) -> str:
+    """A dotted module name (``pkg.kernels``); ``error`` naming ``where`` otherwise."""
     if not isinstance(value, str) or not _MODULE_RE.match(value):
-        raise _fail(where, "expected a dotted module name like 'pkg.kernels'", value)
+        raise fail(where, "expected a dotted module name like 'pkg.kernels'", value, error)
     return value
+
+
+def _module(value: Any, where: str) -> str:
+    return module_name(value, where)
 
 
 def _qualname(value: Any, where: str) -> str:
@@ -618,14 +625,12 @@ class KernelRequest:
 
     # -- as a workload ---------------------------------------------------------------
 
-    def to_workload(self, allowed_modules: Sequence[str]) -> Workload:
+    def to_workload(self) -> Workload:
         """The request as a workload of the ``triton.user`` family.
 
-        Raises KernelRequestError when the kernel's (or the args factory's) module is
-        not under ``allowed_modules``; the list travels in ``params`` so the worker
-        checks it again before it imports anything.
+        Whether its code may be imported is :mod:`gpuwatchd.tuning.trust`'s to say: the
+        daemon checks the names before queueing it, the worker the objects as it imports.
         """
-        check_allowed(self, allowed_modules)
         return Workload(
             name=self.workload_name,
             op=FAMILY,
@@ -635,7 +640,7 @@ class KernelRequest:
             },
             dtype=self.main_dtype,
             families=(FAMILY,),
-            params={"request": self.to_json(), "allowed_modules": list(allowed_modules)},
+            params={"request": self.to_json()},
         )
 
 
@@ -679,35 +684,6 @@ def request_from_workload(workload: Workload) -> KernelRequest:
             f"workload {workload.name!r}: its request names workload {req.workload_name!r}"
         )
     return req
-
-
-# -- the module allow-list -------------------------------------------------------------------
-
-
-def parse_allowed_modules(value: Any, where: str = "tuning.allowed_modules") -> tuple[str, ...]:
-    """Validate ``[tuning] allowed_modules``: a list of dotted module prefixes."""
-    if not isinstance(value, list | tuple):
-        raise _fail(where, "expected a list of module prefixes", value)
-    return tuple(_module(v, f"{where}[{i}]") for i, v in enumerate(value))
-
-
-def module_allowed(module: str, prefixes: Sequence[str]) -> bool:
-    """Whether ``module`` is one of ``prefixes`` or inside one (``a.b`` allows ``a.b.c``,
-    not ``a.bc``). An empty list allows nothing."""
-    return any(module == p or module.startswith(p + ".") for p in prefixes)
-
-
-def check_allowed(request: KernelRequest, prefixes: Sequence[str]) -> None:
-    """KernelRequestError unless the kernel's and the args factory's modules are allowed."""
-    targets = [("request.kernel.module", request.module)]
-    if request.args_factory is not None:
-        targets.append(("request.args_factory", request.args_factory.split(":", 1)[0]))
-    for where, module in targets:
-        if not module_allowed(module, prefixes):
-            allowed = ", ".join(prefixes) if prefixes else "none: nothing is imported until set"
-            raise KernelRequestError(
-                f"{where}: module {module!r} is not under [tuning] allowed_modules ({allowed})"
-            )
 
 
 # -- winners ---------------------------------------------------------------------------------

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gpuwatchd.telemetry.sim.settings import SimConfig
-from gpuwatchd.tuning.kernels import parse_allowed_modules
+from gpuwatchd.tuning.trust import parse_allowed_modules
 from gpuwatchd.tuning.types import Regime, Workload
 from gpuwatchd.tuning.windows import parse_windows
+from gpuwatchd.tuning.worker_isolation import resolve_worker_user
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS, find_workload
 from gpuwatchd.validate import check, fail, need_bool, need_int, need_number, require
 
@@ -204,6 +205,11 @@ def _executable(path: str) -> bool:
     return True
 
 
+def _worker_user(name: str) -> bool:
+    resolve_worker_user(name)  # raises ValueError naming the missing user
+    return True
+
+
 def _module_prefixes(prefixes: tuple[str, ...]) -> bool:
     parse_allowed_modules(list(prefixes))  # raises ValueError naming the bad entry
     return True
@@ -244,6 +250,10 @@ class TuningConfig:
     #: The interpreter that runs the tuning worker ("": the daemon's own). Users' kernels
     #: are imported by it, so it is the jobs' Python environment (torch, Triton, their code).
     worker_python: str = field(default="", metadata=check(_executable, "bad interpreter"))
+    #: The user a daemon running as root starts the worker as ("": the daemon's own).
+    #: It needs the GPU device nodes (usually world-usable), the jobs' Python environment
+    #: and a writable home (Triton's and Inductor's compile caches live there).
+    worker_user: str = field(default="", metadata=check(_worker_user, "bad user"))
     #: Module prefixes whose kernels a job may ask the worker to import and tune
     #: (``["mylab.kernels"]`` allows ``mylab.kernels.attn``). Empty: nothing is imported.
     allowed_modules: tuple[str, ...] = field(

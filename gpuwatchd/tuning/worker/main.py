@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import BinaryIO, TextIO
@@ -304,7 +304,7 @@ def run_job(job: JobSpec, channel: Channel, stop: Callable[[], bool]) -> int:
                     f"time budget of {job.time_budget_s:g} s spent before workload {group[0].name}"
                 )
             regimes = [job.regimes_of(w.name) for w in group]
-            queue = [(w, _candidates(w, session)) for w in group]
+            queue = [(w, _candidates(w, session, job.allowed_modules)) for w in group]
             events = _QueueEvents(channel, job, queue, regimes, total, sent, session.now)
             try:
                 tune_queue(
@@ -375,8 +375,10 @@ class _QueueEvents:
         self.sent += 1
 
 
-def _candidates(workload: Workload, session: DeviceSession) -> list[Candidate]:
-    candidates = list(candidates_for(workload, session))
+def _candidates(
+    workload: Workload, session: DeviceSession, allowed_modules: Sequence[str]
+) -> list[Candidate]:
+    candidates = list(candidates_for(workload, session, allowed_modules))
     if not candidates:
         raise WorkerError(f"workload {workload.name}: its families gave no candidates")
     log.info("tuning %s: %d candidates", workload.name, len(candidates))

@@ -5,6 +5,10 @@ so listing families never imports torch or Triton. Third-party packages add fami
 through the entry-point group ``gpuwatchd.families`` (entry-point name = family name,
 value = a :data:`~gpuwatchd.tuning.worker.candidate.Family` callable). A built-in name always
 wins over an entry point of the same name, so a plugin cannot silently replace one.
+
+Families that import users' code (:data:`USER_CODE_FAMILIES`) are also handed the job's
+``allowed_modules`` (the daemon's configuration, :mod:`gpuwatchd.tuning.trust`), never a
+list a workload carries.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import Candidate, DeviceSession, Family
@@ -31,6 +36,8 @@ BUILTIN: dict[str, str] = {
     "triton.matmul": "gpuwatchd.tuning.worker.families.triton_matmul:build",
     "triton.user": "gpuwatchd.tuning.worker.families.triton_user:build",
 }
+#: Built-in families that import users' code: called with the job's allowed modules too.
+USER_CODE_FAMILIES = frozenset({"triton.user"})
 
 
 class UnknownFamily(ValueError):
@@ -69,14 +76,23 @@ def get_family(name: str) -> Family:
     return fn
 
 
-def candidates_for(workload: Workload, session: DeviceSession) -> list[Candidate]:
-    """Every candidate of every family the workload names; names must be unique."""
+def candidates_for(
+    workload: Workload, session: DeviceSession, allowed_modules: Sequence[str] = ()
+) -> list[Candidate]:
+    """Every candidate of every family the workload names; names must be unique.
+
+    ``allowed_modules`` is the job's (the daemon's configured) allow-list of user code.
+    """
     if not workload.families:
         raise ValueError(f"workload {workload.name}: families is empty")
     out: list[Candidate] = []
     seen: set[str] = set()
     for fam in workload.families:
-        cands: Sequence[Candidate] = get_family(fam)(workload, session)
+        family: Any = get_family(fam)
+        if fam in USER_CODE_FAMILIES:
+            cands: Sequence[Candidate] = family(workload, session, tuple(allowed_modules))
+        else:
+            cands = family(workload, session)
         for c in cands:
             if c.name in seen:
                 raise ValueError(

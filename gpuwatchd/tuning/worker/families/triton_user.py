@@ -1,10 +1,11 @@
 """``triton.user`` family: a user's own ``@triton.autotune`` kernel, one candidate per config.
 
-The workload carries the job's tuning request (:mod:`gpuwatchd.tuning.kernels`) and the
-admin's ``allowed_modules``. Importing named code is code execution, so the module (and
-the args factory's) is checked against that list here again before anything is
-imported, and the imported kernel must hash to the request's identity: an edited kernel
-is refused rather than measured under its old name.
+The workload carries the job's tuning request (:mod:`gpuwatchd.tuning.kernels`); the job
+spec carries the admin's ``allowed_modules``. Importing named code is code execution, so
+the kernel and the args factory are imported only under :mod:`gpuwatchd.tuning.trust`'s
+rule (allowed modules, public names, objects defined there), and the imported kernel
+must hash to the request's identity: an edited kernel is refused rather than measured
+under its old name.
 
 Arguments are rebuilt from their descriptions (tensors of the recorded shape, strides
 and dtype: random floats, zero integers; scalars as recorded), or by the request's
@@ -17,7 +18,6 @@ is rejected with the figures, so a wrong kernel can never win.
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import time
@@ -31,12 +31,16 @@ from gpuwatchd.tuning.kernels import (
     ConfigSpec,
     KernelRequest,
     KernelRequestError,
-    check_allowed,
     config_spec,
     identity_of,
-    parse_allowed_modules,
-    parse_import_path,
     request_from_workload,
+)
+from gpuwatchd.tuning.trust import (
+    TrustError,
+    check_request,
+    check_workload,
+    import_function,
+    import_kernel,
 )
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
@@ -62,24 +66,6 @@ MAX_GROUPS = 4
 # -- importing the kernel ------------------------------------------------------------------
 
 
-def import_object(module: str, qualname: str, allowed: Sequence[str]) -> Any:
-    """``module.qualname``, imported only when ``module`` is under ``allowed``."""
-    from gpuwatchd.tuning.kernels import module_allowed
-
-    if not module_allowed(module, allowed):
-        raise ValueError(f"module {module!r} is not under [tuning] allowed_modules")
-    try:
-        obj: Any = importlib.import_module(module)
-    except Exception as e:  # user code: a syntax error, a missing dependency, anything
-        raise ValueError(f"cannot import {module}: {describe(e)}") from None
-    for part in qualname.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"{module} has no {qualname}") from None
-    return obj
-
-
 @dataclass(slots=True)
 class LoadedKernel:
     """The imported kernel: what to launch, its Triton autotuner, and its live configs."""
@@ -90,9 +76,9 @@ class LoadedKernel:
 
 
 def load_kernel(request: KernelRequest, allowed: Sequence[str]) -> LoadedKernel:
-    """Import and check the request's kernel: allowed module, same identity, same configs."""
-    check_allowed(request, allowed)
-    obj = import_object(request.module, request.qualname, allowed)
+    """Import and check the request's kernel: under the trust rule, same identity, same configs."""
+    check_request(request, allowed)
+    obj = import_kernel(request.module, request.qualname, allowed, "request.kernel")
     tuner = getattr(obj, "_tuner", None) or (obj if hasattr(obj, "keys") else None)
     if tuner is None or not hasattr(tuner, "configs") or not hasattr(tuner, "fn"):
         raise ValueError(f"{request.module}.{request.qualname} is not an autotuned Triton kernel")
@@ -153,8 +139,7 @@ def build_arguments(
         else:
             out[spec.name] = spec.value
     if request.args_factory is not None:
-        module, qualname = parse_import_path(request.args_factory, "request.args_factory")
-        factory = import_object(module, qualname, allowed)
+        factory = import_function(request.args_factory, allowed, "request.args_factory")
         try:
             made = factory(dict(request.key_values))
         except Exception as e:  # user code
@@ -479,15 +464,19 @@ def _device(session: DeviceSession) -> Any:
     raise CandidateError(f"{FAMILY} needs a CUDA device session, got {type(session).__name__}")
 
 
-def build(workload: Workload, session: DeviceSession) -> list[UserConfig]:
-    """One candidate per config of the workload's request (see the module docstring)."""
+def build(
+    workload: Workload, session: DeviceSession, allowed_modules: Sequence[str] = ()
+) -> list[UserConfig]:
+    """One candidate per config of the workload's request (see the module docstring).
+
+    ``allowed_modules`` is the job's list (the daemon's configuration); whatever the
+    workload itself carries is refused, never used.
+    """
+    allowed = tuple(allowed_modules)
     try:
+        check_workload(workload, allowed, "workload")
         request = request_from_workload(workload)
-        allowed = parse_allowed_modules(
-            workload.params.get("allowed_modules", []), "params.allowed_modules"
-        )
-        check_allowed(request, allowed)
-    except KernelRequestError as e:
+    except (KernelRequestError, TrustError) as e:
         raise ValueError(f"workload {workload.name!r}: {e}") from None
     kernel = UserKernel(request, allowed, _device(session))
     return [UserConfig(kernel, spec) for spec in request.configs]
