@@ -286,9 +286,9 @@ class UserWork:
         bad: dict[str, str] = {}
         for a in self._added.items():
             try:
-                check_workload(a.workload, allowed, f"added workload {a.workload.name!r}")
+                check_workload(a.workload, allowed)
             except TrustError as e:
-                bad[a.workload.name] = one_line(e)
+                bad[a.workload.name] = f"added workload {a.workload.name!r}: {one_line(e)}"
         if not bad:
             return
         try:

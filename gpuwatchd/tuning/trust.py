@@ -140,17 +140,28 @@ def _defined_in(obj: Any) -> str:
     return str(getattr(obj, "__module__", None) or "?")
 
 
+def _check_passage(obj: Any, name: str, prefixes: Sequence[str], where: str) -> None:
+    """A qualname goes on only through a class defined in an allowed module."""
+    if not inspect.isclass(obj):
+        raise TrustError(
+            f"{where}: {name} is a {type(obj).__name__}, not a class; a name passes "
+            "through classes of allowed modules only"
+        )
+    if not module_allowed(_defined_in(obj), prefixes):
+        raise TrustError(
+            f"{where}: {name} is a class defined in {_defined_in(obj)}, which is not under "
+            f"[tuning] allowed_modules ({_allowed_text(prefixes)})"
+        )
+
+
 def _walk(module: str, qualname: str, prefixes: Sequence[str], where: str) -> Any:
     """The object ``module:qualname`` names, through classes defined in allowed modules."""
     check_name(module, qualname, prefixes, where)
     obj = _import_module(module, where)
     parts = qualname.split(".")
     for i, part in enumerate(parts):
-        if i > 0 and not (inspect.isclass(obj) and module_allowed(_defined_in(obj), prefixes)):
-            raise TrustError(
-                f"{where}: {module}:{'.'.join(parts[:i])} is a {type(obj).__name__} defined in "
-                f"{_defined_in(obj)}, not a class of an allowed module"
-            )
+        if i > 0:
+            _check_passage(obj, f"{module}:{'.'.join(parts[:i])}", prefixes, where)
         try:
             obj = getattr(obj, part)
         except AttributeError:
