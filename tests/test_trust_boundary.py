@@ -38,7 +38,7 @@ from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.jobspec import JobSpec, SimSpec
 from gpuwatchd.tuning.kernels import ArgSpec, KernelRequest, config_spec, identity_of
 from gpuwatchd.tuning.settings import ProtocolConfig
-from gpuwatchd.tuning.spool import REJECTED_DIR
+from gpuwatchd.tuning.spool import REJECTED_DIR, write_request
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.worker.devices import CpuSession
 from gpuwatchd.tuning.worker.families.triton_user import build
@@ -505,6 +505,22 @@ def test_spooled_workloads_outside_the_rule_are_set_aside_once(
     assert not path.exists() and (aside / path.name).exists()
     assert "not accepted" in (aside / (path.name + ".reason")).read_text()
     _nothing_kept_or_queued(daemon)
+    assert markers(in_process) == []
+
+
+def test_spooled_kernel_requests_outside_the_rule_are_not_queued_and_said_once(
+    daemon: Any, in_process: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = daemon.user_work.spool_dir
+    req = request_for(gpu_model=SIM_MODEL, factory="ukt_trust.kernels:_hidden")
+    path = write_request(spool, req)
+    with caplog.at_level(logging.WARNING, "gpuwatchd.daemon.user_work"):
+        daemon.user_work.load()
+        daemon.user_work.rescan()
+    said = [r.getMessage() for r in caplog.records if path.name in r.getMessage()]
+    assert len(said) == 1 and "request.args_factory: '_hidden' in" in said[0]
+    assert path.exists()  # kept for the admin: a later config may allow it
+    assert daemon.tuner.pending() == {}
     assert markers(in_process) == []
 
 
