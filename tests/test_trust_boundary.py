@@ -163,6 +163,13 @@ def _load_planted_kernel() -> Any:
     return mod.scale
 
 
+def as_workload(req: KernelRequest) -> Workload:
+    """The ``triton.user`` workload a job may send for ``req`` (what ``to_workload`` makes)."""
+    shape = {"key": dict(req.key_values), "dtypes": [d.rsplit(".", 1)[-1] for d in req.key_dtypes]}
+    return Workload(req.workload_name, "triton.user", shape, req.main_dtype, ("triton.user",),
+                    {"request": req.to_json()})  # fmt: skip
+
+
 def attack(workload: Workload, **params: Any) -> Workload:
     """``workload`` with extra ``params`` (what a job may put in an added workload)."""
     return replace(workload, params={**workload.params, **params})
@@ -178,13 +185,13 @@ def build_and_set_up(workload: Workload, allowed: tuple[str, ...] = ALLOWED) -> 
 
 
 def test_worker_refuses_an_allow_list_carried_by_the_workload(in_process: Path) -> None:
-    widened = attack(request_for("evil_mod").to_workload(), allowed_modules=["evil_mod"])
+    widened = attack(as_workload(request_for("evil_mod")), allowed_modules=["evil_mod"])
     for allowed in (ALLOWED, ()):
         with pytest.raises(ValueError) as err:
             build_and_set_up(widened, allowed)
         assert "params.allowed_modules: not accepted" in str(err.value)
         assert "\n" not in str(err.value)
-    plain = request_for("evil_mod").to_workload()
+    plain = as_workload(request_for("evil_mod"))
     with pytest.raises(ValueError, match=r"module 'evil_mod' is not under \[tuning\]"):
         build_and_set_up(plain)
     assert markers(in_process) == [] and "evil_mod" not in sys.modules
@@ -207,7 +214,7 @@ def test_worker_refuses_an_allow_list_carried_by_the_workload(in_process: Path) 
 def test_worker_refuses_factories_reached_through_an_allowed_module(
     in_process: Path, factory: str, needle: str
 ) -> None:
-    workload = request_for(factory=factory).to_workload()
+    workload = as_workload(request_for(factory=factory))
     with pytest.raises(ValueError) as err:
         build_and_set_up(workload)
     assert needle in str(err.value) and "\n" not in str(err.value)
@@ -228,7 +235,7 @@ def test_worker_refuses_factories_reached_through_an_allowed_module(
 def test_private_and_dunder_names_are_refused_before_anything_is_imported(
     in_process: Path, module: str, qualname: str, factory: str | None, needle: str
 ) -> None:
-    workload = request_for(module, qualname, factory).to_workload()
+    workload = as_workload(request_for(module, qualname, factory))
     with pytest.raises(ValueError) as err:
         build(workload, CpuSession(), ALLOWED)  # refused before any candidate is set up
     assert needle in str(err.value) and "private or special name" in str(err.value)
@@ -243,11 +250,11 @@ def test_a_kernel_name_must_reach_a_triton_kernel(
     in_process: Path, qualname: str, needle: str
 ) -> None:
     with pytest.raises(ValueError, match=needle):
-        build_and_set_up(request_for(qualname=qualname).to_workload())
+        build_and_set_up(as_workload(request_for(qualname=qualname)))
 
 
 def test_an_allowed_kernel_defined_there_is_imported_with_its_factory(in_process: Path) -> None:
-    workload = request_for(factory="ukt_trust.kernels:make_args").to_workload()
+    workload = as_workload(request_for(factory="ukt_trust.kernels:make_args"))
     cands = build_and_set_up(workload)
     kernel = cands[0]._kernel
     assert kernel.args["x_ptr"].shape == (4, 100) and float(kernel.args["x_ptr"][0, 1]) == 1.0
@@ -282,7 +289,7 @@ def test_real_worker_tunes_an_allowed_kernel_and_refuses_a_widened_list(
 ) -> None:
     planted = in_process
     _worker_env(planted, monkeypatch)
-    good = request_for(factory="ukt_trust.kernels:make_args").to_workload()
+    good = as_workload(request_for(factory="ukt_trust.kernels:make_args"))
     out = TuneRunner(store).run_session(cpu_job(good, ALLOWED), CPU, "sim", lambda: None,
                                         None, 120)  # fmt: skip
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
@@ -290,12 +297,12 @@ def test_real_worker_tunes_an_allowed_kernel_and_refuses_a_widened_list(
     assert result.winner in {"BLOCK=64,w4,s3", "BLOCK=128,w4,s3", "BLOCK=256,w8,s3", None}
     assert sum(c.median_s is not None for c in result.candidates) == 3
 
-    widened = attack(request_for("evil_mod").to_workload(), allowed_modules=["evil_mod"])
+    widened = attack(as_workload(request_for("evil_mod")), allowed_modules=["evil_mod"])
     out = TuneRunner(store).run_session(cpu_job(widened, ALLOWED), CPU, "sim", lambda: None,
                                         None, 120)  # fmt: skip
     assert out.status is SessionStatus.FAILED and out.why is not None
     assert "params.allowed_modules: not accepted" in out.why and "\n" not in out.why
-    chained = request_for(factory="ukt_trust.kernels:evil_helpers.pwn").to_workload()
+    chained = as_workload(request_for(factory="ukt_trust.kernels:evil_helpers.pwn"))
     out = TuneRunner(store).run_session(cpu_job(chained, ()), CPU, "sim", lambda: None,
                                         None, 120)  # fmt: skip
     assert out.status is SessionStatus.FAILED and "allowed_modules" in (out.why or "")
@@ -420,7 +427,7 @@ def daemon(short_dir: Path, in_process: Path) -> Iterator[Any]:
 
 def user_workload(**request: Any) -> Workload:
     """A ``triton.user`` workload as a job could add it (a name fit for added workloads)."""
-    return request_for(gpu_model=SIM_MODEL, dtypes=(), **request).to_workload()
+    return as_workload(request_for(gpu_model=SIM_MODEL, dtypes=(), **request))
 
 
 def _nothing_kept_or_queued(d: Any) -> None:
@@ -586,4 +593,6 @@ def test_the_job_carries_the_configs_list_not_the_workloads(
     cfg = make_config(short_dir, allowed_modules=list(ALLOWED))
     (job,) = build_jobs(cfg.tuning_setup(), CPU, [user_workload()], [Regime.SUSTAINED])
     assert job.allowed_modules == ALLOWED and JobSpec.loads(job.dumps()) == job
+    req = request_for(gpu_model=SIM_MODEL, dtypes=())
+    assert req.to_workload() == as_workload(req)
     assert "allowed_modules" not in job.workloads[0].params
