@@ -247,16 +247,22 @@ def health_panels() -> list[tuple[Panel, int, int]]:
         (
             bargauge(
                 "XID errors in range",
-                "XID errors the driver reported in the selected range, by XID code "
-                "(e.g. 79: fell off the bus, 48: double-bit ECC, 13/31/43: application "
-                "faults). Empty while no XID has occurred.",
+                "XID errors the driver reported in the selected range: all codes per GPU "
+                "(0 while none has occurred), then by XID code (e.g. 79: fell off the bus, "
+                "48: double-bit ECC, 13/31/43: application faults).",
                 [
+                    target(
+                        "sum by (instance, gpu) (increase("
+                        f"{gpu('gpuwatchd_gpu_xid_events_total')}[$__range]))",
+                        f"{GPU_LEGEND} all XIDs",
+                        instant=True,
+                    ),
                     target(
                         "sum by (instance, gpu, xid) (increase("
                         f"{gpu('gpuwatchd_gpu_xid_errors_total')}[$__range]))",
                         f"{GPU_LEGEND} XID {{{{xid}}}}",
                         instant=True,
-                    )
+                    ),
                 ],
                 "short",
                 decimals=0,

@@ -51,6 +51,7 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_gpu_memory_free_bytes": _GPU,
     "gpuwatchd_gpu_memory_total_bytes": _GPU,
     "gpuwatchd_gpu_xid_errors_total": _m("xid"),
+    "gpuwatchd_gpu_xid_events_total": _GPU,
     "gpuwatchd_gpu_ecc_errors_total": _m("scope", "type"),
     "gpuwatchd_gpu_remapped_rows": _m("cause"),
     "gpuwatchd_gpu_row_remap_pending": _GPU,

@@ -47,6 +47,14 @@ def test_sim_daemon_serves_status_and_stops_cleanly_on_sigterm(tmp_path: Path):
         assert notify.wait_for("READY=1"), notify.messages
         metrics = wait_http(f"http://127.0.0.1:{port}/metrics")
         assert 'gpuwatchd_gpu_temperature_celsius{gpu="1"' in metrics
+        xid_zero = [f'gpuwatchd_gpu_xid_events_total{{gpu="{g}"' for g in (0, 1)]
+
+        def xids_at_zero() -> bool:
+            text = http_get(f"http://127.0.0.1:{port}/metrics")
+            lines = [ln for ln in text.splitlines() if ln.startswith(tuple(xid_zero))]
+            return len(lines) == 2 and all(ln.endswith(" 0.0") for ln in lines)
+
+        assert wait_until(xids_at_zero, 10), "no XID total at 0 per GPU before any XID"
         assert notify.wait_for("WATCHDOG=1", timeout=3)
         status = gpuwatchd("status", "--url", f"http://127.0.0.1:{port}")
         assert status.returncode == 0, status.stderr

@@ -340,7 +340,10 @@ REQUIRED_PANELS: dict[str, tuple[str, set[str]]] = {
     ),
     "Memory per compute process": ("timeseries", {"gpuwatchd_gpu_process_memory_bytes"}),
     "Energy in range": ("bargauge", {"gpuwatchd_gpu_energy_joules_total"}),
-    "XID errors in range": ("bargauge", {"gpuwatchd_gpu_xid_errors_total"}),
+    "XID errors in range": (
+        "bargauge",
+        {"gpuwatchd_gpu_xid_events_total", "gpuwatchd_gpu_xid_errors_total"},
+    ),
     "ECC errors in range": ("bargauge", {"gpuwatchd_gpu_ecc_errors_total"}),
     "Remapped rows": (
         "timeseries",

@@ -652,10 +652,20 @@ def test_unsupported_health_fields_are_absent_one_by_one() -> None:
         "gpuwatchd_gpu_pcie_tx_bytes_total",
         "gpuwatchd_gpu_nvlink_rx_bytes_total",
         "gpuwatchd_gpu_fan_speed_ratio",
-        "gpuwatchd_gpu_xid_errors_total",  # watched, none seen: no series invented
+        "gpuwatchd_gpu_xid_errors_total",  # watched, none seen: no code invented
         "gpuwatchd_gpu_process_memory_bytes",
     ):
         assert absent not in names_for_gpu(s, 0), absent
+    assert gpu_series(s, "gpuwatchd_gpu_xid_events_total", 0) == 0.0  # watched, none seen
+
+
+def test_a_gpu_whose_xids_are_not_watched_has_no_xid_total() -> None:
+    snap = full_h200()
+    unwatched = SlowReading(t=1.0, memory_used_bytes=GIB, xid_errors=None)
+    sample = Sample(0, 1.0, temp_c=40.0, slow=unwatched)
+    board = board_of(GpuSnapshot(0, snap.info, sample, snap.gate, snap.health))
+    s = series(generate_latest(build_registry(board, DAEMON_INFO)).decode())
+    assert "gpuwatchd_gpu_xid_events_total" not in names_for_gpu(s, 0)
 
 
 def test_health_collector_has_its_own_self_metrics(scraped: str) -> None:
@@ -722,6 +732,8 @@ def test_the_simulated_gpu_exports_health_and_an_injected_xid() -> None:
     s = _scrape_polled(backend, 2)
     assert gpu_series(s, "gpuwatchd_gpu_xid_errors_total", 0, xid="48") == 1.0
     assert gpu_series(s, "gpuwatchd_gpu_xid_errors_total", 1, xid="79") == 1.0
+    assert gpu_series(s, "gpuwatchd_gpu_xid_events_total", 0) == 2.0  # 48 and 63
+    assert gpu_series(s, "gpuwatchd_gpu_xid_events_total", 1) == 1.0
     assert gpu_series(s, "gpuwatchd_gpu_row_remap_pending", 0) == 1.0
     assert gpu_series(s, "gpuwatchd_gpu_row_remap_pending", 1) == 0.0
     unc = gpu_series(s, "gpuwatchd_gpu_ecc_errors_total", 0, scope="volatile", type="uncorrected")

@@ -73,7 +73,7 @@ class XidCounter:
         try:
             self._set = self._api.create()
         except self._api.errors as exc:
-            log.info("XID events unavailable (%s); no gpuwatchd_gpu_xid_errors_total", exc)
+            log.info("XID events unavailable (%s); no gpuwatchd_gpu_xid_* series", exc)
             return False
         self._thread = threading.Thread(target=self._run, name="gpuwatchd-xid", daemon=True)
         self._thread.start()

@@ -146,6 +146,7 @@ class HealthCollector(BoardCollector):
         for spec in _VALUES:
             yield self._fill(spec, readings)
         yield self._xids(readings)
+        yield self._xid_events(readings)
         yield self._ecc(readings)
         yield self._remapped_rows(readings)
         yield self._process_memory(readings)
@@ -189,6 +190,22 @@ class HealthCollector(BoardCollector):
             labels = gpu_labels(snap)
             for code, count in sorted(reading.xid_errors.items()):
                 family.add_metric([*labels, str(code)], float(count))
+        return family
+
+    @staticmethod
+    def _xid_events(readings: Sequence[tuple[GpuSnapshot, SlowReading | None]]) -> Metric:
+        family = CounterMetricFamily(
+            "gpuwatchd_gpu_xid_events",
+            "XID errors of any code the driver reported for the GPU since gpuwatchd started: "
+            "0 from the first slow read on every GPU whose XIDs are watched, so an alert on "
+            "increase() has a series before the first XID (by code: gpuwatchd_gpu_xid_errors).",
+            labels=GPU_LABELS,
+        )
+        add_per_gpu(
+            family,
+            readings,
+            lambda r: None if r.xid_errors is None else float(sum(r.xid_errors.values())),
+        )
         return family
 
     @staticmethod
