@@ -78,6 +78,7 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     # tuning (issue 3)
     "gpuwatchd_tune_sessions_total": _m("status", base=_NONE),
     "gpuwatchd_tune_deferred_total": _m("reason", base=_NONE),
+    "gpuwatchd_tuning_ready": _m("reason", base=_NONE),
     "gpuwatchd_winner_info": _m("gpu_model", "workload", "regime", "candidate", "tie", base=_NONE),
     "gpuwatchd_winner_seconds": _m("gpu_model", "workload", "regime", base=_NONE),
     "gpuwatchd_regime_winners_differ": _m("gpu_model", "workload", base=_NONE),

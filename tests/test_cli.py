@@ -70,7 +70,8 @@ def test_check_config_of_the_defaults(capsys: pytest.CaptureFixture[str], tmp_pa
     cfg = tmp_path / "c.toml"
     cfg.write_text("")
     assert cli_main.main(["check-config", "--config", str(cfg)]) == 0
-    assert capsys.readouterr().out.strip().endswith(": OK")
+    ok, tuning = capsys.readouterr().out.strip().splitlines()
+    assert ok.endswith(": OK") and tuning.startswith("tuning: ")
 
 
 def test_plot_timeline_bad_header_t0_is_one_line(

@@ -162,12 +162,16 @@ class TuningSection:
     """The ``tuning`` section: whether tuning is on, where it runs, what is waiting.
 
     ``pending`` maps a GPU index, spelled as the JSON key, to the workloads queued on it.
+    ``ready_reason`` is ``gpuwatchd_tuning_ready``'s reason (``no_torch``: the worker's
+    Python lacks torch); None from a daemon that does not say.
     """
 
     enabled: bool
     running_gpus: tuple[int, ...]
     pending: dict[str, tuple[str, ...]]
     last_completed_unix: float | None
+    ready: bool = True
+    ready_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,4 +287,6 @@ def _tuning_section(d: DocReader, doc: Mapping[str, Any]) -> TuningSection | Non
         running_gpus=d.ints(section, "running_gpus", "tuning") or (),
         pending=pending,
         last_completed_unix=d.num(section, "last_completed_unix", "tuning"),
+        ready=d.flag(section, "ready", "tuning", default=True),
+        ready_reason=d.text(section, "ready_reason", "tuning", optional=True) or None,
     )

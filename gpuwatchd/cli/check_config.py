@@ -1,13 +1,16 @@
 """``gpuwatchd check-config``: validate the config (its web config, the store's password
 file) and exit.
 
-Exit 0 and ``FILE: OK`` when the daemon would start with it; otherwise the one-line
-error the daemon would give, exit 2.
+Exit 0 and ``FILE: OK`` when the daemon would start with it, then one line saying
+whether the tuning worker's Python imports what the configured tuning needs (torch,
+Triton; asked as the daemon asks at start); otherwise the one-line error the daemon
+would give, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from gpuwatchd.cli.common import (
     CONFIG_HELP,
@@ -18,6 +21,9 @@ from gpuwatchd.cli.common import (
     load_with_overrides,
 )
 
+if TYPE_CHECKING:
+    from gpuwatchd.config import Config
+
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     p = add_command(
@@ -25,7 +31,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "check-config",
         "validate a config file and exit",
         "Parse the config (and a web config) as the daemon would; print the first problem\n"
-        "as one line naming the key and exit 2, or exit 0.",
+        "as one line naming the key and exit 2, or exit 0 with a line saying whether the\n"
+        "tuning worker's Python can import torch (and Triton) where its work needs them.",
         (
             "gpuwatchd check-config --config /etc/gpuwatchd/config.toml",
             "gpuwatchd check-config --web-config /etc/gpuwatchd/web-config.yml",
@@ -48,4 +55,27 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CliError(str(exc), EXIT_CONFIG) from None
     print(f"{cfg.source or 'built-in defaults'}: OK")
+    print(tuning_line(cfg))
     return 0
+
+
+def tuning_line(cfg: Config) -> str:
+    """One line: is tuning off, ready, or missing a module its work needs (and the fix)."""
+    from gpuwatchd.sessions.plan import runnable_workloads
+    from gpuwatchd.sessions.readiness import needed_modules, probe, readiness
+
+    if not cfg.tuning.enabled:
+        return "tuning: disabled ([tuning] enabled = false): monitor only"
+    work = runnable_workloads(cfg.tuning_setup(), cfg.daemon.backend)
+    needed = sorted(frozenset().union(*(needed_modules(w) for w in work)))
+    if not needed:
+        return f"tuning: ready (the {cfg.daemon.backend} backend's workloads need no torch)"
+    result = probe(cfg.tuning.worker_executable, needed)
+    ready, reason = readiness(result, work)
+    if not ready:
+        state = f"NOT READY ({reason})"
+    elif result.missing:
+        state = f"ready without {', '.join(result.missing)} (its candidates are skipped)"
+    else:
+        state = "ready"
+    return f"tuning: {state}: {result.describe()}"

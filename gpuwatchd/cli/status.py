@@ -203,6 +203,8 @@ def _tuning_line(tuning: TuningSection) -> str:
     if not tuning.enabled:
         return "tuning: disabled"
     parts = []
+    if not tuning.ready:
+        parts.append(f"worker not ready ({tuning.ready_reason or '?'})")
     if tuning.running_gpus:
         parts.append("running on GPU " + ", ".join(str(g) for g in tuning.running_gpus))
     for gpu, names in sorted(tuning.pending.items()):

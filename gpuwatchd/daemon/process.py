@@ -67,6 +67,7 @@ from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.sessions.fleet import fleet_policy
 from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
+from gpuwatchd.sessions.readiness import WorkerProbe
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.sessions.scheduler import RunnerFactory, TuneScheduler
 from gpuwatchd.store import SqlStore, TuningStore, open_store
@@ -163,6 +164,9 @@ class Daemon:
         self.host = host_name()  # how this host is named in a store shared by a fleet
         self.store = open_state_store(cfg)
         keep_fleet_incumbents(self.store, cfg)
+        # Can the worker's Python import torch (and Triton)? Asked once, off the hot path,
+        # when some work needs them.
+        worker_probe = WorkerProbe(cfg.tuning.worker_executable)
         self.tuner = TuneScheduler(
             cfg.tuning_setup(),
             self.board,
@@ -182,6 +186,7 @@ class Daemon:
                 host=self.host,
             ),
             fresh_reasons=MEASURED_ANYWAY,  # and reuses no preempted session's older results
+            worker_probe=worker_probe,  # work the worker cannot import is not started
         )
         # Users' own work (kernel tuning requests, captured workloads), kept across restarts.
         self.user_work = UserWork(
@@ -354,6 +359,7 @@ class Daemon:
         self.http.start()
         self.control.start()
         self.poller.start()
+        self.tuner.check_worker(self.runnable())
         self.scheduler.add_job(
             self.tuning_tick, "interval", seconds=self.cfg.tuning.check_interval_s, id="tune"
         )
@@ -419,6 +425,8 @@ class Daemon:
             "running_gpus": sorted(snap.running),
             "pending": {str(g): list(w) for g, w in sorted(snap.pending.items())},
             "last_completed_unix": snap.last_tune_unix,
+            "ready": snap.ready[0],
+            "ready_reason": snap.ready[1],
         }
         return doc
 
@@ -498,6 +506,7 @@ class Daemon:
         self._reconfigure_fleet_sync(new)
         logging.getLogger().setLevel(new.daemon.log_level.upper())
         self.cfg = new
+        self.tuner.check_worker(self.runnable())  # tuning switched on, or new workloads
         log.info("config reloaded from %s", self.config_path or "defaults")
         self.notifier.ready("config reloaded")
         return True

@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,7 +49,16 @@ from gpuwatchd.sessions.events import (
 )
 from gpuwatchd.sessions.fleet import SKIP_REASON, FleetAnswer, FleetPolicy
 from gpuwatchd.sessions.fleet_settings import FleetConfig
-from gpuwatchd.sessions.plan import build_jobs, preempt_reason
+from gpuwatchd.sessions.plan import build_jobs, preempt_reason, runnable_workloads
+from gpuwatchd.sessions.readiness import (
+    REASON_DISABLED,
+    REASON_OK,
+    ProbeResult,
+    WorkerProbe,
+    allows,
+    needed_modules,
+    readiness,
+)
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.store import FINAL_STATUSES, TuningStore
 from gpuwatchd.store.rows import WinnerRow
@@ -61,6 +70,9 @@ from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.windows import in_windows, parse_windows
 
 log = logging.getLogger(__name__)
+
+#: The deferral reason of a GPU whose pending work all needs a module the worker lacks.
+WORKER_NOT_READY = "worker_not_ready"
 
 
 @dataclass(slots=True)
@@ -121,6 +133,8 @@ class TuningSnapshot:
     fleet_verified_total: int = 0
     #: Workloads found claimed by another host (or GPU) when this one wanted to tune them.
     claimed_elsewhere_total: int = 0
+    #: Whether the worker's Python can run the work the daemon tunes, and why not.
+    ready: tuple[bool, str] = (True, REASON_OK)
 
 
 class RunnerFactory(Protocol):
@@ -134,6 +148,8 @@ class TuneScheduler:
 
     ``events`` (a fresh :class:`SessionEvents` when not given) hears of every session
     the scheduler's runners end. ``fleet`` is given only for a store shared by hosts.
+    ``worker_probe`` (the daemon's) says which modules the worker's Python imports: work
+    needing a missing one is never started (without it, every session may start).
     ``fresh_reasons`` are the request reasons whose work reuses no earlier preempted
     session's results (the daemon's ``MEASURED_ANYWAY``); ``now`` is the store's clock.
     """
@@ -152,8 +168,10 @@ class TuneScheduler:
         session_load: FeelsSessionLoad | None = None,
         fleet: FleetPolicy | None = None,
         fresh_reasons: Collection[str] = (),
+        worker_probe: WorkerProbe | None = None,
     ) -> None:
         self.cfg = cfg
+        self._probe = worker_probe
         self._fleet = fleet
         self._fresh_reasons = frozenset(str(r) for r in fresh_reasons)
         self._session_load = session_load  # the sim backend: its GPU feels our sessions
@@ -188,6 +206,8 @@ class TuneScheduler:
         self.events = events if events is not None else SessionEvents()
         self.events.add_listener(self._session_finished)
         self.events.add_skip_listener(self._work_skipped)
+        if worker_probe is not None:
+            worker_probe.add_listener(self._probed)
 
     # -- requests --------------------------------------------------------------------
 
@@ -212,6 +232,7 @@ class TuneScheduler:
         log.info(
             "GPU %d: tuning requested (%s): %s", gpu, reason, ", ".join(w.name for w in workloads)
         )
+        self.check_worker(workloads)
         self._publish()
 
     def withdraw(self, names: Collection[str], gpus: Collection[int] | None = None) -> None:
@@ -265,10 +286,13 @@ class TuneScheduler:
                     if gpu in self._threads:
                         continue  # its session is running
                     why = self._blocker(gpu)
+                    work = () if why is not None else self._startable(self._pending[gpu])
+                    if why is None and not work:
+                        why = WORKER_NOT_READY
                     if why is not None:
                         self._deferred[why] += 1
                         continue
-                    self._start(gpu)
+                    self._start(gpu, work)
         self._publish()
 
     def _blocker(self, gpu: int) -> str | None:
@@ -288,6 +312,22 @@ class TuneScheduler:
             return snap.gate.state.value
         return None
 
+    def check_worker(self, workloads: Iterable[Workload]) -> None:
+        """Start the worker probe (once) if tuning is on and any of ``workloads`` needs a
+        module: the daemon's own set at start, pending work at each tick."""
+        if self._probe is None or self._probe.started or not self.cfg.tuning.enabled:
+            return
+        if any(needed_modules(w) for w in workloads):
+            self._probe.start()
+
+    def _startable(self, p: Pending) -> tuple[Workload, ...]:
+        """The pending workloads the worker's Python can run (all without a probe)."""
+        if self._probe is None:
+            return tuple(p.workloads)
+        self.check_worker(p.workloads)
+        result = self._probe.result
+        return tuple(w for w in p.workloads if allows(result, w))
+
     def _fleet_on(self) -> FleetPolicy | None:
         fleet = self._fleet
         return fleet if fleet is not None and fleet.active else None
@@ -298,7 +338,7 @@ class TuneScheduler:
         speed = self.cfg.sim.speed if self._session_load is not None else None
         return build_jobs(self.cfg, info, workloads, regimes, sim_t, speed)[0]
 
-    def _start(self, gpu: int) -> None:
+    def _start(self, gpu: int, work: tuple[Workload, ...]) -> None:
         snap = self.board.get(gpu)
         assert snap is not None and snap.info is not None
         p = self._pending[gpu]
@@ -307,7 +347,6 @@ class TuneScheduler:
             runner = self._runners[gpu] = self._runner_factory(
                 self.store, on_finished=self.events.notify
             )
-        work = tuple(p.workloads)
         why = {w.name: frozenset(p.why.get(w.name, ())) for w in work}
         fresh = {w.name: p.fresh_since[w.name] for w in work if w.name in p.fresh_since}
         sim_t = self._sim_time()
@@ -583,8 +622,28 @@ class TuneScheduler:
             log.warning("reading tuning totals from the store failed: %s", exc)
             return _Stored(None, ())
 
+    def _probed(self, result: ProbeResult) -> None:
+        """The worker's Python answered: say what it lacks once, and republish."""
+        ready, reason = self._readiness()
+        if ready or not self.cfg.tuning.enabled:
+            log.info("tuning: %s", result.describe())
+        else:
+            log.warning("tuning not ready (%s): %s", reason, result.describe())
+        self._publish()
+
+    def _readiness(self) -> tuple[bool, str]:
+        """Whether the worker can run the default set and the pending work, and why not."""
+        enabled = self.cfg.tuning.enabled
+        if self._probe is None:
+            return enabled, REASON_OK if enabled else REASON_DISABLED
+        with self._lock:
+            pending = [w for p in self._pending.values() for w in p.workloads]
+        work = [*runnable_workloads(self.cfg, self.backend_name), *pending]
+        return readiness(self._probe.result, work, enabled)
+
     def _make_snapshot(self) -> TuningSnapshot:
         stored = self._stored
+        ready = self._readiness()
         with self._lock:
             running = frozenset(self._threads)
             pending = {g: tuple(w.name for w in p.workloads) for g, p in self._pending.items()}
@@ -603,6 +662,7 @@ class TuneScheduler:
             fleet_skipped_total=skipped,
             fleet_verified_total=verified,
             claimed_elsewhere_total=elsewhere,
+            ready=ready,
         )
 
     def _publish(self) -> None:

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gpuwatchd.exporter.collectors.gpu import GPU_LABELS, gpu_labels
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import StateBoard
-from gpuwatchd.sessions.scheduler import TuningSnapshot
+from gpuwatchd.sessions.scheduler import WORKER_NOT_READY, TuningSnapshot
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.tuning.kernels import FAMILY as USER_KERNEL_FAMILY
 from gpuwatchd.tuning.types import Regime, SessionStatus
@@ -32,6 +32,7 @@ DEFERRAL_REASONS = (
     "outside_window",
     "another_session",
     "retry_backoff",
+    WORKER_NOT_READY,
 )
 
 FINAL = [s.value for s in SessionStatus if s not in (SessionStatus.RUNNING, SessionStatus.DEFERRED)]
@@ -68,6 +69,17 @@ class TuningCollector:
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
+        ready, reason = snap.ready
+        tuning_ready = GaugeMetricFamily(
+            "gpuwatchd_tuning_ready",
+            "1 when the tuning worker's Python imports what the daemon's tuning work needs; "
+            "else 0 and reason says why: no_torch or no_triton (install gpuwatchd[tune] "
+            "there or set [tuning] worker_python; work needing it is not started), "
+            "probe_failed, checking (the check at start has not answered yet), disabled.",
+            labels=["reason"],
+        )
+        tuning_ready.add_metric([reason], 1.0 if ready else 0.0)
+        yield tuning_ready
         sessions = CounterMetricFamily(
             "gpuwatchd_tune_sessions",
             "Tuning sessions this daemon ran that ended, by final status (since it started).",
@@ -80,7 +92,8 @@ class TuningCollector:
         deferred = CounterMetricFamily(
             "gpuwatchd_tune_deferred",
             "Scheduler checks that found tuning work pending but did not start it, by reason "
-            "(the gate state, outside_window, another_session, retry_backoff, unavailable).",
+            "(the gate state, outside_window, another_session, retry_backoff, unavailable, "
+            "worker_not_ready: the worker's Python lacks a module all of it needs).",
             labels=["reason"],
         )
         # Every reason from the start, so rate()/increase() see the first deferral.

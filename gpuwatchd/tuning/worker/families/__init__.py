@@ -39,6 +39,20 @@ BUILTIN: dict[str, str] = {
 #: Built-in families that import users' code: called with the job's allowed modules too.
 USER_CODE_FAMILIES = frozenset({"triton.user"})
 
+#: Family name -> the third-party modules its candidates import (the daemon checks the
+#: worker's interpreter has them before starting a session that needs them).
+BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
+    "cpu.matmul": ("torch",),
+    "cpu.conv2d": ("torch",),
+    "sim": (),
+    "torch.matmul": ("torch",),
+    "torch.conv2d": ("torch",),
+    "torch.gemm": ("torch",),
+    "inductor.mm": ("torch", "triton"),  # max-autotune's GEMM templates are Triton kernels
+    "triton.matmul": ("torch", "triton"),
+    "triton.user": ("torch", "triton"),
+}
+
 
 class UnknownFamily(ValueError):
     """A workload names a family that is neither built in nor installed."""
