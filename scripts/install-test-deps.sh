@@ -13,6 +13,8 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 # The store's tests start their own PostgreSQL server (initdb under /usr/lib/postgresql).
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need_apt+=(postgresql)
+# `status --watch` is tested in a tmux pane of 100 columns.
+command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null

@@ -14,6 +14,18 @@ _REASON_BY_LABEL = {r.label: r for r in ThrottleReason}
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessState:
+    """One compute process on a GPU: who runs it, its device memory, its pod if known."""
+
+    pid: int
+    user: str | None = None
+    used_memory_bytes: int | None = None
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GpuState:
     """One GPU as the daemon sees it: the gate's verdict plus the latest reading.
 
@@ -47,6 +59,7 @@ class GpuState:
     tuning: bool  # the daemon is running a tuning session on this GPU
     poll_ok: bool = True
     judged_by: str = "daemon"
+    processes: tuple[ProcessState, ...] = ()
 
     @property
     def ready(self) -> bool:

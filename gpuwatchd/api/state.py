@@ -5,6 +5,9 @@ GPU does not support is ``null``. Unlike the metrics, the JSON keeps the last sa
 a lost or stalled GPU, with ``poll`` saying how stale it is, because a human debugging a
 lost GPU wants to see the last thing it said.
 
+Each GPU lists its compute ``processes`` (PID, user, device memory where NVML reported
+it, and the Kubernetes pod the GPU is assigned to where that is known), largest first.
+
 The daemon adds two sections of its own: ``gate_config`` (its gate thresholds, so a job
 can re-run the gate) and ``tuning`` (what the tuner is doing). :func:`parse_state` reads
 the whole document for ``gpuwatchd status`` and the job-side client alike.
@@ -20,7 +23,7 @@ from typing import Any, Protocol
 
 from gpuwatchd.api.document import DocReader
 from gpuwatchd.api.errors import GpuwatchdError
-from gpuwatchd.api.gpu_state import GpuState
+from gpuwatchd.api.gpu_state import GpuState, ProcessState
 from gpuwatchd.gate import GateConfig, GateDecision
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
@@ -32,6 +35,23 @@ STATE_PATH = "/api/v1/state"
 STATE_FORMAT = "gpuwatchd-state/1"
 
 JsonDict = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """The Kubernetes container a GPU is assigned to (kubelet pod-resources)."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessLookup:
+    """What the producer adds to a GPU's PIDs: each one's user, the GPU's pod (by UUID)."""
+
+    user: Callable[[int], str | None] = lambda _pid: None
+    pod: Callable[[str], PodRef | None] = lambda _uuid: None
 
 
 class DaemonFacts(Protocol):
@@ -113,7 +133,33 @@ def _poll_json(health: PollHealth, now_unix: float) -> JsonDict:
     }
 
 
-def snapshot_json(snap: GpuSnapshot, now_unix: float) -> JsonDict:
+def _processes_json(snap: GpuSnapshot, lookup: ProcessLookup) -> list[JsonDict] | None:
+    """The GPU's compute processes, those holding the most memory first; None: unknown."""
+    sample = snap.sample
+    if sample is None:
+        return None
+    slow = sample.slow.processes if sample.slow is not None else None
+    if sample.procs is None and slow is None:
+        return None
+    memory = {p.pid: p.used_bytes for p in slow or ()}
+    pids = list(memory) + [pid for pid in sample.procs or () if pid not in memory]
+    pod = lookup.pod(snap.info.uuid) if snap.info is not None else None
+    return [
+        {
+            "pid": pid,
+            "user": lookup.user(pid),
+            "used_memory_bytes": memory.get(pid),
+            "namespace": None if pod is None else pod.namespace,
+            "pod": None if pod is None else pod.pod,
+            "container": None if pod is None else pod.container,
+        }
+        for pid in pids
+    ]
+
+
+def snapshot_json(
+    snap: GpuSnapshot, now_unix: float, lookup: ProcessLookup | None = None
+) -> JsonDict:
     """One GPU's entry; times ending ``_t_s``/``t_s`` are on the backend's clock."""
     return {
         "gpu": snap.index,
@@ -124,6 +170,7 @@ def snapshot_json(snap: GpuSnapshot, now_unix: float) -> JsonDict:
         "throttle_seconds": {r.label: snap.throttle_seconds.get(r, 0.0) for r in ThrottleReason},
         "gate": None if snap.gate is None else _gate_json(snap.gate),
         "poll": _poll_json(snap.health, now_unix),
+        "processes": _processes_json(snap, lookup or ProcessLookup()),
     }
 
 
@@ -131,8 +178,10 @@ def build_state_json(
     board: StateBoard,
     daemon: DaemonFacts | None = None,
     now: Callable[[], float] = time.time,
+    lookup: ProcessLookup | None = None,
 ) -> JsonDict:
-    """The whole document: format tag, generation time, optional daemon facts, GPUs."""
+    """The whole document: format tag, generation time, optional daemon facts, GPUs;
+    ``lookup`` names each process's user and pod (none without it)."""
     now_unix = now()
     doc: JsonDict = {"format": STATE_FORMAT, "generated_unix": now_unix}
     if daemon is not None:
@@ -141,7 +190,7 @@ def build_state_json(
             "backend": daemon.backend,
             "python_version": daemon.python_version,
         }
-    doc["gpus"] = [snapshot_json(snap, now_unix) for snap in board.all()]
+    doc["gpus"] = [snapshot_json(snap, now_unix, lookup) for snap in board.all()]
     return doc
 
 
@@ -262,7 +311,33 @@ def parse_gpu_state(entry: Any, running: Iterable[int] = (), source: str = "stat
         sample_age_s=d.num(poll, "last_success_age_s", f"{where}.poll"),
         tuning=gpu in set(running),
         poll_ok=d.flag(poll, "success", f"{where}.poll"),
+        processes=_processes(d, entry, where),
     )
+
+
+def _processes(d: DocReader, entry: Mapping[str, Any], where: str) -> tuple[ProcessState, ...]:
+    raw = entry.get("processes")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise d.bad(f"{where}.processes", "a list", raw)
+    out = []
+    for item in raw:
+        if not isinstance(item, dict):
+            raise d.bad(f"{where}.processes[]", "an object", item)
+        at = f"{where}.processes[]"
+        used = d.num(item, "used_memory_bytes", at)
+        out.append(
+            ProcessState(
+                pid=d.integer(item, "pid", at),
+                user=d.text(item, "user", at, optional=True) or None,
+                used_memory_bytes=None if used is None else int(used),
+                namespace=d.text(item, "namespace", at, optional=True) or None,
+                pod=d.text(item, "pod", at, optional=True) or None,
+                container=d.text(item, "container", at, optional=True) or None,
+            )
+        )
+    return tuple(out)
 
 
 def _daemon_section(d: DocReader, doc: Mapping[str, Any]) -> DaemonSection | None:

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from gpuwatchd.api.state import TuningSection
 
 PASSWORD_ENV = "GPUWATCHD_PASSWORD"
+#: How often ``--watch`` refetches the state, and the least it may be asked to.
+DEFAULT_INTERVAL_S = 2.0
+MIN_INTERVAL_S = 0.1
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -37,9 +40,12 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "Fetch the running daemon's /api/v1/state and print one row per GPU: temperature,\n"
         "power and SM clock against their limits, throttle reasons, and the gate with WHY\n"
         "it is shut (each threshold is the configured value; while the gate is shut, less\n"
-        "its hysteresis, said in the reason).",
+        "its hysteresis, said in the reason). With --watch, a live view within 100 columns\n"
+        "redrawn every --interval seconds, adding each GPU's utilisation and its compute\n"
+        "processes (PID, user, device memory, Kubernetes pod); q or Ctrl-C quits.",
         (
             "gpuwatchd status",
+            "gpuwatchd status --watch --interval 2",
             "gpuwatchd status --url https://gpu-host:9844 --cacert ca.pem --user admin",
             "gpuwatchd status --json | jq '.gpus[0].gate'",
         ),
@@ -47,6 +53,14 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="read the daemon's listen address from here")
     p.add_argument("--url", help="daemon base URL (default from the config's listen address)")
     p.add_argument("--json", action="store_true", help="print the raw JSON state")
+    p.add_argument("--watch", action="store_true", help="a live view until q or Ctrl-C")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="S",
+        help=f"seconds between --watch refreshes (default {DEFAULT_INTERVAL_S:g})",
+    )
     p.add_argument(
         "--timeout", type=float, default=3.0, metavar="S", help="seconds to wait for the daemon"
     )
@@ -57,6 +71,10 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.watch and not (args.interval >= MIN_INTERVAL_S):  # NaN fails too
+        raise CliError(f"--interval {args.interval}: must be >= {MIN_INTERVAL_S:g}", EXIT_CONFIG)
+    if args.watch and args.json:
+        raise CliError("--watch and --json: choose one", EXIT_CONFIG)
     url = args.url
     if url is None:
         from gpuwatchd.config import ConfigError
@@ -68,6 +86,13 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             raise CliError(str(exc), EXIT_CONFIG) from None
         url = local_url(cfg.daemon.listen, https=web is not None and web.tls is not None)
+    if args.watch:
+        from gpuwatchd.cli.status_watch import watch
+
+        return watch(
+            lambda: fetch_state(url, timeout=args.timeout, cacert=args.cacert, user=args.user),
+            args.interval,
+        )
     state = fetch_state(url, timeout=args.timeout, cacert=args.cacert, user=args.user)
     if args.json:
         print(json.dumps(state, indent=2, sort_keys=True))
@@ -144,15 +169,20 @@ def _pair(cur: float | None, limit: float | None, spec: str, unit: str) -> str:
     return f"{_fmt(cur, spec)}/{_fmt(limit, spec)}{unit}"
 
 
-def _row(gpu: GpuState) -> list[str]:
+def gpu_health(gpu: GpuState) -> str:
+    """``LOST``, ``STALLED`` or ``FAILING`` when the daemon's reads of the GPU are not
+    fine, else ``""``: shown beside the gate state."""
     if gpu.lost:
-        health = "LOST"
-    elif gpu.stalled:
-        health = "STALLED"
-    elif not gpu.poll_ok:
-        health = "FAILING"
-    else:
-        health = ""
+        return "LOST"
+    if gpu.stalled:
+        return "STALLED"
+    if not gpu.poll_ok:
+        return "FAILING"
+    return ""
+
+
+def _row(gpu: GpuState) -> list[str]:
+    health = gpu_health(gpu)
     reasons = gpu.throttle_reasons
     reason_text = ",".join(reasons) if reasons else ("-" if reasons is None else "none")
     state = f"{gpu.state} ({health})" if health else gpu.state
@@ -195,11 +225,12 @@ def format_status(doc: dict[str, Any]) -> str:
     if not state.gpus:
         lines.append("(no GPUs)")
     if state.tuning is not None:
-        lines.append(_tuning_line(state.tuning))
+        lines.append(tuning_line(state.tuning))
     return "\n".join(lines)
 
 
-def _tuning_line(tuning: TuningSection) -> str:
+def tuning_line(tuning: TuningSection) -> str:
+    """One line: tuning off, idle, or where it runs and what waits."""
     if not tuning.enabled:
         return "tuning: disabled"
     parts = []

@@ -21,6 +21,7 @@ from types import FrameType
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuwatchd import __version__
+from gpuwatchd.api.state import ProcessLookup
 from gpuwatchd.config import (
     Config,
     ConfigError,
@@ -74,6 +75,7 @@ from gpuwatchd.store import SqlStore, TuningStore, open_store
 from gpuwatchd.store.rows import host_name
 from gpuwatchd.telemetry.backend import Backend, FeelsSessionLoad, GpuLost
 from gpuwatchd.telemetry.factory import open_backend
+from gpuwatchd.telemetry.proc_owner import process_user
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.validate import describe
 
@@ -246,6 +248,8 @@ class Daemon:
             host=self.host,
         )
         self.info = DaemonInfo.current(self.backend.name)
+        # Whose each GPU process is, for /api/v1/state (read from /proc per request).
+        self.processes = ProcessLookup(user=process_user)
         self.registry = build_registry(
             self.board,
             self.info,
@@ -417,7 +421,7 @@ class Daemon:
 
     def state_json(self) -> dict[str, object]:
         """/api/v1/state: the board plus what the tuner is doing."""
-        doc = build_state_json(self.board, self.info)
+        doc = build_state_json(self.board, self.info, lookup=self.processes)
         snap = self.tuner.snapshot
         doc["gate_config"] = dataclasses.asdict(self.cfg.gate)
         doc["tuning"] = {
