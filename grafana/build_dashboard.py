@@ -476,7 +476,7 @@ def tuning_panels() -> list[tuple[Panel, int, int]]:
                 "short",
                 decimals=0,
             ),
-            8,
+            6,
             8,
         ),
         (
@@ -495,7 +495,7 @@ def tuning_panels() -> list[tuple[Panel, int, int]]:
                 "short",
                 decimals=0,
             ),
-            8,
+            6,
             8,
         ),
         (
@@ -511,7 +511,24 @@ def tuning_panels() -> list[tuple[Panel, int, int]]:
                 "s",
                 [("green", None), ("yellow", 604800)],
             ),
+            6,
             8,
+        ),
+        (
+            stat(
+                "Tuning worker ready",
+                "1 when the tuning worker's Python imports what the tuning work needs; 0 "
+                "with the reason: no_torch or no_triton (install gpuwatchd[tune] there or set "
+                "[tuning] worker_python), probe_failed, checking, disabled.",
+                [
+                    target(
+                        inst("gpuwatchd_tuning_ready"), "{{instance}}: {{reason}}", instant=True
+                    )
+                ],
+                "short",
+                [("red", None), ("green", 1)],
+            ),
+            6,
             8,
         ),
         (_winners_table(), 24, 9),

@@ -62,7 +62,7 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_gpu_nvlink_tx_bytes_total": _GPU,
     "gpuwatchd_gpu_nvlink_rx_bytes_total": _GPU,
     "gpuwatchd_gpu_fan_speed_ratio": _GPU,
-    "gpuwatchd_gpu_process_memory_bytes": _m("pid"),
+    "gpuwatchd_gpu_process_memory_bytes": _m("pid", "namespace", "pod", "container"),
     "gpuwatchd_gpu_field_errors_total": _m("field"),
     "gpuwatchd_gpu_throttle_seconds_total": _m("reason"),
     "gpuwatchd_gate_state": _m("state"),
@@ -115,7 +115,7 @@ SOURCE: dict[str, str] = {
         in {"gpuwatchd_clock_drift_ratio", "gpuwatchd_retune_pending", "gpuwatchd_tune_running"}
         else "tuning"
         if name.startswith(("gpuwatchd_tune_", "gpuwatchd_winner_", "gpuwatchd_regime_"))
-        or name == "gpuwatchd_last_tune_timestamp_seconds"
+        or name in {"gpuwatchd_last_tune_timestamp_seconds", "gpuwatchd_tuning_ready"}
         else "exporter"
     )
     for name in KNOWN_METRICS

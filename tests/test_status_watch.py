@@ -24,12 +24,18 @@ from builders import board_of, free_port, h200, judged, wait_until
 from daemon_helpers import start_daemon, wait_http
 from rich.console import Console
 
-from gpuwatchd.api.state import PodRef, ProcessLookup, build_state_json, parse_state
+from gpuwatchd.api.state import ProcessLookup, build_state_json, parse_state
 from gpuwatchd.cli.status_watch import WIDTH, render
 from gpuwatchd.exporter import DaemonInfo
 from gpuwatchd.gate import GateState
 from gpuwatchd.telemetry.proc_owner import process_user
-from gpuwatchd.telemetry.types import ProcessMemory, Sample, SlowReading, ThrottleReason
+from gpuwatchd.telemetry.types import (
+    PodRef,
+    ProcessMemory,
+    Sample,
+    SlowReading,
+    ThrottleReason,
+)
 
 GIB = 2**30
 

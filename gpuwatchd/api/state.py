@@ -26,7 +26,7 @@ from gpuwatchd.api.errors import GpuwatchdError
 from gpuwatchd.api.gpu_state import GpuState, ProcessState
 from gpuwatchd.gate import GateConfig, GateDecision
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
-from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
+from gpuwatchd.telemetry.types import DeviceInfo, PodRef, Sample, ThrottleReason
 
 #: Where the daemon serves the document.
 STATE_PATH = "/api/v1/state"
@@ -35,15 +35,6 @@ STATE_PATH = "/api/v1/state"
 STATE_FORMAT = "gpuwatchd-state/1"
 
 JsonDict = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class PodRef:
-    """The Kubernetes container a GPU is assigned to (kubelet pod-resources)."""
-
-    namespace: str
-    pod: str
-    container: str
 
 
 @dataclass(frozen=True, slots=True)

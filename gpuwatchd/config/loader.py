@@ -25,6 +25,7 @@ from gpuwatchd.config.store import StoreConfig, parse_store
 from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.gate import GateConfig
 from gpuwatchd.sessions.fleet_settings import FleetConfig
+from gpuwatchd.telemetry.pod_resources import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
 from gpuwatchd.telemetry.settings import BACKENDS, BackendSpec, ReplayConfig
 from gpuwatchd.telemetry.sim.settings import SimConfig
 from gpuwatchd.tuning.settings import ProtocolConfig, TuningConfig, TuningSetup
@@ -112,6 +113,9 @@ class DaemonConfig:
     #: TLS and basic auth for the HTTP endpoints, in the Prometheus exporter-toolkit
     #: web-config.yml format. Empty: plain HTTP without authentication.
     web_config: str = ""
+    #: The kubelet's pod-resources socket: where it exists, GPU processes are labelled
+    #: with the pod holding their GPU (needs the [k8s] extra). Empty: never.
+    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
 
 
 def resolve_state_dir(configured: str) -> Path:

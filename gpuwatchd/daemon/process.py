@@ -75,7 +75,9 @@ from gpuwatchd.store import SqlStore, TuningStore, open_store
 from gpuwatchd.store.rows import host_name
 from gpuwatchd.telemetry.backend import Backend, FeelsSessionLoad, GpuLost
 from gpuwatchd.telemetry.factory import open_backend
+from gpuwatchd.telemetry.pod_resources import start_pod_attribution
 from gpuwatchd.telemetry.proc_owner import process_user
+from gpuwatchd.telemetry.types import PodRef
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.validate import describe
 
@@ -107,6 +109,10 @@ def runner_factory(cfg: Config) -> RunnerFactory:
         versions_now=current_versions,  # a job resumed whole: is its stack still installed?
         changed_versions=changed_versions,
     )
+
+
+def _no_pod(_uuid: str) -> PodRef | None:
+    return None
 
 
 def keep_fleet_incumbents(store: TuningStore, cfg: Config) -> None:
@@ -248,11 +254,16 @@ class Daemon:
             host=self.host,
         )
         self.info = DaemonInfo.current(self.backend.name)
-        # Whose each GPU process is, for /api/v1/state (read from /proc per request).
-        self.processes = ProcessLookup(user=process_user)
+        # Whose each GPU process is (read from /proc per request) and, on a Kubernetes
+        # node, the pod holding its GPU (the kubelet's pod-resources API; else None).
+        self.pods = start_pod_attribution(cfg.daemon.pod_resources_socket)
+        self.processes = ProcessLookup(
+            user=process_user, pod=self.pods.lookup if self.pods is not None else _no_pod
+        )
         self.registry = build_registry(
             self.board,
             self.info,
+            pods=self.pods,
             extra=[
                 TuningCollector(
                     self.board, lambda: self.tuner.snapshot, added=self.user_work.added_names
@@ -488,7 +499,14 @@ class Daemon:
             return False
         restart_needed = [
             key
-            for key in ("backend", "listen", "state_dir", "control_socket", "control_group")
+            for key in (
+                "backend",
+                "listen",
+                "state_dir",
+                "control_socket",
+                "control_group",
+                "pod_resources_socket",
+            )
             if getattr(new.daemon, key) != getattr(self.cfg.daemon, key)
         ]
         if new.sim != self.cfg.sim or new.replay != self.cfg.replay:
@@ -538,4 +556,6 @@ class Daemon:
         except Exception as exc:
             log.warning("closing backend %s failed: %s", self.backend.name, exc)
         self.store.close()
+        if self.pods is not None:
+            self.pods.close()
         log.info("stopped")

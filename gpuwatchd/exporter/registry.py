@@ -11,6 +11,7 @@ from gpuwatchd.exporter.collectors.build_info import BuildInfoCollector, DaemonI
 from gpuwatchd.exporter.collectors.gpu import GpuCollector
 from gpuwatchd.exporter.collectors.health import HealthCollector
 from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.telemetry.pod_resources import PodSource
 
 
 class ExporterRegistry(CollectorRegistry):
@@ -32,14 +33,18 @@ class ExporterRegistry(CollectorRegistry):
 
 
 def build_registry(
-    board: StateBoard, info: DaemonInfo, extra: Sequence[SubCollector] = ()
+    board: StateBoard,
+    info: DaemonInfo,
+    extra: Sequence[SubCollector] = (),
+    pods: PodSource | None = None,
 ) -> ExporterRegistry:
     """A private registry (never the global one) holding gpuwatchd's collectors.
 
     ``extra`` sub-collectors (the daemon adds "tuning", "drift" and "fleet") are scraped
-    after "gpu" and "gpu_health".
+    after "gpu" and "gpu_health"; ``pods`` labels per-process series with their pod.
     """
     registry = ExporterRegistry()
     registry.register(BuildInfoCollector(info))
-    registry.register(GpuwatchdCollector([GpuCollector(board), HealthCollector(board), *extra]))
+    health = HealthCollector(board, pods)
+    registry.register(GpuwatchdCollector([GpuCollector(board), health, *extra]))
     return registry

@@ -105,6 +105,15 @@ class ProcessMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class PodRef:
+    """The Kubernetes container a GPU is assigned to (the kubelet's pod-resources API)."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
 class SlowReading:
     """The GPU health fields read off the fast poll, at the energy counter's period.
 

@@ -22,8 +22,12 @@ from gpuwatchd.exporter.collectors.gpu import (
     gpu_labels,
     live_sample,
 )
-from gpuwatchd.monitor.board import GpuSnapshot
+from gpuwatchd.monitor.board import GpuSnapshot, StateBoard
+from gpuwatchd.telemetry.pod_resources import PodSource
 from gpuwatchd.telemetry.types import ECC_SCOPES, ECC_TYPES, SlowReading
+
+#: The labels naming the Kubernetes container a process's GPU is assigned to.
+POD_LABELS = ("namespace", "pod", "container")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,14 +127,23 @@ def _slow(snap: GpuSnapshot) -> SlowReading | None:
 
 
 class HealthCollector(BoardCollector):
-    """GPU health families from the state board's samples; never calls NVML."""
+    """GPU health families from the state board's samples; never calls NVML.
+
+    ``pods`` (on a Kubernetes node) labels each process's series with the namespace,
+    pod and container holding its GPU; empty labels where none is known.
+    """
 
     name = "gpu_health"
 
+    def __init__(self, board: StateBoard, pods: PodSource | None = None) -> None:
+        super().__init__(board)
+        self._pods = pods
+
     def version(self) -> object:
         """What these families read of each GPU: its facts, and the live sample's slow
-        reading and error counts (new objects only at a slow read or a failure)."""
-        out: list[tuple[object, ...]] = []
+        reading and error counts (new objects only at a slow read or a failure), and
+        the pod map (a new object only when it changed)."""
+        out: list[object] = [None if self._pods is None else self._pods.pods]
         for snap in self._board.all():
             sample = live_sample(snap)
             if sample is None:
@@ -149,7 +162,7 @@ class HealthCollector(BoardCollector):
         yield self._xid_events(readings)
         yield self._ecc(readings)
         yield self._remapped_rows(readings)
-        yield self._process_memory(readings)
+        yield self._process_memory(readings, self._pods)
         yield self._field_errors(snaps)
 
     @staticmethod
@@ -245,20 +258,25 @@ class HealthCollector(BoardCollector):
         return family
 
     @staticmethod
-    def _process_memory(readings: Sequence[tuple[GpuSnapshot, SlowReading | None]]) -> Metric:
+    def _process_memory(
+        readings: Sequence[tuple[GpuSnapshot, SlowReading | None]], pods: PodSource | None
+    ) -> Metric:
         family = GaugeMetricFamily(
             "gpuwatchd_gpu_process_memory_bytes",
             "Device memory held by each of the (at most 8) compute processes using the most, "
-            "in bytes.",
-            labels=(*GPU_LABELS, "pid"),
+            "in bytes; namespace, pod and container: the Kubernetes container holding the "
+            "GPU (kubelet pod-resources), empty where unknown.",
+            labels=(*GPU_LABELS, "pid", *POD_LABELS),
             unit="bytes",
         )
         for snap, reading in readings:
             if reading is None or reading.processes is None:
                 continue
             labels = gpu_labels(snap)
+            pod = pods.lookup(snap.info.uuid) if pods is not None and snap.info else None
+            where = [pod.namespace, pod.pod, pod.container] if pod is not None else ["", "", ""]
             for proc in reading.processes:
-                family.add_metric([*labels, str(proc.pid)], float(proc.used_bytes))
+                family.add_metric([*labels, str(proc.pid), *where], float(proc.used_bytes))
         return family
 
     @staticmethod
