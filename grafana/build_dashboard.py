@@ -520,11 +520,7 @@ def tuning_panels() -> list[tuple[Panel, int, int]]:
                 "1 when the tuning worker's Python imports what the tuning work needs; 0 "
                 "with the reason: no_torch or no_triton (install gpuwatchd[tune] there or set "
                 "[tuning] worker_python), probe_failed, checking, disabled.",
-                [
-                    target(
-                        inst("gpuwatchd_tuning_ready"), "{{instance}}: {{reason}}", instant=True
-                    )
-                ],
+                [target(inst("gpuwatchd_tuning_ready"), "{{instance}}: {{reason}}", instant=True)],
                 "short",
                 [("red", None), ("green", 1)],
             ),
