@@ -112,6 +112,15 @@ _VALUES: tuple[_Value, ...] = (
         lambda r: r.nvlink_rx_bytes,
     ),
     _Value(
+        "gpuwatchd_gpu_xid_events",
+        "XID errors of any code the driver reported for the GPU since gpuwatchd started: "
+        "0 from the first slow read on every GPU whose XIDs are watched, so an alert on "
+        "increase() has a series before the first XID (by code: gpuwatchd_gpu_xid_errors).",
+        "",
+        True,
+        lambda r: None if r.xid_errors is None else sum(r.xid_errors.values()),
+    ),
+    _Value(
         "gpuwatchd_gpu_fan_speed_ratio",
         "Fan speed as a fraction of its maximum (0-1), on GPUs with their own fan.",
         "ratio",
@@ -159,7 +168,6 @@ class HealthCollector(BoardCollector):
         for spec in _VALUES:
             yield self._fill(spec, readings)
         yield self._xids(readings)
-        yield self._xid_events(readings)
         yield self._ecc(readings)
         yield self._remapped_rows(readings)
         yield self._process_memory(readings, self._pods)
@@ -203,22 +211,6 @@ class HealthCollector(BoardCollector):
             labels = gpu_labels(snap)
             for code, count in sorted(reading.xid_errors.items()):
                 family.add_metric([*labels, str(code)], float(count))
-        return family
-
-    @staticmethod
-    def _xid_events(readings: Sequence[tuple[GpuSnapshot, SlowReading | None]]) -> Metric:
-        family = CounterMetricFamily(
-            "gpuwatchd_gpu_xid_events",
-            "XID errors of any code the driver reported for the GPU since gpuwatchd started: "
-            "0 from the first slow read on every GPU whose XIDs are watched, so an alert on "
-            "increase() has a series before the first XID (by code: gpuwatchd_gpu_xid_errors).",
-            labels=GPU_LABELS,
-        )
-        add_per_gpu(
-            family,
-            readings,
-            lambda r: None if r.xid_errors is None else float(sum(r.xid_errors.values())),
-        )
         return family
 
     @staticmethod
