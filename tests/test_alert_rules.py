@@ -86,6 +86,8 @@ def test_expected_alerts_exist(rules: list[dict[str, Any]]) -> None:
         "GpuwatchdPollStale",
         "GpuwatchdPollStalled",
         "GpuwatchdGpuLost",
+        "GpuwatchdXidError",
+        "GpuwatchdTuningNotReady",
         "GpuwatchdDown",
         "GpuwatchdCollectorFailing",
         "GpuwatchdHostSlowerThanFleet",
