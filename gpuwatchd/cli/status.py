@@ -21,10 +21,10 @@ from gpuwatchd.cli.common import (
     add_command,
     load_with_overrides,
 )
+from gpuwatchd.cli.state_text import gpu_health, tuning_line
 
 if TYPE_CHECKING:
     from gpuwatchd.api.gpu_state import GpuState
-    from gpuwatchd.api.state import TuningSection
 
 PASSWORD_ENV = "GPUWATCHD_PASSWORD"
 #: How often ``--watch`` refetches the state, and the least it may be asked to.
@@ -169,18 +169,6 @@ def _pair(cur: float | None, limit: float | None, spec: str, unit: str) -> str:
     return f"{_fmt(cur, spec)}/{_fmt(limit, spec)}{unit}"
 
 
-def gpu_health(gpu: GpuState) -> str:
-    """``LOST``, ``STALLED`` or ``FAILING`` when the daemon's reads of the GPU are not
-    fine, else ``""``: shown beside the gate state."""
-    if gpu.lost:
-        return "LOST"
-    if gpu.stalled:
-        return "STALLED"
-    if not gpu.poll_ok:
-        return "FAILING"
-    return ""
-
-
 def _row(gpu: GpuState) -> list[str]:
     health = gpu_health(gpu)
     reasons = gpu.throttle_reasons
@@ -227,17 +215,3 @@ def format_status(doc: dict[str, Any]) -> str:
     if state.tuning is not None:
         lines.append(tuning_line(state.tuning))
     return "\n".join(lines)
-
-
-def tuning_line(tuning: TuningSection) -> str:
-    """One line: tuning off, idle, or where it runs and what waits."""
-    if not tuning.enabled:
-        return "tuning: disabled"
-    parts = []
-    if not tuning.ready:
-        parts.append(f"worker not ready ({tuning.ready_reason or '?'})")
-    if tuning.running_gpus:
-        parts.append("running on GPU " + ", ".join(str(g) for g in tuning.running_gpus))
-    for gpu, names in sorted(tuning.pending.items()):
-        parts.append(f"GPU {gpu} waiting: {', '.join(names)}")
-    return "tuning: " + ("; ".join(parts) if parts else "idle, nothing pending")

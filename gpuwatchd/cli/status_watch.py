@@ -29,7 +29,7 @@ from rich.text import Text
 from gpuwatchd.api.gpu_state import GpuState, ProcessState
 from gpuwatchd.api.state import StateDocument, parse_state
 from gpuwatchd.cli.common import CliError
-from gpuwatchd.cli.status import gpu_health, tuning_line
+from gpuwatchd.cli.state_text import gpu_health, tuning_line
 
 #: The widest the view gets, whatever the terminal: it fits a 100-column pane.
 WIDTH = 100
