@@ -63,6 +63,7 @@ BAD_NAMED = {
     "daemon.listen": ('"nohost"', '"1.2.3.4:99999"', '":-1"', '"[::1"'),
     "daemon.log_level": ('"loud"', '"INFO "'),
     "daemon.control_group": ('"nosuchgroup-gpuwatchd"', '"a\\u0000b"'),
+    "daemon.pod_resources_socket": ('"kubelet.sock"', '"/a\\u0000b"'),
     "daemon.web_config": ('"/nonexistent/web-config.yml"',),
     "sim.scenario": ('"nosuch"', '""'),
     "tuning.windows": ('["25:00-26:00"]', '["22:00"]', '["x-y"]'),

@@ -115,7 +115,13 @@ class DaemonConfig:
     web_config: str = ""
     #: The kubelet's pod-resources socket: where it exists, GPU processes are labelled
     #: with the pod holding their GPU (needs the [k8s] extra). Empty: never.
-    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
+    pod_resources_socket: str = field(
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+        metadata=check(
+            lambda v: v == "" or (v.startswith("/") and "\0" not in v),
+            "must be an absolute path or empty",
+        ),
+    )
 
 
 def resolve_state_dir(configured: str) -> Path:

@@ -130,7 +130,7 @@ class PodAttribution:
 def _is_socket(path: str) -> bool:
     try:
         return stat.S_ISSOCK(os.stat(path).st_mode)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in the path
         return False
 
 
