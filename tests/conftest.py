@@ -11,6 +11,7 @@ from pg_server import PostgresServer, start_server
 
 from gpuwatchd.exporter import HttpServer, build_registry
 from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.sessions import readiness
 from gpuwatchd.store import Store
 
 
@@ -34,3 +35,14 @@ def postgres_server() -> Iterator[PostgresServer]:
     server = start_server()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def worker_has_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """check-config's worker probe answers "all importable" at once, for tests about
+    parsing that run it many times (a real probe imports torch each time)."""
+    monkeypatch.setattr(
+        readiness,
+        "probe",
+        lambda python, modules=(), **_: readiness.ProbeResult(python, tuple(modules)),
+    )

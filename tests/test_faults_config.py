@@ -21,8 +21,6 @@ from fault_cases import bad_configs, run_daemon_on, run_gpuwatchd, write_case
 
 from gpuwatchd.cli.main import main
 from gpuwatchd.config import Config, ConfigError, DaemonConfig, load_config, parse_config
-from gpuwatchd.sessions import readiness
-from gpuwatchd.sessions.readiness import ProbeResult
 from gpuwatchd.validate import MAX_DURATION_S
 
 CASES = dict(bad_configs())
@@ -50,12 +48,8 @@ VALID = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _worker_has_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These cases are about parsing: skip check-config's import of torch in the worker."""
-    monkeypatch.setattr(
-        readiness, "probe", lambda python, modules=(), **_: ProbeResult(python, tuple(modules))
-    )
+#: These cases are about parsing: check-config's worker probe must not import torch each time.
+pytestmark = pytest.mark.usefixtures("worker_has_everything")
 
 
 def check_config(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
