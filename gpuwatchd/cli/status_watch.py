@@ -15,6 +15,7 @@ import os
 import select
 import sys
 import termios
+import time
 import tty
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
@@ -180,8 +181,8 @@ class Keys:
         if self._fd is None:
             select.select([], [], [], timeout)
             return False
-        deadline = dt.datetime.now() + dt.timedelta(seconds=timeout)
-        while (left := (deadline - dt.datetime.now()).total_seconds()) > 0:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
             ready, _, _ = select.select([self._fd], [], [], left)
             if not ready:
                 return False

@@ -46,13 +46,7 @@ REASON_OK = "ok"
 REASON_DISABLED = "disabled"
 REASON_CHECKING = "checking"
 REASON_PROBE_FAILED = "probe_failed"
-REASONS: tuple[str, ...] = (
-    REASON_OK,
-    REASON_DISABLED,
-    REASON_CHECKING,
-    REASON_PROBE_FAILED,
-    *(f"no_{m}" for m in PROBED_MODULES),
-)
+#: ... and ``no_<module>`` for each of :data:`PROBED_MODULES` that work needs but lacks.
 
 #: Imports each module named on the command line; prints {module: error or null}.
 _PROBE_SCRIPT = """\
@@ -190,9 +184,8 @@ def probe(
 class WorkerProbe:
     """Runs :func:`probe` once, on its own thread; :attr:`result` is None until it answers.
 
-    Started only when some work needs a module (a sim-only daemon never pays for it).
-
-    Listeners (:meth:`add_listener`) are called with the result on that thread.
+    Started only when some work needs a module (a sim-only daemon never pays for it);
+    listeners (:meth:`add_listener`) are called with the result on that thread.
     """
 
     def __init__(self, python: str, run: Callable[[str], ProbeResult] = probe) -> None:
