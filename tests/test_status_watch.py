@@ -25,7 +25,7 @@ from daemon_helpers import start_daemon, wait_http
 from rich.console import Console
 
 from gpuwatchd.api.state import ProcessLookup, build_state_json, parse_state
-from gpuwatchd.cli.status_watch import WIDTH, render
+from gpuwatchd.cli.status_watch import SHORT_REASONS, WIDTH, render
 from gpuwatchd.exporter import DaemonInfo
 from gpuwatchd.gate import GateState
 from gpuwatchd.telemetry.proc_owner import process_user
@@ -99,6 +99,11 @@ def test_the_view_fits_100_columns_with_gpu_and_process_rows() -> None:
     (row,) = [r for r in (line.split() for line in lines) if r[:2] == ["0", "77"]]
     assert row[2:5] == ["alice", "30.0", "GiB"]
     assert row[5].startswith("a-long-namespace/a-long-pod-name-") and row[5].endswith("…")
+
+
+def test_every_throttle_reason_has_a_short_name() -> None:
+    assert set(SHORT_REASONS) == {r.label for r in ThrottleReason}
+    assert len(set(SHORT_REASONS.values())) == len(SHORT_REASONS)
 
 
 def test_the_widest_gpu_row_still_fits() -> None:
