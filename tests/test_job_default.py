@@ -14,7 +14,9 @@ from test_protocol import CFG, WL, FakeCandidate, FakeSession
 from gpuwatchd.jobside.apply_winners import plan_cache_conflict
 from gpuwatchd.jobside.capture import Capture, load_capture
 from gpuwatchd.jobside.winner_plan import ConvChoice
-from gpuwatchd.tuning.types import Regime, Workload
+from gpuwatchd.report.text import format_report, report_from
+from gpuwatchd.store import StoredResult
+from gpuwatchd.tuning.types import Regime, Versions, Workload
 from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, VS_DEFAULT, pick_winner
 from gpuwatchd.tuning.worker.families import torch_conv
 from gpuwatchd.tuning.worker.protocol import measure
@@ -61,6 +63,31 @@ def test_a_tie_between_two_candidates_that_both_beat_the_default_is_not_the_defa
     assert res.tie
     picked = pick_winner(res)
     assert picked is not None and picked.name in ("a", "b")
+
+
+def test_the_report_names_the_default_and_whether_it_was_kept() -> None:
+    kept = measure(
+        WL,
+        [FakeCandidate("challenger", 0.997e-3), default("job", 1.0e-3)],
+        FakeSession(noise=0.001),
+        Regime.UNTHROTTLED,
+        CFG,
+    )
+    beaten = measure(
+        WL,
+        [default("job", 1.0e-3), FakeCandidate("fast", 0.8e-3)],
+        FakeSession(),
+        Regime.SUSTAINED,
+        CFG,
+    )
+    stored = [StoredResult(1, "GPU", "GPU-0", Versions(), 0.0, res) for res in (kept, beaten)]
+    doc = report_from(stored)
+    assert [(r["job_default"], r["kept_default"]) for r in doc["results"]] == [
+        ("job", True),
+        ("job", False),
+    ]
+    text = format_report(doc)
+    assert "default: job" in text and "fast" in text
 
 
 def test_without_a_default_candidate_the_rule_is_the_plain_decision() -> None:

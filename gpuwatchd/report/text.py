@@ -18,7 +18,7 @@ from gpuwatchd.store.rows import StoredResult
 from gpuwatchd.telemetry.types import ThrottleReason
 from gpuwatchd.tuning.jobspec import stats_to_json
 from gpuwatchd.tuning.types import CandidateStats, Regime
-from gpuwatchd.tuning.winners import winners_differ
+from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, winners_differ
 
 REPORT_FORMAT = "gpuwatchd-report/1"
 #: The table's width: fits an 100-column terminal or a code block in the README.
@@ -33,6 +33,7 @@ def _candidate_json(c: CandidateStats) -> dict[str, Any]:
 
 def _result_json(s: StoredResult) -> dict[str, Any]:
     r = s.result
+    default = next((c for c in r.candidates if c.meta.get(JOB_DEFAULT)), None)
     return {
         "workload": r.workload,
         "regime": r.regime.value,
@@ -45,6 +46,9 @@ def _result_json(s: StoredResult) -> dict[str, Any]:
         "tie": r.tie,
         "margin": r.margin,
         "noise": r.noise,
+        # what the job runs without gpuwatchd, and whether nothing beat it beyond the noise
+        "job_default": default.name if default is not None else None,
+        "kept_default": bool(default is not None and default.meta.get(KEPT_DEFAULT)),
         "candidates": [_candidate_json(c) for c in r.candidates],
     }
 
@@ -103,8 +107,11 @@ def _row(r: dict[str, Any]) -> list[str]:
     cands = r["candidates"]
     best = cands[0] if cands else {}
     runner = cands[1] if len(cands) > 1 else {}
-    # A tie: the fastest, within noise of the runner-up shown in the last column.
+    # A tie: the fastest, within noise of the runner-up shown in the last column; where
+    # nothing beat the job's default beyond the noise, the default it keeps.
     winner = f"tie: {best.get('name', '-')}" if r["tie"] else r["winner"] or "-"
+    if r.get("kept_default"):
+        winner = f"default: {r['job_default']}"
     margin = "-" if r["margin"] is None else f"{r['margin'] * 100:+.1f}%"
     if r["noise"] is not None:
         margin += f" ±{r['noise'] * 100:.1f}%"
