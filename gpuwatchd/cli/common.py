@@ -150,15 +150,21 @@ def load_with_overrides(args: argparse.Namespace) -> tuple[Config, dict[str, dic
 
 
 def open_store(
-    location: Path | str, readonly: bool = False, password_file: Path | None = None
+    location: Path | str,
+    readonly: bool = False,
+    password_file: Path | None = None,
+    call_timeout_s: float | None = None,
 ) -> TuningStore:
-    """The tuning store at ``location``: a SQLite file (``--store PATH`` always is one), or
-    the daemon config's PostgreSQL URL. A writable SQLite one creates its missing directory."""
+    """The tuning store at ``location`` (``--store`` or the config's ``[store] url``): a
+    PostgreSQL connection string or a SQLite file, by :func:`gpuwatchd.store.urls.store_target`'s
+    rule; any other URL scheme is one line. A writable SQLite one creates its missing
+    directory. ``call_timeout_s`` (default: the store's) bounds each PostgreSQL call."""
     from gpuwatchd.store import StoreError
     from gpuwatchd.store import open_store as open_location
 
+    bound = {"call_timeout_s": call_timeout_s} if call_timeout_s is not None else {}
     try:
-        return open_location(location, readonly=readonly, password_file=password_file)
+        return open_location(location, readonly=readonly, password_file=password_file, **bound)
     except StoreError as exc:
         raise CliError(str(exc)) from None
 
@@ -167,7 +173,9 @@ def open_configured_store(cfg: Config, readonly: bool = False) -> TuningStore:
     """The daemon's store as ``cfg`` names it: ``[store] url``, else the state directory's."""
     from gpuwatchd.config import store_location, store_password_file
 
-    return open_store(store_location(cfg), readonly, store_password_file(cfg))
+    return open_store(
+        store_location(cfg), readonly, store_password_file(cfg), cfg.store.call_timeout_s
+    )
 
 
 def control_socket(args: argparse.Namespace) -> Path:

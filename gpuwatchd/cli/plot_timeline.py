@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import TextIO
 
 from gpuwatchd.cli.common import (
@@ -39,7 +38,11 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="gate thresholds for the gate strip")
     p.add_argument("--trace", required=True, metavar="FILE", help="a gpuwatchd-trace/1 file")
     p.add_argument("--out", required=True, metavar="FILE.png", help="picture (.png, .svg, .pdf)")
-    p.add_argument("--store", metavar="PATH", help="shade this store's tuning sessions")
+    p.add_argument(
+        "--store",
+        metavar="PATH|URL",
+        help="shade this store's tuning sessions (a SQLite file or a PostgreSQL URL)",
+    )
     p.add_argument("--gpu", type=int, default=0, metavar="N", help="GPU index in the trace")
     p.add_argument("--t0-unix", type=float, metavar="S", help="unix time of the trace's t=0")
     p.add_argument("--no-gate", action="store_true", help="leave out the replayed gate strip")
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             raise CliError(
                 "--t0-unix: the trace has no t0_unix; give the unix time of its t=0", EXIT_CONFIG
             )
-        store = open_store(Path(args.store), readonly=True)
+        store = open_store(args.store, readonly=True)
         try:
             sessions = store.sessions(limit=10_000, gpu_uuid=trace.devices[args.gpu].uuid)
             # The regimes each session measured, for the sessions the trace covers.

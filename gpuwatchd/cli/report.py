@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import TextIO
 
 from gpuwatchd.cli.common import (
@@ -49,8 +48,9 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--store",
         metavar="PATH|URL",
-        help="SQLite store file or postgresql:// URL without a password (libpq reads it from "
-        "PGPASSWORD or ~/.pgpass; default: [store] url, else STATE_DIR/gpuwatchd.db)",
+        help="SQLite store file, or a PostgreSQL URL or key=value string without a password "
+        "(libpq reads it from PGPASSWORD or ~/.pgpass; default: [store] url, else "
+        "STATE_DIR/gpuwatchd.db)",
     )
     p.add_argument("--state-dir", metavar="DIR", help="state directory holding the store")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output")
@@ -70,13 +70,6 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _store_location(text: str) -> Path | str:
-    """``--store``: a PostgreSQL URL as given, anything else a SQLite file path."""
-    from gpuwatchd.store import is_postgres_url
-
-    return text if is_postgres_url(text) else Path(text)
-
-
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from gpuwatchd.report.text import build_report, format_report
     from gpuwatchd.store import StoreError
@@ -86,7 +79,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.fleet:
         return run_fleet(args, out)
     if args.store:
-        store = open_store(_store_location(args.store), readonly=True)
+        store = open_store(args.store, readonly=True)
     else:
         cfg, _ = load_with_overrides(args)
         store = open_configured_store(cfg, readonly=True)
@@ -130,7 +123,7 @@ def run_fleet(args: argparse.Namespace, out: TextIO) -> int:
         )
     clock_age, winner_age = DEFAULT_CLOCK_MAX_AGE_S, DEFAULT_WINNER_MAX_AGE_S
     if args.store:
-        store = open_store(_store_location(args.store), readonly=True)
+        store = open_store(args.store, readonly=True)
     else:
         cfg, _ = load_with_overrides(args)
         clock_age = clock_max_age_s(cfg.drift, cfg.fleet)

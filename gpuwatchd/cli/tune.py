@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from gpuwatchd.cli.common import (
@@ -188,8 +187,10 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--store",
-        metavar="PATH",
-        help="SQLite store file (default: [store] url, else STATE_DIR/gpuwatchd.db)",
+        metavar="PATH|URL",
+        help="SQLite store file, or a PostgreSQL URL or key=value string without a password "
+        "(libpq reads it from PGPASSWORD or ~/.pgpass; default: [store] url, else "
+        "STATE_DIR/gpuwatchd.db)",
     )
     p.add_argument("--state-dir", metavar="DIR", help="state directory holding the store")
     p.add_argument(
@@ -275,7 +276,11 @@ def _tune(
     gpus = backend.devices()
     if args.gpu not in gpus:
         raise CliError(f"--gpu {args.gpu}: no such GPU (have {gpus})", EXIT_CONFIG)
-    store = open_store(Path(args.store)) if args.store else open_configured_store(cfg)
+    store = (
+        open_store(args.store, call_timeout_s=cfg.store.call_timeout_s)
+        if args.store
+        else open_configured_store(cfg)
+    )
     try:
         store.abandon_running()  # sessions a killed `tune` or daemon left running
     except BaseException:

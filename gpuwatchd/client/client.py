@@ -33,7 +33,7 @@ from gpuwatchd.client.discovery import (
 )
 from gpuwatchd.client.errors import GpuwatchdError, GpuwatchdUnavailable, NotServed
 from gpuwatchd.client.own_gate import _DaemonJobGate, _OwnProcessGate
-from gpuwatchd.store import StoreError, open_store
+from gpuwatchd.store import StoreError, open_store, redact_url
 from gpuwatchd.store.rows import host_name
 from gpuwatchd.telemetry.types import normalize_uuid
 from gpuwatchd.tuning.types import Regime
@@ -46,7 +46,8 @@ class Client:
     ``url=None``/``store=None`` pick the defaults (:mod:`gpuwatchd.client.discovery`).
     Winners come from the daemon when it serves ``/api/v1/winners``, else from the store
     (file, or the daemon config's PostgreSQL URL); with ``store`` given (or
-    ``$GPUWATCHD_STORE`` set) the file is read directly.
+    ``$GPUWATCHD_STORE`` set) that store is read directly: a SQLite file, or a PostgreSQL
+    URL or key=value string (its password from libpq's environment, ``PGPASSWORD``).
     ``control_socket`` (default: discovered) is where :meth:`wait_until_stable` asks the
     daemon to judge the GPU for this job; ``control_socket=False`` never asks.
     """
@@ -71,7 +72,8 @@ class Client:
         self.url = url.rstrip("/")
         store = store if store is not None else os.environ.get(STORE_ENV) or None
         self._store_given = store is not None
-        self._store: Path | None = Path(store) if store is not None else None
+        # Kept as given: a PostgreSQL connection string must never become a Path.
+        self._store: str | os.PathLike[str] | None = store
         self.timeout = float(timeout)
         self._clock = clock
         self._sleep = sleep
@@ -80,7 +82,8 @@ class Client:
         self._control: str | os.PathLike[str] | bool | None = control_socket
 
     def __repr__(self) -> str:
-        return f"Client(url={self.url!r}, store={str(self._store) if self._store else None!r})"
+        shown = redact_url(self._store) if self._store is not None else None
+        return f"Client(url={self.url!r}, store={shown!r})"
 
     def _get_json(self, path: str, query: Mapping[str, str] | None = None) -> Any:
         url = self.url + path
@@ -232,9 +235,10 @@ class Client:
         rows = self.winners(workload=workload, regime=regime, gpu_model=gpu_model)
         return max(rows, key=lambda w: w.measured_at) if rows else None
 
-    def _store_location(self) -> tuple[Path | str, Path | None]:
-        """The store to read and its password file: the file given, else the daemon
-        config's PostgreSQL URL, else the first store file found."""
+    def _store_location(self) -> tuple[str | os.PathLike[str], Path | None]:
+        """The store to read and its password file: the store given (a file or a
+        PostgreSQL connection string, told apart by :func:`gpuwatchd.store.open_store`),
+        else the daemon config's PostgreSQL URL, else the first store file found."""
         if self._store is not None:
             return self._store, None
         shared = default_store_url()
@@ -243,8 +247,6 @@ class Client:
         return self._store_path(), None
 
     def _store_path(self) -> Path:
-        if self._store is not None:
-            return self._store
         candidates = default_store_paths()
         for path in candidates:
             if path.is_file():

@@ -1,9 +1,11 @@
 """The ``[store]`` section: where the tuning store lives, and the password to reach it.
 
 ``url`` is empty (the SQLite file in the state directory), an absolute SQLite file path,
-or a ``postgresql://`` URL without a password: the password comes from ``password_file``
-or libpq's environment (``PGPASSWORD``), as :mod:`gpuwatchd.store.postgres` demands. A
-URL is only ever shown redacted, in errors as in logs.
+or a PostgreSQL connection string (a ``postgresql://`` URL or a libpq key=value string)
+without a password: the password comes from ``password_file`` or libpq's environment
+(``PGPASSWORD``), as :mod:`gpuwatchd.store.postgres` demands. Which is which is
+:func:`gpuwatchd.store.urls.store_target`'s rule, the one every command and the client
+follow. A connection string is only ever shown redacted, in errors as in logs.
 """
 
 from __future__ import annotations
@@ -14,38 +16,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.store.urls import is_postgres_url, redact_url, url_has_password
+from gpuwatchd.store.deadline import CALL_TIMEOUT_S
+from gpuwatchd.store.errors import StoreError
+from gpuwatchd.store.urls import (
+    STORE_KINDS,
+    is_postgres_url,
+    redact_url,
+    store_target,
+    url_has_password,
+)
 from gpuwatchd.validate import check, from_table, one_line, show
-
-URL_KINDS = "a postgresql:// URL or an absolute SQLite file path"
 
 
 def shown_url(url: str) -> str:
     """``url`` as an error may show it: redacted, and cut like any shown value."""
-    try:
-        return show(redact_url(url))
-    except ValueError:  # not even parseable as a URL: show nothing of it
-        return "an unparseable URL"
+    return show(redact_url(url))
 
 
 def _valid_url(url: str) -> bool:
-    """Empty, a password-free PostgreSQL URL, or an absolute path; else ValueError."""
+    """Empty, a password-free PostgreSQL connection string, or an absolute path; else
+    ValueError."""
     if not url:
         return True
-    if is_postgres_url(url):
+    try:
+        target = store_target(url)
+    except StoreError:
+        raise ValueError(f"store.url: expected {STORE_KINDS}, got {shown_url(url)}") from None
+    if isinstance(target, str):
         try:
             holds_password = url_has_password(url)
         except ValueError:
-            raise ValueError(f"store.url: not a valid URL, got {shown_url(url)}") from None
+            raise ValueError(
+                f"store.url: not a valid key=value connection string, got {shown_url(url)}"
+            ) from None
         if holds_password:
             raise ValueError(
                 "store.url: the URL holds a password; put it in [store] password_file or the"
                 f" environment (PGPASSWORD) instead, got {shown_url(url)}"
             )
         return True
-    if "://" in url:
-        raise ValueError(f"store.url: expected {URL_KINDS}, got {shown_url(url)}")
-    if not Path(url).is_absolute():
+    if not target.is_absolute():
         raise ValueError(f"store.url: a SQLite file must be an absolute path, got {show(url)}")
     return True
 
@@ -55,12 +65,18 @@ class StoreConfig:
     """Where the daemon keeps sessions and winners (the CLI's ``--store`` is a SQLite file)."""
 
     #: "" = gpuwatchd.db in the state directory; else an absolute SQLite file path, or a
-    #: postgresql:// URL (the fleet's shared store) that holds no password.
+    #: PostgreSQL URL or key=value string (the fleet's shared store) holding no password.
     url: str = field(default="", metadata=check(_valid_url, ""))
     #: The PostgreSQL password (one line). "" = libpq's environment (PGPASSWORD, ~/.pgpass).
     password_file: str = field(
         default="",
         metadata=check(lambda v: not v or Path(v).is_absolute(), "must be an absolute path"),
+    )
+    #: The longest one call to a PostgreSQL store may wait for the server (seconds); a
+    #: stopped or unreachable server fails each call after this, with one WARNING.
+    call_timeout_s: float = field(
+        default=CALL_TIMEOUT_S,
+        metadata=check(lambda v: 0 < v <= 3600, "must be in (0, 3600]"),
     )
 
     @property
@@ -78,12 +94,20 @@ class StoreConfig:
 
     def check_host(self) -> None:
         """What only this host can tell (check-config and run ask): psycopg is installed for
-        a PostgreSQL URL, and the password file is readable and not empty. ValueError."""
+        a PostgreSQL store, libpq can parse its connection string, and the password file is
+        readable and not empty. ValueError."""
         if self.is_postgres and importlib.util.find_spec("psycopg") is None:
             raise ValueError(
                 "store.url: a postgresql:// store needs psycopg 3:"
                 " pip install 'gpuwatchd[postgres]'"
             )
+        if self.is_postgres:
+            from gpuwatchd.store.postgres import check_conninfo
+
+            try:
+                check_conninfo(self.url, redact_url(self.url))
+            except StoreError as exc:
+                raise ValueError(f"store.url: {exc}") from None
         if not self.password_file:
             return
         try:

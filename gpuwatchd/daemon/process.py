@@ -149,7 +149,11 @@ def open_state_store(cfg: Config) -> TuningStore:
 
     Raises StoreError. The tuning scheduler marks sessions a killed process left running.
     """
-    store = open_store(store_location(cfg), password_file=store_password_file(cfg))
+    store = open_store(
+        store_location(cfg),
+        password_file=store_password_file(cfg),
+        call_timeout_s=cfg.store.call_timeout_s,
+    )
     log.info("tuning store: %s", store.where)  # a URL's password never shows
     return store
 

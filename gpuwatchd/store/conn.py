@@ -23,7 +23,8 @@ class Conn:
     """One database connection in autocommit mode; transactions are explicit statements.
 
     ``translate`` turns the store's SQL (``?`` placeholders) into the driver's; ``ddl``
-    turns a migration's SQLite column types into the database's.
+    turns a migration's SQLite column types into the database's. ``broken`` is set when
+    the connection was hung up on (a call overran its bound): it is not used again.
     """
 
     def __init__(
@@ -38,6 +39,7 @@ class Conn:
         self._translate = translate
         self._ddl = ddl
         self._in_transaction = in_transaction
+        self.broken = False
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
         cur: Cursor = self.raw.execute(self._translate(sql), tuple(args))

@@ -2,8 +2,9 @@
 
 :class:`StoreCore` lends each call a connection from a small pool (so the scheduler
 thread can write while HTTP threads read), runs it in one transaction that rolls back
-on any failure, refuses writes once a newer gpuwatchd has migrated the database, and
-warns once per unreadable row. The queries live in the classes built on it.
+on any failure, within the engine's bound on the wait (:meth:`Engine.bounded`), refuses
+writes once a newer gpuwatchd has migrated the database, and warns once per unreadable
+row. The queries live in the classes built on it.
 """
 
 from __future__ import annotations
@@ -93,7 +94,12 @@ class StoreCore:
             raise
         finally:
             with self._lock:
-                keep = not broken and not self._closed and len(self._idle) < self._keep
+                keep = (
+                    not broken
+                    and not conn.broken
+                    and not self._closed
+                    and len(self._idle) < self._keep
+                )
                 if keep:
                     self._idle.append(conn)
             if not keep:
@@ -104,7 +110,7 @@ class StoreCore:
     def _transaction(self, write: bool, what: str) -> Iterator[Conn]:
         engine = self._engine
         try:
-            with self._connection() as conn:
+            with self._connection() as conn, engine.bounded(conn):
                 try:
                     engine.begin(conn, write=write)
                     if write:

@@ -8,7 +8,8 @@ through a :class:`Conn`, which translates what must be translated.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.errors import StoreError
@@ -47,6 +48,12 @@ class Engine(ABC):
     @abstractmethod
     def set_version(self, conn: Conn, version: int) -> None:
         """Record the version reached, inside the migration's transaction."""
+
+    @contextmanager
+    def bounded(self, conn: Conn) -> Iterator[None]:
+        """Bound one call's wait on ``conn``. Unbounded here: a local file answers or
+        fails by itself (its lock waits are bounded by the busy timeout)."""
+        yield
 
     def describe(self, e: Exception) -> str:
         """The driver's message for ``e`` in one line."""

@@ -1,7 +1,7 @@
-"""Where the store lives: a file path (SQLite) or a ``postgresql://`` URL.
+"""Where the store lives: a SQLite file, or a PostgreSQL connection string.
 
-psycopg is imported only when a URL asks for PostgreSQL, so a host on the embedded
-store never needs it.
+:func:`gpuwatchd.store.urls.store_target` tells which; psycopg is imported only when a
+connection string asks for PostgreSQL, so a host on the embedded store never needs it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.store.base import TuningStore
-from gpuwatchd.store.urls import is_postgres_url
+from gpuwatchd.store.deadline import CALL_TIMEOUT_S
+from gpuwatchd.store.urls import store_target
 
 
 def open_store(
@@ -19,14 +20,22 @@ def open_store(
     *,
     readonly: bool = False,
     password_file: str | PathLike[str] | None = None,
+    call_timeout_s: float = CALL_TIMEOUT_S,
     **kwargs: Any,
 ) -> TuningStore:
-    """Open the store at a path or a PostgreSQL URL (``[store] url``)."""
-    if is_postgres_url(location):
+    """Open the store at a path or a PostgreSQL connection string (``[store] url``).
+
+    ``call_timeout_s`` bounds each call to a PostgreSQL store (a local file needs none).
+    Any other URL scheme raises :class:`~gpuwatchd.store.errors.StoreError`.
+    """
+    target = store_target(location)
+    if isinstance(target, str):
         from gpuwatchd.store.postgres import PostgresStore
 
         pw = Path(password_file) if password_file else None
-        return PostgresStore(str(location), readonly=readonly, password_file=pw, **kwargs)
+        return PostgresStore(
+            target, readonly=readonly, password_file=pw, call_timeout_s=call_timeout_s, **kwargs
+        )
     from gpuwatchd.store.sqlite import Store
 
-    return Store(location, readonly=readonly, **kwargs)
+    return Store(target, readonly=readonly, **kwargs)
