@@ -151,3 +151,25 @@ def test_promtool_accepts_the_metric(tmp_path: Path) -> None:
         ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("days_left", [-3.0, 5.0])
+def test_check_config_refuses_an_expired_certificate_naming_file_and_date(
+    tmp_path: Path, days_left: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Soon to expire is OK (the daemon warns); expired is one line, exit 2."""
+    from gpuwatchd.cli import main as cli_main
+    from gpuwatchd.cli.common import EXIT_CONFIG
+
+    tls_config(tmp_path, days_left=days_left)
+    (tmp_path / "c.toml").write_text("")
+    argv = ["check-config", "--config", str(tmp_path / "c.toml")]
+    code = cli_main.main([*argv, "--web-config", str(tmp_path / "web.yml")])
+    err = capsys.readouterr().err
+    if days_left > 0:
+        assert code == 0, err
+        return
+    assert code == EXIT_CONFIG and len(err.strip().splitlines()) == 1, err
+    expiry = read_certificates((tmp_path / "server.crt").read_bytes(), "")[0].not_after
+    date = dt.datetime.fromtimestamp(expiry, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    assert str(tmp_path / "server.crt") in err and f"expired at {date}" in err

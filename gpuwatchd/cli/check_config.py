@@ -1,15 +1,17 @@
 """``gpuwatchd check-config``: validate the config (its web config, the store's password
 file) and exit.
 
-Exit 0 and ``FILE: OK`` when the daemon would start with it, then one line saying
-whether the tuning worker's Python imports what the configured tuning needs (torch,
-Triton; asked as the daemon asks at start); otherwise the one-line error the daemon
-would give, exit 2.
+Exit 0 and ``FILE: OK`` when the daemon would start with it and serve what clients
+accept, then one line saying whether the tuning worker's Python imports what the
+configured tuning needs (torch, Triton; asked as the daemon asks at start); otherwise
+one line, exit 2: the error the daemon would give, or a served TLS certificate past its
+expiry (the daemon serves one with a WARNING).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import TYPE_CHECKING
 
 from gpuwatchd.cli.common import (
@@ -47,13 +49,20 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from gpuwatchd.config import ConfigError, check_store_access
     from gpuwatchd.daemon.process import read_web_config
+    from gpuwatchd.exporter.web.certinfo import refuse_expired
+    from gpuwatchd.exporter.web.tls import load_tls
 
     cfg, _ = load_with_overrides(args)
     try:
-        read_web_config(cfg)
+        web = read_web_config(cfg)
         check_store_access(cfg)
     except ConfigError as exc:
         raise CliError(str(exc), EXIT_CONFIG) from None
+    if web is not None and web.tls is not None:
+        try:
+            refuse_expired(load_tls(web.tls).certificates, time.time())
+        except ValueError as exc:
+            raise CliError(f"web config {cfg.daemon.web_config}: {exc}", EXIT_CONFIG) from None
     print(f"{cfg.source or 'built-in defaults'}: OK")
     print(tuning_line(cfg))
     return 0

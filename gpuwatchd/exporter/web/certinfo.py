@@ -34,6 +34,27 @@ class CertInfo:
     def seconds_left(self, now: float) -> float:
         return self.not_after - now
 
+    @property
+    def expiry(self) -> str:
+        """``not_after`` as messages show it: ``2026-01-31 12:00 UTC``."""
+        return dt.datetime.fromtimestamp(self.not_after, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+    @property
+    def shown(self) -> str:
+        """How messages name it: subject, serial number and file."""
+        return f"TLS certificate {self.subject_cn!r} (serial {self.serial_number}, {self.source})"
+
+
+def refuse_expired(certificates: tuple[CertInfo, ...], now: float) -> None:
+    """ValueError naming the first certificate past its expiry, its file and the date.
+
+    ``check-config`` asks: the daemon serves an expired certificate with a WARNING (its
+    metrics stay up), but a config check that says OK for one hides what clients refuse.
+    """
+    for cert in certificates:
+        if cert.seconds_left(now) <= 0:
+            raise ValueError(f"{cert.shown} expired at {cert.expiry}; renew it")
+
 
 def read_certificates(pem: bytes, source: str) -> tuple[CertInfo, ...]:
     """Every certificate in a PEM bundle, leaf first; ValueError if one is not X.509 DER."""

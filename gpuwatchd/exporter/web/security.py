@@ -9,7 +9,6 @@ stay) is carried over from the object it replaces.
 
 from __future__ import annotations
 
-import datetime as dt
 import enum
 import logging
 import ssl
@@ -93,17 +92,13 @@ class WebSecurity:
             left = cert.seconds_left(now)
             if left > EXPIRY_WARNING_S:
                 continue
-            when = dt.datetime.fromtimestamp(cert.not_after, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-            what = (
-                f"TLS certificate {cert.subject_cn!r} (serial {cert.serial_number}, {cert.source})"
-            )
             if left <= 0:
                 log.warning(
                     "%s expired at %s: clients will refuse it; renew it and reload (SIGHUP)",
-                    what,
-                    when,
+                    cert.shown,
+                    cert.expiry,
                 )
             else:
-                log.warning("%s expires at %s, in %.1f days", what, when, left / 86400)
+                log.warning("%s expires at %s, in %.1f days", cert.shown, cert.expiry, left / 86400)
             warned += 1
         return warned
