@@ -9,9 +9,12 @@ in one line). ``bench/faults_store.py`` repeats the kills 50+ times.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import sqlite3
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +34,7 @@ from store_faults import (
 )
 
 from gpuwatchd.config import Config, DaemonConfig
-from gpuwatchd.store import Store, StoreError
+from gpuwatchd.store import MIGRATIONS, Store, StoreError
 from gpuwatchd.tuning.types import SessionStatus
 
 
@@ -227,3 +230,155 @@ def test_a_read_only_store_with_wal_and_shm_is_one_line_and_still_readable(
     after = KillReport()
     check_after_kill(path, report_before, after)  # writable again: all there, leftovers failed
     assert after.problems == [] and after.abandoned <= 1
+
+
+# -- a store whose creation was killed --------------------------------------------------------
+
+_KILLED_CREATION = """
+import os, signal, sys
+from gpuwatchd.store import MIGRATIONS, Migration, Store
+
+step = int(sys.argv[2])
+old = MIGRATIONS[step - 1]
+
+def apply_then_die(conn):
+    old.apply(conn)
+    os.kill(os.getpid(), signal.SIGKILL)  # inside the step's transaction
+
+migrations = list(MIGRATIONS)
+migrations[step - 1] = Migration(old.version, old.name, apply_then_die)
+Store(sys.argv[1], migrations=migrations)
+"""
+
+
+def _kill_creation(path: Path, step: int) -> None:
+    """Create a store at ``path`` in a child killed inside migration ``step``."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_CREATION, str(path), str(step)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert path.exists()
+
+
+@pytest.mark.parametrize("how", ["killed in the first step", "killed in the second", "empty"])
+def test_a_store_whose_creation_was_cut_short_reads_as_empty_and_is_finished(
+    tmp_path: Path, how: str
+) -> None:
+    from gpuwatchd.client import Client
+
+    path = tmp_path / "tune.db"
+    if how == "empty":
+        path.touch()  # created, nothing written
+    else:
+        _kill_creation(path, 1 if "first" in how else 2)
+    res = _gpuwatchd("report", "--store", str(path))
+    assert res.returncode == 0 and "no tuning results yet" in res.stdout, res.stderr
+    client = Client(url="http://127.0.0.1:1", store=path, timeout=0.2, control_socket=False)
+    assert client.winners() == []
+    with Store(path, readonly=True) as ro:
+        assert ro.sessions() == [] and ro.schema_version() == len(MIGRATIONS)
+    with Store(path) as rw:  # the next read-write open finishes creating it
+        assert rw.schema_version() == len(MIGRATIONS)
+        rw.start_session(kill_meta())
+    with Store(path, readonly=True) as ro:
+        assert len(ro.sessions()) == 1
+
+
+def test_an_old_store_holding_rows_is_not_read_as_empty(tmp_path: Path) -> None:
+    """Only a store holding nothing is read as empty: one at an older schema with rows is
+    left untouched, and says it needs migrating."""
+    path = tmp_path / "tune.db"
+    Store(path, migrations=MIGRATIONS[:1]).close()
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute(
+        "INSERT INTO sessions (gpu_uuid, gpu_index, gpu_model, host, backend, versions_json,"
+        " workloads_json, regimes_json, started_at, status)"
+        " VALUES ('GPU-1', 0, 'm', 'h', 'sim', '{}', '[]', '[]', 1.0, 'completed')"
+    )
+    con.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="has schema version 1, older than"):
+        Store(path, readonly=True)
+    assert path.read_bytes() == before
+
+
+def test_a_foreign_database_is_still_refused_read_only(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE notes (x)")
+    con.close()
+    with pytest.raises(StoreError, match="not a gpuwatchd store"):
+        Store(path, readonly=True)
+
+
+# -- a WAL store read by a user who may not write it ------------------------------------------
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every user may read but only root may write, like /var/lib/gpuwatchd."""
+    if os.geteuid() != 0:
+        pytest.skip("dropping privileges to another user needs root")
+    path = Path(tempfile.mkdtemp(prefix="gpuwatchd-ro-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env=child_env(), user="nobody", cwd="/"
+    )
+
+
+def _python_for_nobody() -> str:
+    """An interpreter user nobody can run that imports gpuwatchd (this one may live in a
+    directory only root may enter, e.g. ~root/.pyenv)."""
+    for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
+        try:
+            if _as_nobody(python, "-c", "import gpuwatchd.cli.main").returncode == 0:
+                return python
+        except OSError:
+            continue
+    pytest.skip("no Python interpreter that user nobody may run imports gpuwatchd")
+
+
+def _report_as_nobody(path: Path) -> subprocess.CompletedProcess[str]:
+    python = _python_for_nobody()  # JSON: the table needs `rich`, maybe not installed there
+    return _as_nobody(python, "-m", "gpuwatchd", "report", "--format", "json", "--store", str(path))
+
+
+def test_a_closed_wal_store_is_readable_by_a_user_who_may_not_write_it(shared_dir: Path) -> None:
+    path = shared_dir / "gpuwatchd.db"
+    tuned = _gpuwatchd("tune", "--backend", "sim", "--workload", "sim-gemm",
+                       "--regime", "unthrottled", "--store", str(path))  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    assert not Path(f"{path}-wal").exists() and not Path(f"{path}-shm").exists()
+    before = path.read_bytes()
+    res = _report_as_nobody(path)
+    assert res.returncode == 0, res.stderr
+    assert "sim-gemm" in res.stdout and "unthrottled" in res.stdout
+    assert path.read_bytes() == before and sorted(p.name for p in shared_dir.iterdir()) == [
+        "gpuwatchd.db"
+    ]
+
+
+def test_a_wal_holding_changes_unreadable_for_a_non_owner_is_one_line(shared_dir: Path) -> None:
+    """Changes only a writer can fold in (a killed writer's WAL, its index gone): the
+    non-owner is told why in one line; the owner still reads everything."""
+    path = shared_dir / "gpuwatchd.db"
+    sid = kill_holder(path)
+    Path(f"{path}-shm").unlink()
+    assert Path(f"{path}-wal").stat().st_size > 0
+    res = _report_as_nobody(path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    line = _one_line(res)
+    assert "cannot be read by user nobody" in line and "gpuwatchd.db-wal holds changes" in line
+    with Store(path, readonly=True) as ro:  # nothing lost
+        assert ro.session(sid) is not None

@@ -15,9 +15,8 @@ from pg_server import PASSWORD, PostgresServer
 
 import gpuwatchd.client.discovery
 from gpuwatchd.client import Client
-from gpuwatchd.store import StoreError, open_store, redact_url
+from gpuwatchd.store import StoreError, open_store, redact_url, urls
 from gpuwatchd.store.postgres import PostgresStore
-from gpuwatchd.store.urls import store_target, url_has_password
 
 SECRET = "hunter2-Secret"
 
@@ -60,14 +59,14 @@ def _key_value(server: PostgresServer, db: str) -> str:
 )
 def test_redaction_hides_every_password(text: str, shown: str) -> None:
     assert redact_url(text) == shown
-    assert url_has_password(text) is (SECRET in text)
+    assert urls.url_has_password(text) is (SECRET in text)
 
 
 def test_a_malformed_key_value_string_shows_its_keys_only() -> None:
     shown = redact_url(f"host=db password='{SECRET}")
     assert SECRET not in shown and "host, password" in shown
     with pytest.raises(ValueError):
-        url_has_password(f"host=db password='{SECRET}")
+        urls.url_has_password(f"host=db password='{SECRET}")
 
 
 @pytest.mark.parametrize(
@@ -83,13 +82,13 @@ def test_a_malformed_key_value_string_shows_its_keys_only() -> None:
     ],
 )
 def test_store_target_tells_postgres_from_files(text: str, kind: type) -> None:
-    assert isinstance(store_target(text), kind)
+    assert isinstance(urls.store_target(text), kind)
 
 
 @pytest.mark.parametrize("text", ["mysql://u@db/gw", "sqlite:///tmp/g.db", "file:/tmp/g.db"])
 def test_other_schemes_are_refused(text: str) -> None:
     with pytest.raises(StoreError, match="unsupported URL scheme"):
-        store_target(text)
+        urls.store_target(text)
 
 
 # -- every command ------------------------------------------------------------------------

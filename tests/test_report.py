@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from builders import session_meta
 
 from gpuwatchd.report.text import format_report
 
@@ -191,7 +192,8 @@ def test_report_fleet_on_a_store_older_than_the_fleet_tables(
     from gpuwatchd.cli.main import main
     from gpuwatchd.store import MIGRATIONS, Store
 
-    Store(tmp_path / "old.db", migrations=MIGRATIONS[:2]).close()
+    with Store(tmp_path / "old.db", migrations=MIGRATIONS[:2]) as old:
+        old.start_session(session_meta())  # a store holding nothing would read as empty
     assert main(["report", "--fleet", "--store", str(tmp_path / "old.db")]) == 1
     err = capsys.readouterr().err
     assert "schema version 2" in err and len(err.splitlines()) == 1

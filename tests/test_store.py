@@ -486,7 +486,7 @@ def test_readonly_reads_and_refuses_writes(store: SqlStore, backend: Backend, cl
     assert len(store.sessions()) == 1
 
 
-def test_readonly_refuses_a_damaged_or_empty_file(tmp_path: Path) -> None:
+def test_readonly_refuses_a_damaged_file_and_reads_an_empty_one_as_empty(tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"junk" * 1000)
     with pytest.raises(StoreError, match="is damaged"):
@@ -494,8 +494,9 @@ def test_readonly_refuses_a_damaged_or_empty_file(tmp_path: Path) -> None:
     assert garbage.read_bytes() == b"junk" * 1000
     empty = tmp_path / "empty.db"
     empty.touch()
-    with pytest.raises(StoreError, match="not a gpuwatchd store"):
-        Store(empty, readonly=True)
+    with Store(empty, readonly=True) as ro:  # created, nothing written yet: nothing to show
+        assert ro.sessions() == [] and ro.winners() == []
+    assert empty.read_bytes() == b""  # and a reader never writes
 
 
 # -- concurrency and retention --------------------------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import pwd
 import shutil
 import sqlite3
 import urllib.parse
@@ -25,11 +27,72 @@ def connect(path: Path, *, readonly: bool, busy_timeout_s: float) -> sqlite3.Con
     """Open a connection in autocommit mode with the per-connection pragmas set.
 
     Transactions are explicit (``BEGIN``/``BEGIN IMMEDIATE``); the connection may be
-    handed between threads, one user at a time.
+    handed between threads, one user at a time. A read-only one is readable when this
+    returns (see :func:`_readable`).
+    """
+    conn = _connect(path, readonly=readonly, busy_timeout_s=busy_timeout_s)
+    return _readable(conn, path, busy_timeout_s) if readonly else conn
+
+
+def _readable(conn: sqlite3.Connection, path: Path, busy_timeout_s: float) -> sqlite3.Connection:
+    """A read-only connection that can read, for a user who may not write the store.
+
+    A WAL store's first read needs its ``-shm`` index, which SQLite creates beside the
+    file: a user who may not write that directory (a job reading the daemon's store)
+    cannot, once the daemon has closed the store and its ``-shm`` is gone. Then the
+    whole store is in the file itself, and it is read with ``immutable=1`` (no locks, no
+    index). Where a ``-wal`` still holds changes only a writer can fold in, immutable
+    would read stale data: one line says why it cannot be read.
     """
     try:
+        conn.execute("PRAGMA user_version").fetchone()
+        return conn
+    except sqlite3.Error as e:
+        conn.close()
+        code = getattr(e, "sqlite_errorcode", 0) & 0xFF
+        if code not in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN):
+            state = "is damaged" if is_damage(e) else "cannot be read"
+            raise StoreError(f"store {path} {state}: {explain(e, path)}") from e
+        if not _all_in_the_file(path):
+            raise StoreError(
+                f"store {path} cannot be read by {_user()}: its write-ahead log"
+                f" {path.name}-wal holds changes and SQLite may not create its index"
+                f" {path.name}-shm in {path.parent}; read it as the store's owner, or while"
+                " the daemon has it open"
+            ) from None
+    return _connect(path, readonly=True, busy_timeout_s=busy_timeout_s, immutable=True)
+
+
+def _all_in_the_file(path: Path) -> bool:
+    """Whether every committed change is in the store file itself: no ``-wal`` with
+    frames (or one beside an index a writer may still use), no rollback journal."""
+    if Path(f"{path}-journal").exists():
+        return False
+    try:
+        wal_size = Path(f"{path}-wal").stat().st_size
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return wal_size == 0 and not Path(f"{path}-shm").exists()
+
+
+def _user() -> str:
+    uid = os.geteuid()
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _connect(
+    path: Path, *, readonly: bool, busy_timeout_s: float, immutable: bool = False
+) -> sqlite3.Connection:
+    if readonly and not os.access(path, os.R_OK) and path.exists():
+        raise StoreError(f"store {path} cannot be read by {_user()}: permission denied")
+    try:
         conn = sqlite3.connect(
-            _uri(path, readonly),
+            _uri(path, readonly, immutable=immutable),
             uri=True,
             isolation_level=None,
             check_same_thread=False,
@@ -105,9 +168,12 @@ def check_writable(conn: sqlite3.Connection, path: Path) -> None:
                 conn.execute("ROLLBACK")
 
 
-def _uri(path: Path, readonly: bool) -> str:
-    """A ``file:`` URI, so names with ``?`` or ``#`` work and ``mode=ro`` can be asked for."""
+def _uri(path: Path, readonly: bool, *, immutable: bool = False) -> str:
+    """A ``file:`` URI, so names with ``?`` or ``#`` work and ``mode=ro`` (and
+    ``immutable=1``) can be asked for."""
     uri = f"file:{urllib.parse.quote(str(path.resolve()))}"
+    if immutable:
+        return uri + "?mode=ro&immutable=1"
     return uri + "?mode=ro" if readonly else uri
 
 

@@ -2,7 +2,9 @@
 
 Opening checks the file before anything writes to it: a damaged file is moved aside, a
 newer or foreign one is refused untouched, and a file SQLite would quietly open
-read-only is named as not writable.
+read-only is named as not writable. A file that holds no row yet (empty, or its creation
+was killed before the schema was complete) is finished by the next read-write open and
+read as an empty store by read-only ones, which never write.
 """
 
 from __future__ import annotations
@@ -50,9 +52,22 @@ class SqliteEngine(Engine):
         self.where = str(path)
         self._now = now
         self._busy_timeout_s = busy_timeout_s
+        #: The schema a read-only open serves a blank file with (see :meth:`_empty_store`).
+        self._empty_schema: tuple[Migration, ...] | None = None
 
     def connect(self, *, readonly: bool) -> Conn:
+        if self._empty_schema is not None:
+            return self._empty_store(self._empty_schema)
         return _wrap(connect(self.path, readonly=readonly, busy_timeout_s=self._busy_timeout_s))
+
+    def _empty_store(self, migrations: Sequence[Migration]) -> Conn:
+        """An empty store at the current schema, in memory: what a read-only reader sees
+        of a file that holds no row yet (read-only, it may not finish creating it)."""
+        raw = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        raw.row_factory = sqlite3.Row
+        conn = _wrap(raw)
+        migrate(self, conn, migrations)
+        return conn
 
     def begin(self, conn: Conn, *, write: bool) -> None:
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -105,6 +120,18 @@ class SqliteEngine(Engine):
         try:
             version = self.version(conn)
             latest = latest_version(migrations)
+            refuse_newer(version, migrations, self.where)
+            if _holds_nothing(conn, version, latest):
+                conn.close()
+                log.info(
+                    "store %s holds nothing yet (schema version %d of %d: created, or its"
+                    " creation was cut short); reading it as empty",
+                    self.path,
+                    version,
+                    latest,
+                )
+                self._empty_schema = tuple(migrations)
+                return self._empty_store(migrations)
             if version == 0:
                 raise StoreError(f"store {self.path} is not a gpuwatchd store (schema version 0)")
             refuse_newer(version, migrations, self.where)
@@ -124,6 +151,25 @@ class SqliteEngine(Engine):
 
     def fail(self, what: str, e: Exception) -> StoreError:
         return StoreError(f"store {self.path}: cannot {what}: {e}")
+
+
+def _holds_nothing(conn: Conn, version: int, latest: int) -> bool:
+    """Whether a file below the current schema holds nothing: no table at all at version
+    0 (a file with tables but no version is foreign), no row in any table above it."""
+    if version >= latest:
+        return False
+    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    tables = [str(r[0]) for r in rows]
+    if version == 0:
+        return not tables
+    return not any(
+        conn.execute(f"SELECT EXISTS (SELECT 1 FROM {_quoted(t)})").fetchone()[0] for t in tables
+    )
+
+
+def _quoted(name: str) -> str:
+    """A table name read from the file, quoted as an SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 class Store(SqlStore):
