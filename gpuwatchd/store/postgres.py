@@ -214,14 +214,17 @@ class PostgresEngine(Engine):
         check_conninfo(url, self.where)
         self._url = url
         self._password = read_password(password_file) if password_file is not None else None
-        self._connect_timeout_s = _positive_seconds(connect_timeout_s, "connect_timeout_s")
+        connect_s = _positive_seconds(connect_timeout_s, "connect_timeout_s")
+        #: libpq's connect_timeout: whole seconds, at least its minimum, within the bound.
+        self._connect_wait_s = max(
+            _MIN_CONNECT_TIMEOUT_S, math.ceil(min(connect_s, self.call_timeout_s))
+        )
         self._outage_lock = threading.Lock()
         self._outage_since: float | None = None
 
     def connect(self, *, readonly: bool) -> Conn:
-        wait_s = min(self._connect_timeout_s, self.call_timeout_s)
         extra: dict[str, Any] = {
-            "connect_timeout": max(_MIN_CONNECT_TIMEOUT_S, math.ceil(wait_s)),
+            "connect_timeout": self._connect_wait_s,
             "tcp_user_timeout": max(1, round(self.call_timeout_s * 1000)),
             **KEEPALIVES,
         }
@@ -237,7 +240,7 @@ class PostgresEngine(Engine):
             )
         except psycopg.Error as e:
             if isinstance(e, pg_errors.ConnectionTimeout):
-                self._overran()
+                self._overran(self._connect_wait_s)
             raise StoreError(f"cannot open store {self.where}: {self.describe(e)}") from None
         conn = Conn(raw, translate=translate, ddl=postgres_ddl, in_transaction=_in_transaction)
         try:
@@ -265,22 +268,23 @@ class PostgresEngine(Engine):
         finally:
             if WATCHDOG.disarm(alarm):
                 conn.broken = True
-                self._overran()
+                self._overran(self.call_timeout_s)
         if not conn.broken:
             self._answered()
 
-    def _overran(self) -> None:
-        """A call passed its bound: one WARNING when an outage starts, none per call."""
+    def _overran(self, waited_s: float) -> None:
+        """A call passed its bound after ``waited_s``: one WARNING when an outage starts,
+        none per call."""
         with self._outage_lock:
             first = self._outage_since is None
             if first:
-                self._outage_since = time.monotonic()
+                self._outage_since = time.monotonic() - waited_s
         if first:
             log.warning(
                 "store %s: no answer within %g s (the server is stopped or unreachable);"
-                " store calls fail after %g s each until it answers",
+                " each store call fails after at most %g s until it answers",
                 self.where,
-                self.call_timeout_s,
+                waited_s,
                 self.call_timeout_s,
             )
 
@@ -289,7 +293,7 @@ class PostgresEngine(Engine):
             since, self._outage_since = self._outage_since, None
         if since is not None:
             log.warning(
-                "store %s answers again after %.0f s without answers",
+                "store %s answers again, %.0f s after a call first went unanswered",
                 self.where,
                 time.monotonic() - since,
             )
@@ -313,9 +317,10 @@ class PostgresEngine(Engine):
         if isinstance(e, pg_errors.QueryCanceled):
             return f"a statement ran over {self.statement_timeout_s:g} s and was cancelled"
         if isinstance(e, NoAnswer | pg_errors.ConnectionTimeout):
+            waited = self.call_timeout_s if isinstance(e, NoAnswer) else self._connect_wait_s
             return (
-                f"no answer within {self.call_timeout_s:g} s (the server is stopped or"
-                " unreachable); try again later"
+                f"no answer within {waited:g} s (the server is stopped or unreachable);"
+                " try again later"
             )
         return super().describe(e)
 
