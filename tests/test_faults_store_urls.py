@@ -65,6 +65,7 @@ def test_redaction_hides_every_password(text: str, shown: str) -> None:
 def test_a_malformed_key_value_string_shows_its_keys_only() -> None:
     shown = redact_url(f"host=db password='{SECRET}")
     assert SECRET not in shown and "host, password" in shown
+    assert redact_url(f"password=x{SECRET}=1 y") == "a malformed key=value string (keys: password)"
     with pytest.raises(ValueError):
         urls.url_has_password(f"host=db password='{SECRET}")
 

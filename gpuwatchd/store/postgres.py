@@ -155,6 +155,12 @@ def _hang_up(raw: Any) -> None:
             sock.detach()  # the descriptor stays psycopg's to close
 
 
+def _shown_part(token: str, shown: str) -> bool:
+    """Whether libpq's quoted ``token`` may be shown: part of the redacted string, or one
+    character of its grammar (``"="``)."""
+    return token in shown or (len(token) == 1 and not token.isalnum())
+
+
 def check_conninfo(url: str, shown: str) -> None:
     """Refuse a store string libpq cannot parse, or one holding a password, in one line
     (:class:`StoreError`) that shows nothing the redacted form ``shown`` hides."""
@@ -162,7 +168,7 @@ def check_conninfo(url: str, shown: str) -> None:
         params = conninfo_to_dict(url)
     except psycopg.Error as e:
         text = " ".join(str(e).split())
-        safe = re.sub(r'"([^"]*)"', lambda m: m[0] if m[1] in shown else '"…"', text)
+        safe = re.sub(r'"([^"]*)"', lambda m: m[0] if _shown_part(m[1], shown) else '"…"', text)
         raise StoreError(
             f"store {shown}: not a valid PostgreSQL connection string: {safe}"
         ) from None

@@ -141,7 +141,7 @@ def redact_url(location: str | PathLike[str]) -> str:
     try:
         spans = _secrets(text)
     except ValueError:
-        keys = re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*=", text)
+        keys = re.findall(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)\s*=", text)  # not inside values
         return "a malformed key=value string (keys: " + ", ".join(keys or ["none"]) + ")"
     shown, pos = [], 0
     for start, end in sorted(spans):
