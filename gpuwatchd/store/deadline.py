@@ -46,7 +46,8 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     def arm(self, seconds: float, action: Callable[[], None]) -> Alarm:
-        """Run ``action`` in ``seconds`` unless :meth:`disarm` comes first."""
+        """Run ``action`` in ``seconds`` unless :meth:`disarm` comes first; it must be
+        quick (a syscall): every alarm waits for it."""
         alarm = Alarm(self._clock() + seconds, action)
         with self._cond:
             heapq.heappush(self._heap, (alarm.due, next(self._order), alarm))
@@ -59,7 +60,7 @@ class Watchdog:
         return alarm
 
     def disarm(self, alarm: Alarm) -> bool:
-        """Cancel ``alarm``; whether its action ran (or is running) already."""
+        """Cancel ``alarm``; whether its action ran (it has finished when this returns)."""
         with self._cond:
             alarm.disarmed = True
             return alarm.fired
@@ -78,8 +79,10 @@ class Watchdog:
                     continue
                 alarm = heapq.heappop(self._heap)[2]
                 alarm.fired = True
-            with contextlib.suppress(Exception):  # a hang-up of a closed connection
-                alarm.action()
+                # Under the lock: disarm() returns only once the action is done, so the
+                # caller never closes the connection while it is being hung up on.
+                with contextlib.suppress(Exception):  # a hang-up of a closed connection
+                    alarm.action()
 
 
 #: The process's one watchdog: every store shares its thread.
