@@ -1,7 +1,8 @@
 """The tuning store: sessions, candidate statistics and per-regime winners.
 
 SQLite (one file, WAL) is the embedded default; PostgreSQL is the fleet's shared store,
-imported only when a ``postgresql://`` URL asks for it (:func:`open_store`).
+imported only when a connection string (a ``postgresql://`` URL or a libpq key=value
+string) asks for it (:func:`open_store`).
 """
 
 from gpuwatchd.store.base import TuningStore
