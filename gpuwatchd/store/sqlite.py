@@ -52,7 +52,7 @@ class SqliteEngine(Engine):
         self.where = str(path)
         self._now = now
         self._busy_timeout_s = busy_timeout_s
-        #: The schema a read-only open serves a blank file with (see :meth:`_empty_store`).
+        #: Set when a read-only open found the file holding nothing (see :meth:`_empty_store`).
         self._empty_schema: tuple[Migration, ...] | None = None
 
     def connect(self, *, readonly: bool) -> Conn:
@@ -134,7 +134,6 @@ class SqliteEngine(Engine):
                 return self._empty_store(migrations)
             if version == 0:
                 raise StoreError(f"store {self.path} is not a gpuwatchd store (schema version 0)")
-            refuse_newer(version, migrations, self.where)
             if version < latest:
                 raise StoreError(
                     f"store {self.path} has schema version {version}, older than {latest};"
