@@ -62,7 +62,7 @@ def _valid_url(url: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
-    """Where the daemon keeps sessions and winners (the CLI's ``--store`` is a SQLite file)."""
+    """Where the daemon keeps sessions and winners (the CLI's ``--store`` takes the same forms)."""
 
     #: "" = gpuwatchd.db in the state directory; else an absolute SQLite file path, or a
     #: PostgreSQL URL or key=value string (the fleet's shared store) holding no password.
