@@ -11,7 +11,9 @@ below every component, so a component can define its own section.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import tomllib
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -21,6 +23,10 @@ T = TypeVar("T")
 
 #: The longest value shown back in an error; longer ones are cut with an ellipsis.
 SHOW_MAX = 80
+
+#: The deepest nesting of arrays and objects taken in a document from outside; requests,
+#: spooled files and workload tables need a handful of levels.
+MAX_DEPTH = 32
 
 #: What a check raises: an exception class (or any callable) taking the one-line message.
 ErrorType = Callable[[str], Exception]
@@ -45,6 +51,82 @@ def describe(exc: BaseException, *, with_type: bool = True, limit: int | None = 
     if not with_type:
         return text or name
     return f"{name}: {text}" if text else name
+
+
+def load_json(
+    text: str | bytes,
+    what: str,
+    *,
+    max_bytes: int | None = None,
+    max_depth: int = MAX_DEPTH,
+    error: ErrorType = ValueError,
+) -> Any:
+    """Parse untrusted JSON text: at most ``max_bytes`` and ``max_depth`` levels deep.
+
+    Every failure (too big, not UTF-8, not JSON, nested too deeply, ``NaN`` and the
+    other non-JSON constants) is ``error`` with one line starting ``what:``.
+    """
+    if max_bytes is not None and len(text) > max_bytes:
+        raise error(f"{what}: larger than {max_bytes} bytes")
+
+    try:
+        doc = json.loads(text, parse_constant=_no_constant)
+    except _NonJsonConstant as e:
+        raise error(f"{what}: {e} is not allowed in JSON") from None
+    except RecursionError:  # the C decoder recurses once per level
+        raise error(f"{what}: not valid JSON (nested deeper than {max_depth} levels)") from None
+    except UnicodeDecodeError:
+        raise error(f"{what}: not UTF-8 text") from None
+    except ValueError as e:
+        raise error(f"{what}: not valid JSON ({one_line(e)})") from None
+    check_depth(doc, what, max_depth, error)
+    return doc
+
+
+class _NonJsonConstant(Exception):
+    """``NaN``, ``Infinity`` or ``-Infinity`` met in JSON text."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NonJsonConstant(name)
+
+
+def load_toml(
+    text: str,
+    what: str,
+    *,
+    max_depth: int = MAX_DEPTH,
+    error: ErrorType = ValueError,
+) -> dict[str, Any]:
+    """Parse untrusted TOML text, at most ``max_depth`` levels deep; ``error`` (one line
+    starting ``what:``) on anything wrong."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise error(f"{what}: invalid TOML: {one_line(e)}") from None
+    except RecursionError:  # tomllib recurses once per level of nested arrays and tables
+        raise error(f"{what}: invalid TOML: nested deeper than {max_depth} levels") from None
+    check_depth(doc, what, max_depth, error)
+    return doc
+
+
+def check_depth(
+    doc: Any, what: str, max_depth: int = MAX_DEPTH, error: ErrorType = ValueError
+) -> None:
+    """``error`` when lists and dicts in ``doc`` nest deeper than ``max_depth``; walks
+    with a stack of its own, so any depth is checked without recursion."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > max_depth:
+            raise error(f"{what}: nested deeper than {max_depth} levels")
+        stack.extend((child, depth + 1) for child in children)
 
 
 def show(value: Any) -> str:

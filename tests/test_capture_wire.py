@@ -302,7 +302,7 @@ def test_json_files_of_every_accepted_shape(tmp_path: Path) -> None:
     [
         ("w.toml", "[[workload]\n", "invalid TOML"),
         ("w.toml", "[daemon]\n", "expected [[workload]] tables"),
-        ("w.json", "{", "invalid JSON"),
+        ("w.json", "{", "not valid JSON"),
         ("w.json", '{"format": "other"}', "expected a gpuwatchd-capture/1 document"),
         ("w.json", "[]", "holds no workloads"),
         ("w.json", '[{"name": "a"}]', "workload[0].op"),
@@ -352,7 +352,7 @@ def test_bad_spool_files_are_moved_aside_with_their_reason(tmp_path: Path) -> No
     bad.write_text('{"op": "add_workloads", "workloads": []}')
     scan = read_workload_spool(tmp_path)
     assert [r.path for r in scan.requests] == [good]
-    ((name, reason),) = scan.rejected
+    ((name, reason, _moved),) = [(r.name, r.reason, r.moved_to) for r in scan.rejected]
     assert name == "bad.json" and "workloads: expected a non-empty list" in reason
     aside = tmp_path / SUBDIR / REJECTED_DIR
     assert (aside / "bad.json").exists() and reason in (aside / "bad.json.reason").read_text()

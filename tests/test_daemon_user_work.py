@@ -221,7 +221,7 @@ def test_over_the_socket_a_job_is_queued_bad_json_and_strangers_get_one_line(
         from gpuwatchd.client.control import ask
 
         bad = ask(daemon.control.path, '{"op": "tune_kernel", "request": ', 2.0)
-        assert bad["ok"] is False and bad["error"].startswith("request is not valid JSON")
+        assert bad["ok"] is False and bad["error"].startswith("request: not valid JSON")
     finally:
         daemon.control.stop()
     stranger = ControlServer(

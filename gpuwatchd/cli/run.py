@@ -77,5 +77,6 @@ def run(args: argparse.Namespace) -> int:
     except ControlError as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
-        raise CliError(f"cannot listen on {cfg.daemon.listen}: {exc.strerror or exc}") from None
+        where = exc.filename or f"cannot listen on {cfg.daemon.listen}"
+        raise CliError(f"{where}: {exc.strerror or exc}") from None
     return 0

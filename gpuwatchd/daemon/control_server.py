@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.config.loader import CONTROL_SOCKET_NAME, SYSTEM_RUNTIME_DIR, resolve_control_socket
+from gpuwatchd.validate import load_json
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +136,7 @@ def decode_request(line: bytes) -> dict[str, Any]:
         raise RequestError("request is not UTF-8 text") from None
     if not text.strip():
         raise RequestError("empty request line")
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise RequestError(f"request is not valid JSON: {exc}") from None
+    doc = load_json(text, "request", error=RequestError)
     if not isinstance(doc, dict):
         raise RequestError("request must be a JSON object")
     return doc

@@ -36,7 +36,7 @@ from gpuwatchd.sessions.events import SessionFinished, WorkSkipped
 from gpuwatchd.tuning.kernels import KernelRequest, KernelRequestError
 from gpuwatchd.tuning.settings import TuningConfig
 from gpuwatchd.tuning.spool import (
-    REJECTED_DIR,
+    Rejected,
     SpoolEntry,
     read_spool,
     reject_file,
@@ -302,8 +302,8 @@ class UserWork:
 
     def _take_spooled_workloads(self) -> None:
         scan = read_workload_spool(self.spool_dir)
-        for name, why in scan.rejected:
-            log.warning("spooled workloads %s set aside: %s", name, why)
+        for bad in scan.rejected:
+            self._tell_rejected("spooled workloads", bad)
         for spooled in scan.requests:
             try:
                 self.add(spooled.request)
@@ -329,7 +329,7 @@ class UserWork:
     def _take_spooled_kernels(self) -> None:
         scan = read_spool(self.spool_dir)
         for bad in scan.rejected:
-            log.warning("spooled kernel request %s set aside: %s", bad.name, bad.reason)
+            self._tell_rejected("spooled kernel request", bad)
         taken = 0
         for entry in scan.entries:
             name = entry.request.workload_name
@@ -352,6 +352,17 @@ class UserWork:
             taken += 1
         if taken:
             log.info("took %d kernel request(s) from %s", taken, self.spool_dir)
+
+    def _tell_rejected(self, what: str, bad: Rejected) -> None:
+        """One line per bad spool entry; one left in place is told once, not every scan."""
+        if bad.moved_to is not None:
+            where = bad.moved_to.parent
+            log.warning("%s %s set aside in %s: %s", what, bad.name, where, bad.reason)
+            return
+        key = f"{what}\0{bad.name}\0{bad.reason}"
+        if key not in self._left:
+            self._left.add(key)
+            log.warning("%s %s left in place (cannot move it): %s", what, bad.name, bad.reason)
 
     def _queue_everywhere(self, workloads: Sequence[Workload], reason: str) -> None:
         for gpu in sorted(self._models()):
@@ -443,10 +454,5 @@ def _forget(kernel: _Kernel) -> None:
 def _set_aside(kernel: _Kernel, why: str) -> None:
     """Move a kernel request's spool file into ``rejected/`` beside its reason."""
     entry = kernel.entry
-    if entry is None:
-        return
-    aside = entry.path.parent / REJECTED_DIR
-    with contextlib.suppress(OSError):
-        aside.mkdir(mode=0o770, exist_ok=True)
-        os.replace(entry.path, aside / entry.path.name)
-        (aside / (entry.path.name + ".reason")).write_text(why + "\n", encoding="utf-8")
+    if entry is not None:
+        reject_file(entry.path.parent, entry.path.name, entry.inode, why)

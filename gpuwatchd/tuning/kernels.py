@@ -32,6 +32,7 @@ from gpuwatchd.validate import (
     fail,
     field_error,
     is_number,
+    load_json,
     need_int,
     need_object,
     need_text,
@@ -607,20 +608,7 @@ class KernelRequest:
     @classmethod
     def loads(cls, text: str | bytes) -> KernelRequest:
         """Parse a request from JSON text (size-capped, strict JSON)."""
-        if len(text) > MAX_REQUEST_BYTES:
-            raise KernelRequestError(f"request: larger than {MAX_REQUEST_BYTES} bytes")
-
-        def no_constant(name: str) -> Any:
-            raise KernelRequestError(f"request: {name} is not allowed in JSON")
-
-        try:
-            doc = json.loads(text, parse_constant=no_constant)
-        except KernelRequestError:
-            raise
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise KernelRequestError(
-                f"request: not valid JSON ({' '.join(str(e).split())})"
-            ) from None
+        doc = load_json(text, "request", max_bytes=MAX_REQUEST_BYTES, error=KernelRequestError)
         return cls.from_json(doc)
 
     # -- as a workload ---------------------------------------------------------------

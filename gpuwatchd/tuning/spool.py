@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuwatchd.tuning.kernels import MAX_REQUEST_BYTES, KernelRequest, KernelRequestError
+from gpuwatchd.tuning.regular_file import NotReadable, read_regular
 from gpuwatchd.validate import one_line
 
 #: Overrides where jobs spool and the daemon reads.
@@ -125,7 +126,12 @@ def read_spool(
     """
     folder = Path(directory)
     scan = SpoolScan()
-    names = request_files(folder, time.time() if now is None else now)
+    try:
+        names = request_files(folder, time.time() if now is None else now)
+    except (NotReadable, OSError) as e:
+        reason = e.reason if isinstance(e, NotReadable) else one_line(e)
+        scan.rejected.append(Rejected(folder.name, reason, None))
+        return scan
     scan.left = max(0, len(names) - max_files)
     for name in names[:max_files]:
         _read_one(folder, name, scan)
@@ -134,14 +140,18 @@ def read_spool(
 
 def request_files(folder: Path, now: float) -> list[str]:
     """The ``*.json`` files directly in ``folder``, oldest first (none: no folder).
+    NotReadable when ``folder`` is there but not a directory of its own.
 
     Hidden files are writers' temporaries: left alone, or removed once older than
     :data:`STALE_TMP_S`.
     """
     try:
-        names = sorted(os.listdir(folder))
+        st = os.lstat(folder)
     except FileNotFoundError:
         return []
+    if not stat.S_ISDIR(st.st_mode):  # a link could send the reader into any folder
+        raise NotReadable(folder, "not a directory (a link or a special file); not read")
+    names = sorted(os.listdir(folder))
     files: list[tuple[float, str]] = []
     for name in names:
         path = folder / name
@@ -164,27 +174,17 @@ def request_files(folder: Path, now: float) -> list[str]:
 def _read_one(folder: Path, name: str, scan: SpoolScan) -> None:
     path = folder / name
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        data, inode = read_regular(path, MAX_REQUEST_BYTES, follow_symlinks=False)
+        request = KernelRequest.loads(data)
     except FileNotFoundError:
         return  # taken by another reader
-    except OSError as e:
-        scan.rejected.append(reject_file(folder, name, None, f"cannot open: {one_line(e)}"))
+    except NotReadable as e:
+        scan.rejected.append(reject_file(folder, name, None, e.reason))
         return
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            reason = "not a regular file"
-        elif st.st_size > MAX_REQUEST_BYTES:
-            reason = f"larger than {MAX_REQUEST_BYTES} bytes"
-        else:
-            try:
-                request = KernelRequest.loads(f.read(MAX_REQUEST_BYTES + 1))
-            except KernelRequestError as e:
-                reason = one_line(e)
-            else:
-                scan.entries.append(SpoolEntry(path, request, st.st_ino))
-                return
-    scan.rejected.append(reject_file(folder, name, st.st_ino, reason))
+    except KernelRequestError as e:
+        scan.rejected.append(reject_file(folder, name, inode, one_line(e)))
+        return
+    scan.entries.append(SpoolEntry(path, request, inode))
 
 
 def reject_file(folder: Path, name: str, inode: int | None, reason: str) -> Rejected:
@@ -193,6 +193,10 @@ def reject_file(folder: Path, name: str, inode: int | None, reason: str) -> Reje
     target = aside / name
     try:
         aside.mkdir(mode=0o770, exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(aside).st_mode):  # a planted link must not steer moves
+            return Rejected(name, reason, None)
+        if os.path.lexists(target):  # an earlier rejection of the same name, perhaps a folder
+            target = aside / f"{name}.{os.urandom(4).hex()}"
         os.replace(folder / name, target)
     except OSError:
         return Rejected(name, reason, None)
@@ -204,7 +208,7 @@ def reject_file(folder: Path, name: str, inode: int | None, reason: str) -> Reje
         with contextlib.suppress(OSError):
             target.unlink()
         return Rejected(name, reason + " (a newer write was kept)", None)
-    reason_file = aside / (name + ".reason")
+    reason_file = aside / (target.name + ".reason")
     with contextlib.suppress(OSError):
         tmp = aside / f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
         tmp.write_text(reason + "\n", encoding="utf-8")

@@ -26,16 +26,16 @@ from __future__ import annotations
 import json
 import math
 import re
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuwatchd.tuning.captured import CAPTURE_FORMAT, parse_capture
+from gpuwatchd.tuning.regular_file import read_regular_file
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.workloads import parse_workloads
-from gpuwatchd.validate import fail, need_text, one_line
+from gpuwatchd.validate import fail, load_json, load_toml, need_text, one_line
 
 ADD_OP = "add_workloads"
 LIST_OP = "list_workloads"
@@ -168,18 +168,17 @@ def read_workloads_file(path: str | Path) -> tuple[Workload, ...]:
     wrong (the path is in it)."""
     p = Path(path)
     try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise ValueError(f"{p}: cannot read: {e.strerror or one_line(e)}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise ValueError(f"{p}: larger than {MAX_FILE_BYTES} bytes")
+        raw = read_regular_file(p, MAX_FILE_BYTES)
+    except FileNotFoundError as e:
+        raise ValueError(f"{p}: cannot read: {e.strerror}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{p}: not UTF-8 text") from None
+    toml = p.suffix.lower() == ".toml"
+    doc = load_toml(text, str(p)) if toml else load_json(text, str(p))
     try:
-        items = _toml_items(text) if p.suffix.lower() == ".toml" else _json_items(text)
+        items = _toml_items(doc) if toml else _json_items(doc)
         if not items:
             raise ValueError("holds no workloads")
         workloads = parse_workloads(items, where="workload")
@@ -190,22 +189,14 @@ def read_workloads_file(path: str | Path) -> tuple[Workload, ...]:
     return workloads
 
 
-def _toml_items(text: str) -> list[Any]:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"invalid TOML: {one_line(e)}") from None
+def _toml_items(data: dict[str, Any]) -> list[Any]:
     items = data.get("workload")
     if not isinstance(items, list):
         raise ValueError("expected [[workload]] tables")
     return items
 
 
-def _json_items(text: str) -> list[Any]:
-    try:
-        doc = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"invalid JSON: {one_line(e)}") from None
+def _json_items(doc: Any) -> list[Any]:
     if isinstance(doc, list):
         return doc
     if isinstance(doc, dict) and doc.get("format") == CAPTURE_FORMAT:

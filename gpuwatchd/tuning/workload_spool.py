@@ -21,10 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.tuning.regular_file import NotReadable, read_regular_file
 from gpuwatchd.tuning.spool import REJECTED_DIR as REJECTED_DIR
-from gpuwatchd.tuning.spool import SUFFIX, reject_file, request_files, write_atomically
+from gpuwatchd.tuning.spool import (
+    SUFFIX,
+    Rejected,
+    reject_file,
+    request_files,
+    write_atomically,
+)
 from gpuwatchd.tuning.workload_requests import MAX_FILE_BYTES, AddRequest, parse_add_request
-from gpuwatchd.validate import one_line
+from gpuwatchd.validate import load_json, one_line
 
 #: The folder, inside the spool directory, that holds ``add_workloads`` requests.
 SUBDIR = "workloads"
@@ -57,10 +64,10 @@ class SpooledRequest:
 
 @dataclass(slots=True)
 class WorkloadSpoolScan:
-    """Good requests (oldest first) and ``(file name, one-line reason)`` for bad files."""
+    """Good requests (oldest first) and the bad files, set aside where they could be."""
 
     requests: list[SpooledRequest] = field(default_factory=list)
-    rejected: list[tuple[str, str]] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)
 
 
 def read_workload_spool(spool_dir: str | os.PathLike[str]) -> WorkloadSpoolScan:
@@ -71,20 +78,22 @@ def read_workload_spool(spool_dir: str | os.PathLike[str]) -> WorkloadSpoolScan:
     """
     folder = Path(spool_dir) / SUBDIR
     scan = WorkloadSpoolScan()
-    for name in request_files(folder, time.time()):
+    try:
+        names = request_files(folder, time.time())
+    except (NotReadable, OSError) as e:
+        reason = e.reason if isinstance(e, NotReadable) else one_line(e)
+        scan.rejected.append(Rejected(SUBDIR, reason, None))
+        return scan
+    for name in names:
         path = folder / name
         try:
-            with path.open("rb") as f:
-                raw = f.read(MAX_FILE_BYTES + 1)
-            if len(raw) > MAX_FILE_BYTES:
-                raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
-            request = parse_add_request(json.loads(raw.decode("utf-8")))
+            raw = read_regular_file(path, MAX_FILE_BYTES, follow_symlinks=False)
+            request = parse_add_request(load_json(raw, "request"))
         except FileNotFoundError:
             continue
-        except (OSError, ValueError) as e:
-            reason = one_line(e)
-            reject_file(folder, name, None, reason)
-            scan.rejected.append((name, reason))
+        except ValueError as e:
+            reason = e.reason if isinstance(e, NotReadable) else one_line(e)
+            scan.rejected.append(reject_file(folder, name, None, reason))
             continue
         scan.requests.append(SpooledRequest(path, request))
     return scan
