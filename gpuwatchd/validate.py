@@ -100,21 +100,29 @@ def load_toml(
 ) -> dict[str, Any]:
     """Parse untrusted TOML text, at most ``max_depth`` levels deep; ``error`` (one line
     starting ``what:``) on anything wrong."""
+    too_deep = f"{what}: invalid TOML: arrays or tables nested too deeply (over {max_depth})"
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise error(f"{what}: invalid TOML: {one_line(e)}") from None
     except RecursionError:  # tomllib recurses once per level of nested arrays and tables
-        raise error(f"{what}: invalid TOML: nested deeper than {max_depth} levels") from None
-    check_depth(doc, what, max_depth, error)
+        raise error(too_deep) from None
+    if nested_over(doc, max_depth):
+        raise error(too_deep)
     return doc
 
 
 def check_depth(
     doc: Any, what: str, max_depth: int = MAX_DEPTH, error: ErrorType = ValueError
 ) -> None:
-    """``error`` when lists and dicts in ``doc`` nest deeper than ``max_depth``; walks
-    with a stack of its own, so any depth is checked without recursion."""
+    """``error`` when lists and dicts in ``doc`` nest deeper than ``max_depth``."""
+    if nested_over(doc, max_depth):
+        raise error(f"{what}: nested deeper than {max_depth} levels")
+
+
+def nested_over(doc: Any, max_depth: int) -> bool:
+    """Whether lists and dicts in ``doc`` nest deeper than ``max_depth``; walks with a
+    stack of its own, so any depth is measured without recursion."""
     stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
         value, depth = stack.pop()
@@ -125,8 +133,9 @@ def check_depth(
         else:
             continue
         if depth > max_depth:
-            raise error(f"{what}: nested deeper than {max_depth} levels")
+            return True
         stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def show(value: Any) -> str:

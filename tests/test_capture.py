@@ -16,9 +16,10 @@ torch = pytest.importorskip("torch")
 
 import gpuwatchd.torch as gt  # noqa: E402
 from gpuwatchd.config import load_config  # noqa: E402
+from gpuwatchd.control.wire import ADD_WORKLOADS as ADD_OP  # noqa: E402
 from gpuwatchd.jobside.capture import MODEL_ATTR  # noqa: E402
 from gpuwatchd.tuning.captured import parse_capture  # noqa: E402
-from gpuwatchd.tuning.workload_requests import ADD_OP, read_workloads_file  # noqa: E402
+from gpuwatchd.tuning.workload_requests import read_workloads_file  # noqa: E402
 from gpuwatchd.tuning.workload_spool import read_workload_spool  # noqa: E402
 
 STEPS = 2

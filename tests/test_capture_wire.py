@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from gpuwatchd.control.wire import ADD_WORKLOADS as ADD_OP
+from gpuwatchd.control.wire import REMOVE_WORKLOADS as REMOVE_OP
 from gpuwatchd.tuning.captured import (
     CAPTURE_FORMAT,
     CapturedCall,
@@ -21,9 +23,7 @@ from gpuwatchd.tuning.captured import (
 )
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.workload_requests import (
-    ADD_OP,
     MAX_WORKLOADS,
-    REMOVE_OP,
     add_request,
     check_workload_name,
     list_request,

@@ -204,7 +204,7 @@ def test_a_registered_op_is_served_with_the_callers_credentials(
     def whoami(request: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
         return {"ok": True, "uid": peer.uid, "pid": peer.pid, "job": request["job"]}
 
-    table.register(Op("whoami", whoami, frozenset({"job", "tag"})))
+    table.register(Op("whoami", whoami, keys=frozenset({"job", "tag"})))
     srv = ControlServer(sockdir / "c.sock", table)
     srv.start()
     try:
@@ -226,7 +226,7 @@ def test_an_op_without_a_parser_gets_every_key_missing_ones_as_none() -> None:
         got.append(request)
         return {"ok": True}
 
-    table = OpTable([Op("note", note, frozenset({"a", "b"}))])
+    table = OpTable([Op("note", note, keys=frozenset({"a", "b"}))])
     assert table({"op": "note", "a": 1}, ME) == {"ok": True}
     assert got == [{"op": "note", "a": 1, "b": None}]
 

@@ -20,6 +20,7 @@ PKG = Path(__file__).resolve().parent.parent / "gpuwatchd"
 #: Lowest first. Each entry is a package or module under gpuwatchd/.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("validate",),
+    ("control",),  # the control socket's wire: names and limits both ends import
     ("telemetry",),
     ("gate",),
     ("monitor",),

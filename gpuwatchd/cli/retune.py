@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from gpuwatchd.cli.common import (
     EXIT_CONFIG,
@@ -18,6 +17,7 @@ from gpuwatchd.cli.common import (
     add_command,
     ask_daemon,
 )
+from gpuwatchd.control import wire
 
 EXIT_REJECTED = EXIT_CONFIG  # 2
 
@@ -76,9 +76,9 @@ def add_retune_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``gpuwatchd retune``; CliError(1) unreachable, CliError(2) rejected."""
     if args.pending:
-        request: dict[str, Any] = {"op": "status"}
+        request = wire.request(wire.STATUS)
     else:
-        request = {"op": "retune", "gpu": args.gpu, "workloads": args.workload or None}
+        request = wire.request(wire.RETUNE, gpu=args.gpu, workloads=args.workload or None)
     response = ask_daemon(args, request)
     if args.json:
         print(json.dumps(response, indent=2, sort_keys=True))

@@ -61,7 +61,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Build the request (exit 2 on bad input), send it (exit 1 on no daemon), print."""
     request = _request(args)
-    response = ask_daemon(args, request)
+    response = _list_all(args) if args.verb == "list" else ask_daemon(args, request)
     if args.json:
         print(json.dumps(response, indent=2, sort_keys=True))
     if not response["ok"]:
@@ -89,6 +89,22 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
     except ValueError as exc:
         raise CliError(" ".join(str(exc).split()), EXIT_CONFIG) from None
     return list_request()
+
+
+def _list_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Every page of ``list_workloads``, as one answer (the first refusal as it came)."""
+    items: list[Any] = []
+    cursor = 0
+    while True:
+        response = ask_daemon(args, list_request(cursor or None))
+        if not response["ok"]:
+            return response
+        page = response.get("workloads")
+        items += page if isinstance(page, list) else []
+        after = response.get("next")
+        if isinstance(after, bool) or not isinstance(after, int) or after <= cursor:
+            return {"ok": True, "workloads": items}  # the last page, or an older daemon
+        cursor = after
 
 
 def format_response(verb: str, response: dict[str, Any]) -> str:

@@ -155,7 +155,7 @@ class Client:
             st = _find_gpu(doc, gpu, self.url)
             pause = poll_s
             judged = daemon.judge(gpu) if daemon is not None and _occupied(st) else None
-            if daemon is not None and _occupied(st) and judged is None:
+            if daemon is not None and _occupied(st) and judged is None and not daemon.busy:
                 daemon = None  # it cannot judge for jobs: don't ask again
             if judged is not None:
                 st, local = judged, None

@@ -4,7 +4,9 @@ The daemon authenticates the caller by its socket credentials (SO_PEERCRED), so 
 needs no secret; it only needs the path (:func:`gpuwatchd.client.discovery.default_socket_path`).
 Anything that keeps an answer from arriving (no socket, no permission, a timeout, a
 reply that is not a control answer) is :class:`Unreachable` with one line; a refusal
-is an ordinary answer ``{"ok": false, "error": ...}`` for the caller to read.
+is an ordinary answer ``{"ok": false, "error": ...}`` for the caller to read. A ``busy``
+answer (every slot taken) is asked again, waiting longer each time with random jitter,
+for up to ``patience_s``; the caller sees a busy answer only once that ran out.
 """
 
 from __future__ import annotations
@@ -12,23 +14,58 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.validate import one_line
-
-#: The daemon reads at most this many bytes per request line (its ``MAX_LINE``).
-MAX_LINE = 64 * 1024
+from gpuwatchd.control.wire import (
+    BUSY_FIRST_WAIT_S,
+    BUSY_MAX_WAIT_S,
+    BUSY_PATIENCE_S,
+    MAX_LINE,
+    WireError,
+    check_answer,
+    is_busy,
+)
+from gpuwatchd.validate import load_json, one_line
 
 
 class Unreachable(Exception):
     """No daemon answered (one line)."""
 
 
-def ask(path: str | os.PathLike[str], line: str, timeout: float) -> dict[str, Any]:
-    """Send one request line to the control socket at ``path``; its JSON answer."""
-    where = Path(path)
+def ask(
+    path: str | os.PathLike[str],
+    line: str,
+    timeout: float,
+    *,
+    patience_s: float = BUSY_PATIENCE_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Send one request line to the control socket at ``path``; its JSON answer.
+
+    A busy answer is asked again after a wait that doubles from ``BUSY_FIRST_WAIT_S``
+    up to ``BUSY_MAX_WAIT_S`` (each plus up to as much again at random), while the waits
+    add up to at most ``patience_s``; then the busy answer is returned.
+    """
+    waited = 0.0
+    wait = BUSY_FIRST_WAIT_S
+    while True:
+        answer = _ask_once(Path(path), line, timeout)
+        if not is_busy(answer):
+            return answer
+        pause = min(wait * (1.0 + random.random()), patience_s - waited)
+        if pause <= 0:
+            return answer
+        sleep(pause)
+        waited += pause
+        wait = min(wait * 2, BUSY_MAX_WAIT_S)
+
+
+def _ask_once(where: Path, line: str, timeout: float) -> dict[str, Any]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
@@ -40,17 +77,24 @@ def ask(path: str | os.PathLike[str], line: str, timeout: float) -> dict[str, An
     finally:
         sock.close()
     try:
-        doc = json.loads(data)
+        doc = load_json(data, "answer")
     except ValueError:
         raise Unreachable(f"{where}: the daemon's response is not JSON") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("ok"), bool):
-        raise Unreachable(f"{where}: not a gpuwatchd control response")
-    return doc
+    try:
+        return dict(check_answer(doc))
+    except WireError as e:
+        raise Unreachable(f"{where}: {e}") from None
 
 
-def ask_doc(path: str | os.PathLike[str], doc: dict[str, Any], timeout: float) -> dict[str, Any]:
+def ask_doc(
+    path: str | os.PathLike[str],
+    doc: dict[str, Any],
+    timeout: float,
+    *,
+    patience_s: float = BUSY_PATIENCE_S,
+) -> dict[str, Any]:
     """:func:`ask` with the request given as a JSON object."""
-    return ask(path, json.dumps(doc, separators=(",", ":")), timeout)
+    return ask(path, json.dumps(doc, separators=(",", ":")), timeout, patience_s=patience_s)
 
 
 def _read_line(sock: socket.socket) -> bytes:

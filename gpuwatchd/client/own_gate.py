@@ -19,12 +19,13 @@ from gpuwatchd.api.gpu_state import GpuState
 from gpuwatchd.api.state import parse_gpu_state
 from gpuwatchd.client.control import Unreachable, ask_doc
 from gpuwatchd.client.errors import GpuwatchdError
+from gpuwatchd.control import wire
 from gpuwatchd.gate import GateConfig
 from gpuwatchd.monitor.watch import GpuWatch
 from gpuwatchd.validate import one_line
 
 #: ``GpuState.judged_by`` of a state the daemon judged for this job.
-JUDGED_BY_DAEMON = "daemon_for_job"
+JUDGED_BY_DAEMON = wire.JUDGED_FOR_JOB
 
 
 class _OwnProcessGate:
@@ -61,7 +62,8 @@ class _DaemonJobGate:
     the daemon replays its own sample history without the job's processes, so the
     settle time already spent before the job asked counts. :meth:`judge` returns None
     when the daemon cannot do this (no socket, no permission, an older daemon); the
-    caller then re-runs the gate itself.
+    caller then re-runs the gate itself. A daemon that stayed ``busy`` through the
+    client's retries returns None too, with :attr:`busy` set: ask it again next time.
     """
 
     def __init__(self, socket_path: str | os.PathLike[str], timeout: float) -> None:
@@ -69,8 +71,10 @@ class _DaemonJobGate:
         self.timeout = timeout
         self.job: str | None = None
         self.why_not: str | None = None  # why the daemon could not judge, once it could not
+        self.busy = False  # the last ask found every slot taken: worth asking again
 
     def judge(self, gpu: int | str) -> GpuState | None:
+        self.busy = False
         try:
             answer = self._ask_gate(gpu)
             if answer.get("ok") is not True and "no registered job" in str(answer.get("error")):
@@ -81,6 +85,7 @@ class _DaemonJobGate:
             return None
         if answer.get("ok") is not True:
             self.why_not = one_line(answer.get("error", "refused"))
+            self.busy = wire.is_busy(answer)
             return None
         try:
             st = parse_gpu_state(answer.get("gpu"), source=f"{self.socket_path} job_gate")
@@ -91,9 +96,9 @@ class _DaemonJobGate:
 
     def _ask_gate(self, gpu: int | str) -> dict[str, Any]:
         if self.job is None:
-            answer = ask_doc(self.socket_path, {"op": "register_job"}, self.timeout)
+            answer = ask_doc(self.socket_path, wire.request(wire.REGISTER_JOB), self.timeout)
             if answer.get("ok") is not True or not isinstance(answer.get("job"), str):
                 return answer
             self.job = answer["job"]
-        request = {"op": "job_gate", "gpu": gpu, "job": self.job}
+        request = wire.request(wire.JOB_GATE, gpu=gpu, job=self.job)
         return ask_doc(self.socket_path, request, self.timeout)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import grp
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ from gpuwatchd.tuning.workloads import (
     merge_workloads,
     parse_workloads,
 )
-from gpuwatchd.validate import check, check_durations, from_table
+from gpuwatchd.validate import check, check_durations, from_table, load_toml
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuwatchd/config.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -340,11 +339,8 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config file: {exc.strerror or exc}") from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: config file is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
-    except RecursionError:  # tomllib recurses once per level of nested arrays and tables
-        raise ConfigError(f"{p}: invalid TOML: arrays or tables nested too deeply") from None
+    data = load_toml(text, str(p), error=ConfigError)
     return parse_config(data, source=str(p))

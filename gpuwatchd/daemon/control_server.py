@@ -3,16 +3,15 @@
 The HTTP endpoint is read-only by design; asking for GPU work needs this socket, which
 authenticates callers without secrets: the file is mode 0660 in a 0750 directory, and
 every connection's SO_PEERCRED is checked against root, the daemon's own uid and an
-optional ``control_group``. One JSON object per line in, one per line out::
-
-    {"op": "...", ...}  ->  {"ok": true, ...}
-    (anything wrong)    ->  {"ok": false, "error": "one line"}
+optional ``control_group``. One JSON object per line in, one per line out (the wire:
+:mod:`gpuwatchd.control.wire`).
 
 This module knows nothing of what the operations mean: it decodes the line into a JSON
 object and hands it, with the caller's credentials, to a :data:`Handler` (in the daemon,
 an :class:`~gpuwatchd.daemon.ops.OpTable`). Each connection gets its own thread (at most
-``max_clients``) and a total deadline, so a silent, slow or garbage-sending client can
-never hold up another one.
+``max_clients``, of which one user holds at most ``max_per_peer``) and a short deadline
+for its request line, so a silent, slow or garbage-sending client, or one user's pile of
+idle connections, never holds up anybody else: they get ``busy`` and ask again.
 """
 
 from __future__ import annotations
@@ -35,17 +34,20 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.config.loader import CONTROL_SOCKET_NAME, SYSTEM_RUNTIME_DIR, resolve_control_socket
+from gpuwatchd.control.wire import (
+    CLIENT_TIMEOUT_S,
+    MAX_CLIENTS,
+    MAX_CLIENTS_PER_PEER,
+    MAX_LINE,
+    busy_answer,
+    error_answer,
+)
 from gpuwatchd.validate import load_json
 
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = CONTROL_SOCKET_NAME
 SYSTEM_SOCKET_DIR = SYSTEM_RUNTIME_DIR
-#: Longest request line accepted, newline excluded.
-MAX_LINE = 64 * 1024
-#: A client must send its whole request line within this many seconds of connecting.
-CLIENT_TIMEOUT_S = 2.0
-MAX_CLIENTS = 8
 SOCKET_MODE = 0o660
 DIR_MODE = 0o750
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python lacks the name
@@ -142,11 +144,6 @@ def decode_request(line: bytes) -> dict[str, Any]:
     return doc
 
 
-def error_response(message: str) -> dict[str, Any]:
-    """The one shape of every refusal."""
-    return {"ok": False, "error": message}
-
-
 #: Answers one decoded request from one peer; raises RequestError to refuse it.
 Handler = Callable[[dict[str, Any], PeerCred], dict[str, Any]]
 
@@ -172,6 +169,7 @@ class ControlServer:
         *,
         allowed: Callable[[PeerCred], bool] | None = None,
         max_clients: int = MAX_CLIENTS,
+        max_per_peer: int = MAX_CLIENTS_PER_PEER,
         client_timeout_s: float = CLIENT_TIMEOUT_S,
     ) -> None:
         self.path = Path(path)
@@ -180,7 +178,9 @@ class ControlServer:
         self._allowed = allowed if allowed is not None else self._policy
         self._who = str(self._policy) if allowed is None else None
         self.client_timeout_s = client_timeout_s
-        self._slots = threading.BoundedSemaphore(max_clients)
+        self.max_clients = max_clients
+        self.max_per_peer = max_per_peer
+        self._per_peer: dict[int, int] = {}  # open connections by uid
         self._active: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -360,21 +360,38 @@ class ControlServer:
             self._stopping.wait(0.1)
             return
         conn.settimeout(self.client_timeout_s)
-        if not self._slots.acquire(blocking=False):
-            log.warning("control socket: too many connections, turning one away")
-            self._reply(conn, error_response("busy: too many control connections, try again"))
-            conn.close()
-            return
-        with self._lock:
-            self._active.add(conn)
-        threading.Thread(
-            target=self._serve_client, args=(conn,), name="gpuwatchd-control-client", daemon=True
-        ).start()
-
-    def _serve_client(self, conn: socket.socket) -> None:
-        deadline = time.monotonic() + self.client_timeout_s
         try:
             peer = peer_credentials(conn)
+        except OSError:
+            conn.close()
+            return
+        why = self._take_slot(conn, peer.uid)
+        if why is not None:
+            log.warning("control socket: %s, turning uid %d away (busy)", why, peer.uid)
+            self._reply(conn, busy_answer(why))
+            conn.close()
+            return
+        threading.Thread(
+            target=self._serve_client,
+            args=(conn, peer),
+            name="gpuwatchd-control-client",
+            daemon=True,
+        ).start()
+
+    def _take_slot(self, conn: socket.socket, uid: int) -> str | None:
+        """Count ``conn`` in, or say why not: all slots taken, or this user's share."""
+        with self._lock:
+            if len(self._active) >= self.max_clients:
+                return "too many control connections"
+            if self._per_peer.get(uid, 0) >= self.max_per_peer:
+                return f"too many control connections from uid {uid}"
+            self._active.add(conn)
+            self._per_peer[uid] = self._per_peer.get(uid, 0) + 1
+            return None
+
+    def _serve_client(self, conn: socket.socket, peer: PeerCred) -> None:
+        deadline = time.monotonic() + self.client_timeout_s
+        try:
             if not self._allowed(peer):
                 log.warning(
                     "control socket: refused uid %d gid %d (pid %d): not allowed to use it",
@@ -383,7 +400,7 @@ class ControlServer:
                     peer.pid,
                 )
                 allowed = f" (allowed: {self._who})" if self._who else ""
-                self._reply(conn, error_response(f"permission denied for uid {peer.uid}{allowed}"))
+                self._reply(conn, error_answer(f"permission denied for uid {peer.uid}{allowed}"))
                 return
             self._reply(conn, self._answer(conn, deadline, peer))
         except (_ClientGone, OSError):
@@ -391,8 +408,10 @@ class ControlServer:
         finally:
             with self._lock:
                 self._active.discard(conn)
+                left = self._per_peer.pop(peer.uid, 1) - 1
+                if left:
+                    self._per_peer[peer.uid] = left
             conn.close()
-            self._slots.release()
 
     def _answer(self, conn: socket.socket, deadline: float, peer: PeerCred) -> dict[str, Any]:
         try:
@@ -400,12 +419,12 @@ class ControlServer:
             log.debug("control socket: %s from uid %d (pid %d)", request, peer.uid, peer.pid)
             return self.handler(request, peer)
         except RequestError as exc:
-            return error_response(str(exc))
+            return error_answer(str(exc))
         except _ClientGone:
             raise
         except Exception as exc:  # a handler bug must not kill the channel
             log.exception("control socket: request handler failed")
-            return error_response(f"internal error: {type(exc).__name__}: {exc}")
+            return error_answer(f"internal error: {type(exc).__name__}: {exc}")
 
     def _read_line(self, conn: socket.socket, deadline: float) -> bytes:
         """One request line (or everything up to EOF), within the deadline and size cap."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwatchd.api.state import snapshot_json
+from gpuwatchd.control.wire import JOB_GATE, JUDGED_FOR_JOB, REGISTER_JOB
 from gpuwatchd.daemon.control_server import PeerCred, RequestError
 from gpuwatchd.daemon.history import SampleHistory
 from gpuwatchd.daemon.jobs import Job, JobError, JobRegistry
@@ -35,7 +36,7 @@ from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.watch import GpuWatch
 from gpuwatchd.telemetry.types import normalize_uuid
 
-JUDGED_BY = "daemon_for_job"
+JUDGED_BY = JUDGED_FOR_JOB
 #: Gates kept per (job, GPU); the oldest is dropped beyond this.
 MAX_GATES = 512
 
@@ -109,7 +110,7 @@ def parse_job_gate(doc: Request) -> Request:
     job = doc.get("job")
     if job is not None and (not isinstance(job, str) or not job):
         raise RequestError(f"job: expected a job id from register_job, got {job!r}")
-    return {"op": "job_gate", "gpu": gpu, "job": job}
+    return {"op": JOB_GATE, "gpu": gpu, "job": job}
 
 
 def job_ops(gates: JobGates) -> tuple[Op, Op]:
@@ -139,8 +140,8 @@ def job_ops(gates: JobGates) -> tuple[Op, Op]:
         }
 
     return (
-        Op("register_job", register),
-        Op("job_gate", job_gate, frozenset({"gpu", "job"}), parse_job_gate),
+        Op(REGISTER_JOB, register),
+        Op(JOB_GATE, job_gate, parse_job_gate),
     )
 
 

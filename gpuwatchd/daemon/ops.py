@@ -1,9 +1,10 @@
 """The control socket's operations: a table of named ops, each with its keys and handler.
 
 A request names its operation in ``op``; the table checks the name and the keys the op
-accepts, lets the op validate its values, and calls its handler with the caller's
-credentials. A new operation is one more :class:`Op` registered on the daemon's table;
-neither the table nor :class:`~gpuwatchd.daemon.control_server.ControlServer` changes.
+accepts (declared in :mod:`gpuwatchd.control.wire`), lets the op validate its values,
+and calls its handler with the caller's credentials. A new operation is its declaration
+in the wire module and one more :class:`Op` registered on the daemon's table; neither
+the table nor :class:`~gpuwatchd.daemon.control_server.ControlServer` changes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwatchd.control.wire import UNKNOWN_OP, WireError, check_keys, op_keys
 from gpuwatchd.daemon.control_server import PeerCred, RequestError
 
 Request = dict[str, Any]
@@ -22,7 +24,8 @@ Response = dict[str, Any]
 class Op:
     """One operation.
 
-    ``keys``: what a request may carry besides ``op``. ``parse`` turns the request (its
+    ``keys``: what a request may carry besides ``op`` (None: what the wire declares for
+    ``name``). ``parse`` turns the request (its
     keys already checked) into the validated form ``handle`` gets, raising RequestError
     naming the bad key; without one, every key is passed on, a missing one as None.
     ``handle`` gets the caller's :class:`PeerCred` for ops that care who asks.
@@ -30,20 +33,23 @@ class Op:
 
     name: str
     handle: Callable[[Request, PeerCred], Response]
-    keys: frozenset[str] = frozenset()
     parse: Callable[[Request], Request] | None = None
+    keys: frozenset[str] | None = None
+
+    @property
+    def accepts(self) -> frozenset[str]:
+        """The keys a request may carry besides ``op``."""
+        return op_keys(self.name) if self.keys is None else self.keys
 
     def validate(self, doc: Request) -> Request:
         """``doc`` with its keys checked, in the form :attr:`handle` takes."""
-        unknown = sorted(set(doc) - self.keys - {"op"})
-        if unknown:
-            allowed = ", ".join(sorted(self.keys | {"op"}))
-            raise RequestError(
-                f"{unknown[0]}: unknown key for op {self.name!r} (allowed: {allowed})"
-            )
+        try:
+            check_keys(doc, self.name, self.accepts)
+        except WireError as e:
+            raise RequestError(str(e)) from None
         if self.parse is not None:
             return self.parse(doc)
-        return {"op": self.name, **{key: doc.get(key) for key in sorted(self.keys)}}
+        return {"op": self.name, **{key: doc.get(key) for key in sorted(self.accepts)}}
 
 
 class OpTable:
@@ -71,6 +77,6 @@ class OpTable:
         if name is None:
             raise RequestError(f"op: missing (known: {known})")
         if not isinstance(name, str) or name not in self._ops:
-            raise RequestError(f"op: unknown operation {name!r} (known: {known})")
+            raise RequestError(f"op: {UNKNOWN_OP} {name!r} (known: {known})")
         op = self._ops[name]
         return op.handle(op.validate(doc), peer)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from gpuwatchd.config import Config
+from gpuwatchd.control.wire import RETUNE, STATUS
 from gpuwatchd.daemon.control_server import PeerCred, RequestError
 from gpuwatchd.daemon.ops import Op, Request, Response
 from gpuwatchd.tuning.types import Workload
@@ -45,7 +46,7 @@ def parse_retune(doc: Request) -> Request:
             if not isinstance(n, str) or not n:
                 raise RequestError(f"workloads: every entry must be a non-empty string, got {n!r}")
         names = list(dict.fromkeys(names))  # drop repeats, keep the order
-    return {"op": "retune", "gpu": gpu, "workloads": names}
+    return {"op": RETUNE, "gpu": gpu, "workloads": names}
 
 
 def retune_ops(
@@ -79,8 +80,8 @@ def retune_ops(
         return {"ok": True, "pending": _by_gpu(scheduler.pending())}
 
     return (
-        Op("retune", retune, frozenset({"gpu", "workloads"}), parse_retune),
-        Op("status", status),
+        Op(RETUNE, retune, parse_retune),
+        Op(STATUS, status),
     )
 
 

@@ -7,7 +7,8 @@ On the wire (framing in :mod:`gpuwatchd.daemon.control_server`)::
             "queued": {"0": ["triton.user:..."]}, "persisted": true}
     {"op": "add_workloads", "workloads": [...], "source": {...}}
         -> {"ok": true, "added": [...], "replaced": [...]}
-    {"op": "list_workloads"}  -> {"ok": true, "workloads": [{..., "origin": "config"}, ...]}
+    {"op": "list_workloads", "cursor": 0, "limit": 256}
+        -> {"ok": true, "workloads": [{..., "origin": "config"}, ...], "next": 256 | null}
     {"op": "remove_workloads", "names": [...]}  -> {"ok": true, "removed": [...]}
 
 The request formats are :mod:`gpuwatchd.tuning.kernels` and
@@ -23,25 +24,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from gpuwatchd.control.wire import (
+    ADD_WORKLOADS,
+    LIST_WORKLOADS,
+    REMOVE_WORKLOADS,
+    TUNE_KERNEL,
+    WireError,
+    check_page,
+    page,
+)
 from gpuwatchd.daemon.control_server import PeerCred, RequestError
 from gpuwatchd.daemon.ops import Op, Request, Response
 from gpuwatchd.daemon.user_work import TrustRefused, UserWork, UserWorkError
 from gpuwatchd.tuning.kernels import FAMILY, KernelRequest, KernelRequestError
 from gpuwatchd.tuning.kernels import MAX_NAME_CHARS as MAX_KERNEL_NAME_CHARS
 from gpuwatchd.tuning.types import Workload
-from gpuwatchd.tuning.workload_requests import (
-    ADD_OP,
-    LIST_OP,
-    OP_KEYS,
-    REMOVE_OP,
-    parse_add_request,
-    parse_remove_request,
-)
+from gpuwatchd.tuning.workload_requests import parse_add_request, parse_remove_request
 from gpuwatchd.validate import fail, one_line
 
 log = logging.getLogger(__name__)
 
-TUNE_KERNEL_OP = "tune_kernel"
 USER_KERNEL_PREFIX = FAMILY + ":"
 
 
@@ -50,9 +52,18 @@ def parse_tune_kernel(doc: Request) -> Request:
     if doc.get("request") is None:
         raise RequestError("request: missing (a gpuwatchd-kernel-request/1 object)")
     try:
-        return {"op": TUNE_KERNEL_OP, "request": KernelRequest.from_json(doc["request"])}
+        return {"op": TUNE_KERNEL, "request": KernelRequest.from_json(doc["request"])}
     except KernelRequestError as e:
         raise RequestError(one_line(e)) from None
+
+
+def parse_list(doc: Request) -> Request:
+    """``{"op": "list_workloads", "cursor": int, "limit": int}``, both optional."""
+    try:
+        cursor, limit = check_page(doc)
+    except WireError as e:
+        raise RequestError(str(e)) from None
+    return {"op": LIST_WORKLOADS, "cursor": cursor, "limit": limit}
 
 
 def parse_remove(doc: Request) -> tuple[str, ...]:
@@ -106,27 +117,18 @@ def user_ops(work: UserWork, runnable: Callable[[], tuple[Workload, ...]]) -> tu
     def add(request: Request) -> Response:
         return work.add(request["request"])
 
-    def listing(_request: Request) -> Response:
+    def listing(request: Request) -> Response:
         added = work.added_names()
         configured = tuple(w for w in runnable() if w.name not in added)
-        return {"workloads": work.listing(configured)}
+        items, after = page(work.listing(configured), request["cursor"], request["limit"])
+        return {"workloads": items, "next": after}
 
     def remove(request: Request) -> Response:
         return work.remove(list(request["names"]))
 
     return (
-        Op(TUNE_KERNEL_OP, refusing(tune_kernel), frozenset({"request"}), parse_tune_kernel),
-        Op(
-            ADD_OP,
-            refusing(add),
-            OP_KEYS[ADD_OP] - {"op"},
-            _parse_with(parse_add_request, "request"),
-        ),
-        Op(LIST_OP, refusing(listing)),
-        Op(
-            REMOVE_OP,
-            refusing(remove),
-            OP_KEYS[REMOVE_OP] - {"op"},
-            _parse_with(parse_remove, "names"),
-        ),
+        Op(TUNE_KERNEL, refusing(tune_kernel), parse_tune_kernel),
+        Op(ADD_WORKLOADS, refusing(add), _parse_with(parse_add_request, "request")),
+        Op(LIST_WORKLOADS, refusing(listing), parse_list),
+        Op(REMOVE_WORKLOADS, refusing(remove), _parse_with(parse_remove, "names")),
     )

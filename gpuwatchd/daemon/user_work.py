@@ -199,7 +199,15 @@ class UserWork:
                     "rename it or change it in the config file"
                 )
             self._check_device(w, f"workloads[{i}]")
+        cap = self._tuning().max_added_workloads
         with self._lock:
+            new = {w.name for w in request.workloads} - self._added.names()
+            if len(self._added.names()) + len(new) > cap:
+                raise UserWorkError(
+                    f"workloads: {len(new)} more would make {len(self._added.names()) + len(new)}"
+                    f" added workloads, over [tuning] max_added_workloads = {cap}; remove some "
+                    "first (gpuwatchd workloads remove NAME...)"
+                )
             try:
                 replaced = self._added.add(request.workloads, request.source)
                 self._blocked.difference_update(w.name for w in request.workloads)

@@ -2,8 +2,9 @@
 
 The daemon's answer decides: ``ok`` means queued; "unknown operation" means a daemon
 without user-kernel support, so the request is spooled for a newer one to read at
-start; any other refusal (a module not allowed, a bad request) is final and reported.
-No socket, no permission, a timeout or a request too long for one socket line: spooled.
+start; ``busy`` is asked again with backoff, and spooled when it stays busy; any other
+refusal (a module not allowed, a bad request) is final and reported. No socket, no
+permission, a timeout or a request too long for one socket line: spooled.
 The job never fails because of any of this; it gets a :class:`Submission` saying what
 happened.
 """
@@ -17,14 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.client.control import MAX_LINE, Unreachable, ask
+from gpuwatchd.client.control import Unreachable, ask
 from gpuwatchd.client.discovery import default_socket_path, default_spool_dir
+from gpuwatchd.control import wire
 from gpuwatchd.tuning.kernels import KernelRequest
 from gpuwatchd.tuning.spool import write_request
 from gpuwatchd.validate import one_line
-
-#: The control socket's operation for user kernels.
-OP = "tune_kernel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +61,7 @@ class Submitter:
         """Queue ``request`` with the daemon, else spool it; never raises OSError."""
         sock = self.socket_path or default_socket_path()
         return deliver(
-            {"op": OP, "request": request.to_json()},
+            wire.request(wire.TUNE_KERNEL, request=request.to_json()),
             socket_path=sock,
             timeout=self.timeout,
             accepted=lambda _answer: f"queued with the daemon at {sock}",
@@ -86,14 +85,15 @@ def deliver(
     """Send ``doc`` (one control-socket request) to the daemon, else spool it.
 
     The one rule for every job-side request: ``ok`` is ``daemon`` (``accepted`` words
-    the answer), "unknown operation" or no daemon at all is ``spool`` (``spool(folder)``
+    the answer), "unknown operation", ``busy`` for longer than the client's patience or
+    no daemon at all is ``spool`` (``spool(folder)``
     writes the file; ``spool_dir`` None: the default, looked up only then), any other
     refusal is ``rejected`` (``refused`` names the thing: "it", "them"). Never raises
     OSError.
     """
     line = json.dumps(doc, separators=(",", ":"))
     why: str
-    if len(line.encode()) >= MAX_LINE:
+    if len(line.encode()) >= wire.MAX_LINE:
         why = f"request too long for the control socket ({len(line)} bytes)"
     else:
         try:
@@ -104,11 +104,14 @@ def deliver(
             if answer.get("ok") is True:
                 return Submission("daemon", accepted(answer))
             error = one_line(answer.get("error", "no reason given"))
-            if "unknown operation" not in error:
+            if wire.is_busy(answer):
+                why = f"the daemon at {socket_path} stayed busy ({error})"
+            elif wire.is_unknown_op(answer):
+                why = f"the daemon at {socket_path} does not take {doc['op']} requests"
+            else:
                 return Submission(
                     "rejected", f"the daemon at {socket_path} refused {refused}: {error}"
                 )
-            why = f"the daemon at {socket_path} does not take {doc['op']} requests"
     folder = spool_dir or default_spool_dir()
     try:
         path = spool(folder)

@@ -1,21 +1,25 @@
 """The ops the built-in candidate families run, and the shape each op takes.
 
-Checked when a ``[[workload]]`` table is read, so ``op = "fft"`` or ``m = -1`` is a
-one-line error from ``gpuwatchd check-config`` instead of a session failing in the worker
-hours later. Pure Python: the daemon never imports the worker package (torch), so
-:data:`FAMILY_OPS` mirrors what each built-in family accepts (a test holds the two
-together). A family from a plugin (entry point ``gpuwatchd.families``) may run ops of its
-own: with one in the list, an unknown op and unknown shape keys are left to the plugin.
+Checked when a ``[[workload]]`` table is read, so ``op = "fft"``, ``m = -1``,
+``dtype = "float1024"`` or operands bigger than the device could hold are a one-line
+error from ``gpuwatchd check-config`` (or the control socket, or the spool) instead of a
+session failing in the worker hours later. Pure Python: the daemon never imports the
+worker package (torch), so :data:`FAMILY_OPS` mirrors what each built-in family
+accepts (a test holds the two together). A family from a plugin (entry point
+``gpuwatchd.families``) may run ops of its own: with one in the list, an unknown op and
+unknown shape keys are left to the plugin.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
+from gpuwatchd.tuning.dtypes import DTYPES, ELEMENT_BYTES, canonical
 from gpuwatchd.tuning.types import Workload
-from gpuwatchd.validate import fail, need_int
+from gpuwatchd.validate import fail, need_int, require
 
 #: The entry-point group third-party families register under (as the worker reads it).
 ENTRY_POINT_GROUP = "gpuwatchd.families"
@@ -34,6 +38,12 @@ FAMILY_OPS: dict[str, tuple[str, ...]] = {
 }
 
 KNOWN_OPS = tuple(sorted({op for ops in FAMILY_OPS.values() for op in ops}))
+
+#: The most the operands of one workload (inputs and output) may take, by where it runs:
+#: more than a GPU's or a tuning host's memory only fails in the worker.
+MAX_OPERAND_BYTES = {"gpu": 16 * 2**30, "cpu": 2 * 2**30}
+#: The largest single dimension (a tensor dimension, m, n, k, batch) accepted.
+MAX_DIM = 2**31 - 1
 
 _CONV_KEYS = ("input", "weight", "stride", "padding", "dilation", "groups")
 
@@ -60,10 +70,33 @@ def check_workload(w: Workload, where: str, plugins: frozenset[str] | None = Non
             return
         raise fail(f"{where}.op", f"unknown op (known: {', '.join(KNOWN_OPS)})", w.op)
     try:
-        _SHAPES[w.op](w, where, not from_plugin)
+        elements = _SHAPES[w.op](w, where, not from_plugin)
     except ValueError as exc:
         text = str(exc)
         raise ValueError(text if text.startswith(where) else f"{where}: {text}") from None
+    if elements is not None and not from_plugin:
+        _check_size(w, where, elements)
+
+
+def _check_size(w: Workload, where: str, elements: int) -> None:
+    """The dtype is one the families know, and the operands fit the device's cap."""
+    dtype = canonical(w.dtype)
+    if dtype is None:
+        known = ", ".join(dict.fromkeys(DTYPES.values()))
+        raise fail(f"{where}.dtype", f"expected one of {known} (or bf16, fp16, fp32, ...)", w.dtype)
+    device = "cpu" if all(f.startswith("cpu.") for f in w.families) else "gpu"
+    cap = MAX_OPERAND_BYTES[device]
+    size = elements * ELEMENT_BYTES[dtype]
+    require(
+        size <= cap,
+        f"{where}.shape",
+        f"operands of {_gib(size)} GiB, over the {_gib(cap)} GiB a {device} workload may take",
+        dict(w.shape),
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.4g}"
 
 
 def _keys(shape: Mapping[str, Any], where: str, known: tuple[str, ...], strict: bool) -> None:
@@ -74,17 +107,26 @@ def _keys(shape: Mapping[str, Any], where: str, known: tuple[str, ...], strict: 
             raise fail(f"{where}.shape.{key}", f"unknown key for this op ({', '.join(known)})", key)
 
 
+def _dim(value: Any, where: str, minimum: int = 1) -> int:
+    n = need_int(value, where, minimum=minimum)
+    require(n <= MAX_DIM, where, f"expected an integer <= {MAX_DIM}", value)
+    return n
+
+
 def _positive(shape: Mapping[str, Any], key: str, where: str) -> int:
     if key not in shape:
         raise ValueError(f"{where}.shape.{key}: missing")
-    return need_int(shape[key], f"{where}.shape.{key}", minimum=1)
+    return _dim(shape[key], f"{where}.shape.{key}")
 
 
-def _gemm(keys: tuple[str, ...]) -> Callable[[Workload, str, bool], None]:
-    def check(w: Workload, where: str, strict: bool) -> None:
+def _gemm(keys: tuple[str, ...]) -> Callable[[Workload, str, bool], int]:
+    """(batch,) m, n, k: A is m x k, B k x n, C m x n (each ``batch`` times)."""
+
+    def check(w: Workload, where: str, strict: bool) -> int:
         _keys(w.shape, where, keys, strict)
-        for key in keys:
-            _positive(w.shape, key, where)
+        size = {key: _positive(w.shape, key, where) for key in keys}
+        m, n, k = size["m"], size["n"], size["k"]
+        return size.get("batch", 1) * (m * k + k * n + m * n)
 
     return check
 
@@ -92,52 +134,57 @@ def _gemm(keys: tuple[str, ...]) -> Callable[[Workload, str, bool], None]:
 def _dims(value: Any, where: str) -> list[int]:
     if not isinstance(value, list) or len(value) != 4:
         raise fail(where, "expected a list of 4 positive integers", value)
-    return [need_int(v, f"{where}[{i}]", minimum=1) for i, v in enumerate(value)]
+    return [_dim(v, f"{where}[{i}]") for i, v in enumerate(value)]
 
 
 def _pair(value: Any, where: str, low: int) -> tuple[int, int]:
     items = value if isinstance(value, list) else [value, value]
     if len(items) != 2:
         raise fail(where, f"expected an integer >= {low} or a list of two", value)
-    a, b = (need_int(v, where, minimum=low) for v in items)
+    a, b = (_dim(v, where, minimum=low) for v in items)
     return a, b
 
 
-def _conv(w: Workload, where: str, strict: bool) -> None:
+def _conv(w: Workload, where: str, strict: bool) -> int:
     """Mirrors torch.conv2d's family: NCHW input, KCRS weight, groups, an output >= 1x1."""
     shape = w.shape
     _keys(shape, where, _CONV_KEYS, strict)
     n_c_h_w = _dims(shape.get("input"), f"{where}.shape.input")
     k_c_r_s = _dims(shape.get("weight"), f"{where}.shape.weight")
-    _pair(shape.get("stride", 1), f"{where}.shape.stride", 1)  # any stride >= 1 fits
+    stride = _pair(shape.get("stride", 1), f"{where}.shape.stride", 1)  # any stride >= 1 fits
     padding = _pair(shape.get("padding", 0), f"{where}.shape.padding", 0)
     dilation = _pair(shape.get("dilation", 1), f"{where}.shape.dilation", 1)
-    groups = need_int(shape.get("groups", 1), f"{where}.shape.groups", minimum=1)
+    groups = _dim(shape.get("groups", 1), f"{where}.shape.groups")
     if n_c_h_w[1] != k_c_r_s[1] * groups:
         what = f"has {k_c_r_s[1]} input channels per group, input has {n_c_h_w[1]} in {groups}"
         raise fail(f"{where}.shape.weight", what, k_c_r_s)
     if k_c_r_s[0] % groups:
         raise fail(f"{where}.shape.weight", f"output channels not divisible by {groups}", k_c_r_s)
+    out = [n_c_h_w[0], k_c_r_s[0]]
     for axis in (0, 1):
         reach = dilation[axis] * (k_c_r_s[2 + axis] - 1) + 1
         size = n_c_h_w[2 + axis] + 2 * padding[axis]
         if reach > size:
             raise fail(f"{where}.shape.weight", "is larger than the padded input", k_c_r_s)
+        out.append((size - reach) // stride[axis] + 1)
+    return math.prod(n_c_h_w) + math.prod(k_c_r_s) + math.prod(out)
 
 
 def _inductor(w: Workload, where: str, strict: bool) -> None:
+    """Sizes and dtypes are the site's own, checked as Inductor describes them."""
     from gpuwatchd.tuning.inductor_sites import parse_site_workload
 
     parse_site_workload(w)
 
 
 def _triton_user(w: Workload, where: str, strict: bool) -> None:
+    """The user's kernel arguments, checked as a kernel request."""
     from gpuwatchd.tuning.kernels import request_from_workload
 
     request_from_workload(w)
 
 
-_SHAPES: dict[str, Callable[[Workload, str, bool], None]] = {
+_SHAPES: dict[str, Callable[[Workload, str, bool], int | None]] = {
     "matmul": _gemm(("m", "n", "k")),
     "gemm": _gemm(("m", "n", "k")),
     "bmm": _gemm(("batch", "m", "n", "k")),

@@ -262,6 +262,11 @@ class TuningConfig:
     #: Where jobs leave tuning requests while no daemon runs, read at start
     #: ("": ``spool`` in the state directory).
     spool_dir: str = ""
+    #: The most workloads jobs and operators may add (``add_workloads``) in all; an add
+    #: beyond it is refused, naming this key.
+    max_added_workloads: int = field(
+        default=1024, metadata=check(lambda v: 1 <= v <= 100_000, "must be in [1, 100000]")
+    )
     #: A session preempted by a real job keeps its finished (workload, regime) results;
     #: the next session on the same GPU reuses those at most this old (seconds; 0: never).
     resume_max_age_s: float = field(

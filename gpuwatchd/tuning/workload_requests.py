@@ -31,21 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.control import wire
 from gpuwatchd.tuning.captured import CAPTURE_FORMAT, parse_capture
 from gpuwatchd.tuning.regular_file import read_regular_file
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.workloads import parse_workloads
 from gpuwatchd.validate import fail, load_json, load_toml, need_text, one_line
 
-ADD_OP = "add_workloads"
-LIST_OP = "list_workloads"
-REMOVE_OP = "remove_workloads"
-#: Keys each operation takes; anything else is rejected by name.
-OP_KEYS: dict[str, frozenset[str]] = {
-    ADD_OP: frozenset({"op", "workloads", "source"}),
-    LIST_OP: frozenset({"op"}),
-    REMOVE_OP: frozenset({"op", "names"}),
-}
 #: The most workloads one request may add (a large model has a few hundred shapes).
 MAX_WORKLOADS = 512
 MAX_NAME_CHARS = 200
@@ -71,19 +63,21 @@ def add_request(
     workloads: Sequence[Workload], source: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The ``add_workloads`` request line's document; validated as the daemon will."""
-    doc: dict[str, Any] = {"op": ADD_OP, "workloads": [w.to_json() for w in workloads]}
-    if source:
-        doc["source"] = dict(source)
+    doc = wire.request(
+        wire.ADD_WORKLOADS,
+        workloads=[w.to_json() for w in workloads],
+        source=dict(source) if source else None,
+    )
     parse_add_request(doc)
     return doc
 
 
-def list_request() -> dict[str, Any]:
-    return {"op": LIST_OP}
+def list_request(cursor: int | None = None, limit: int | None = None) -> dict[str, Any]:
+    return wire.request(wire.LIST_WORKLOADS, cursor=cursor, limit=limit)
 
 
 def remove_request(names: Sequence[str]) -> dict[str, Any]:
-    doc = {"op": REMOVE_OP, "names": list(names)}
+    doc = wire.request(wire.REMOVE_WORKLOADS, names=list(names))
     parse_remove_request(doc)
     return doc
 
@@ -93,7 +87,7 @@ def remove_request(names: Sequence[str]) -> dict[str, Any]:
 
 def parse_add_request(doc: Any) -> AddRequest:
     """Validate an ``add_workloads`` request; ValueError naming the bad field."""
-    _check_op(doc, ADD_OP)
+    _check_op(doc, wire.ADD_WORKLOADS)
     items = doc.get("workloads")
     if not isinstance(items, list) or not items:
         raise fail("workloads", "expected a non-empty list of workloads", items)
@@ -107,7 +101,7 @@ def parse_add_request(doc: Any) -> AddRequest:
 
 def parse_remove_request(doc: Any) -> tuple[str, ...]:
     """Validate a ``remove_workloads`` request; the names, repeats dropped."""
-    _check_op(doc, REMOVE_OP)
+    _check_op(doc, wire.REMOVE_WORKLOADS)
     names = doc.get("names")
     if not isinstance(names, list) or not names:
         raise fail("names", "expected a non-empty list of workload names", names)
@@ -135,10 +129,7 @@ def _check_op(doc: Any, op: str) -> None:
         raise fail("request", "expected a JSON object", doc)
     if doc.get("op") != op:
         raise fail("op", f"expected {op!r}", doc.get("op"))
-    unknown = sorted(set(doc) - OP_KEYS[op])
-    if unknown:
-        allowed = ", ".join(sorted(OP_KEYS[op]))
-        raise fail(unknown[0], f"unknown key for op {op!r} (allowed: {allowed})", doc[unknown[0]])
+    wire.check_keys(doc, op)
 
 
 def _parse_source(raw: Any) -> dict[str, Any]:
