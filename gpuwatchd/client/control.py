@@ -42,22 +42,24 @@ def ask(
     line: str,
     timeout: float,
     *,
-    patience_s: float = BUSY_PATIENCE_S,
+    patience_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
     """Send one request line to the control socket at ``path``; its JSON answer.
 
     A busy answer is asked again after a wait that doubles from ``BUSY_FIRST_WAIT_S``
     up to ``BUSY_MAX_WAIT_S`` (each plus up to as much again at random), while the waits
-    add up to at most ``patience_s``; then the busy answer is returned.
+    add up to at most ``patience_s`` (None: ``BUSY_PATIENCE_S``); then the busy answer
+    is returned.
     """
+    patience = BUSY_PATIENCE_S if patience_s is None else patience_s
     waited = 0.0
     wait = BUSY_FIRST_WAIT_S
     while True:
         answer = _ask_once(Path(path), line, timeout)
         if not is_busy(answer):
             return answer
-        pause = min(wait * (1.0 + random.random()), patience_s - waited)
+        pause = min(wait * (1.0 + random.random()), patience - waited)
         if pause <= 0:
             return answer
         sleep(pause)
@@ -91,7 +93,7 @@ def ask_doc(
     doc: dict[str, Any],
     timeout: float,
     *,
-    patience_s: float = BUSY_PATIENCE_S,
+    patience_s: float | None = None,
 ) -> dict[str, Any]:
     """:func:`ask` with the request given as a JSON object."""
     return ask(path, json.dumps(doc, separators=(",", ":")), timeout, patience_s=patience_s)

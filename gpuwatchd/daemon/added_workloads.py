@@ -1,11 +1,16 @@
-"""The workloads users added (``add_workloads``), kept in one file so a restart keeps them.
+"""The workloads users added (``add_workloads``), kept on disk so a restart keeps them.
 
-``<state_dir>/added-workloads.json`` holds every added workload and where it came from;
-it is rewritten atomically (temporary file, fsync, rename) on every change, so a crash
-leaves either the old list or the new one. A file that cannot be read is moved aside
-(``.bad``) with a log line, never silently overwritten. Workloads the daemon will not run
-any more (:meth:`AddedWorkloads.set_aside`) go to ``added-workloads.set-aside.jsonl``,
-one JSON line each with the reason, before they leave the list: nothing is lost.
+``<state_dir>/added-workloads.json`` holds the list (every added workload and where it
+came from), written atomically (temporary file, fsync, rename). A change is one line
+appended (and fsynced) to ``added-workloads.json.log`` beside it, so an add costs the
+size of what is added, not of the whole list; the list is rewritten, and the log
+emptied, once the log has grown as big as the list (and at start). Replaying the log
+over the list is idempotent, so a crash at any point loses nothing acknowledged; a
+torn last line (a crash mid-append) is dropped. A list that cannot be read is moved
+aside (``.bad``) with a log line, never silently overwritten. Workloads the daemon will
+not run any more (:meth:`AddedWorkloads.set_aside`) go to
+``added-workloads.set-aside.jsonl``, one JSON line each with the reason, before they
+leave the list: nothing is lost.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ FILE_NAME = "added-workloads.json"
 #: Beside it: workloads taken out of the list, one JSON object per line, reason included.
 ASIDE_NAME = "added-workloads.set-aside.jsonl"
 FORMAT = "gpuwatchd-added-workloads/1"
+#: The change log's name: the list's name plus this.
+LOG_SUFFIX = ".log"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,25 +53,55 @@ class AddedWorkloads:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.aside_path = self.path.with_name(ASIDE_NAME)
+        self.log_path = self.path.with_name(self.path.name + LOG_SUFFIX)
         self._items: dict[str, Added] = {}
+        self._list_bytes = 0  # size of the list file last written
+        self._log_bytes = 0  # size of the change log since
 
     def load(self) -> None:
-        """Read the file (a missing one is an empty list; a bad one is moved aside)."""
+        """Read the list and replay the change log (a missing list is an empty one; a bad
+        one is moved aside), then write them as one list."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            return
+            raw = None
+        if raw is not None:
+            try:
+                self._items = _parse(json.loads(raw.decode("utf-8")))
+            except (ValueError, UnicodeDecodeError) as e:
+                aside = self.path.with_suffix(self.path.suffix + ".bad")
+                with contextlib.suppress(OSError):
+                    os.replace(self.path, aside)
+                log.error("%s: %s; moved to %s, starting with no added workloads",
+                          self.path, one_line(e), aside)  # fmt: skip
+        if self._replay_log():
+            self.save()
+        else:
+            self._list_bytes = len(raw or b"")
+
+    def _replay_log(self) -> bool:
+        """Apply the change log's lines; whether there were any."""
         try:
-            self._items = _parse(json.loads(raw.decode("utf-8")))
-        except (ValueError, UnicodeDecodeError) as e:
-            aside = self.path.with_suffix(self.path.suffix + ".bad")
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
-            log.error("%s: %s; moved to %s, starting with no added workloads",
-                      self.path, one_line(e), aside)  # fmt: skip
+            lines = self.log_path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return False
+        for i, line in enumerate(lines):
+            try:
+                change = json.loads(line.decode("utf-8"))
+                if "remove" in change:
+                    for name in change["remove"]:
+                        self._items.pop(str(name), None)
+                else:
+                    self._items.update(_parse({"format": FORMAT, "workloads": change["add"]}))
+            except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:
+                log.error("%s: line %d dropped: %s", self.log_path, i + 1, one_line(e))
+        return bool(lines)
 
     def __contains__(self, name: object) -> bool:
         return name in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, name: str) -> Added | None:
         return self._items.get(name)
@@ -79,18 +116,25 @@ class AddedWorkloads:
         return tuple(self._items.values())
 
     def add(self, workloads: Sequence[Workload], source: dict[str, Any]) -> list[str]:
-        """Add (or replace) and save; the names that replaced an earlier workload."""
+        """Add (or replace) and keep; the names that replaced an earlier workload.
+
+        OSError (and nothing changed) when it cannot be written.
+        """
+        added = [Added(w, dict(source)) for w in workloads]
+        self._record({"add": [_table(a) for a in added]})
         replaced = [w.name for w in workloads if w.name in self._items]
-        for w in workloads:
-            self._items[w.name] = Added(w, dict(source))
-        self.save()
+        self._items.update((a.workload.name, a) for a in added)
+        self._compact_if_due()
         return replaced
 
     def remove(self, names: Iterable[str]) -> list[str]:
-        """Remove those present and save; the names removed."""
-        gone = [n for n in names if self._items.pop(n, None) is not None]
+        """Remove those present and keep that; the names removed."""
+        gone = list(dict.fromkeys(n for n in names if n in self._items))
         if gone:
-            self.save()
+            self._record({"remove": gone})
+            for name in gone:
+                del self._items[name]
+            self._compact_if_due()
         return gone
 
     def set_aside(self, reasons: dict[str, str]) -> None:
@@ -118,18 +162,45 @@ class AddedWorkloads:
             self._items = kept
             raise
 
+    def _record(self, change: dict[str, Any]) -> None:
+        """Append one change to the log, durably (OSError when it cannot)."""
+        line = (json.dumps(change, sort_keys=True, separators=(",", ":")) + "\n").encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._log_bytes += len(line)
+
+    def _compact_if_due(self) -> None:
+        """Rewrite the list once the log is as big as it: each byte added is written a
+        bounded number of times, however long the list grows."""
+        if self._log_bytes >= self._list_bytes:
+            with contextlib.suppress(OSError):  # the log still holds every change
+                self.save()
+
     def save(self) -> None:
-        """Write the whole list atomically (OSError when the directory is not writable)."""
-        items = [{**a.workload.to_json(), "source": a.source} for a in self._items.values()]
-        doc = {"format": FORMAT, "workloads": items}
+        """Write the whole list atomically, then empty the change log (OSError when the
+        directory is not writable)."""
+        doc = {"format": FORMAT, "workloads": [_table(a) for a in self._items.values()]}
+        data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1, sort_keys=True)
-            f.write("\n")
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        self._list_bytes = len(data)
+        with contextlib.suppress(FileNotFoundError):
+            os.truncate(self.log_path, 0)
+        self._log_bytes = 0
+
+
+def _table(a: Added) -> dict[str, Any]:
+    return {**a.workload.to_json(), "source": a.source}
 
 
 def _parse(doc: Any) -> dict[str, Added]:

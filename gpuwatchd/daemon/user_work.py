@@ -201,10 +201,10 @@ class UserWork:
             self._check_device(w, f"workloads[{i}]")
         cap = self._tuning().max_added_workloads
         with self._lock:
-            new = {w.name for w in request.workloads} - self._added.names()
-            if len(self._added.names()) + len(new) > cap:
+            new = {w.name for w in request.workloads if w.name not in self._added}
+            if len(self._added) + len(new) > cap:
                 raise UserWorkError(
-                    f"workloads: {len(new)} more would make {len(self._added.names()) + len(new)}"
+                    f"workloads: {len(new)} more would make {len(self._added) + len(new)}"
                     f" added workloads, over [tuning] max_added_workloads = {cap}; remove some "
                     "first (gpuwatchd workloads remove NAME...)"
                 )
