@@ -42,6 +42,8 @@ from gpuwatchd.validate import fail, load_json, load_toml, need_text, one_line
 MAX_WORKLOADS = 512
 MAX_NAME_CHARS = 200
 MAX_SOURCE_KEYS = 16
+#: The longest text a ``source`` key or value may be (a host name, a torch version).
+MAX_SOURCE_CHARS = 256
 #: The largest workloads file read (a capture of a big model is tens of kilobytes).
 MAX_FILE_BYTES = 4 * 2**20
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]*$")
@@ -142,6 +144,10 @@ def _parse_source(raw: Any) -> dict[str, Any]:
         ok = value is None or isinstance(value, str | bool | int) or _finite_float(value)
         if not ok:
             raise fail(f"source.{key}", "expected a string, number, boolean or null", value)
+        if len(str(key)) > MAX_SOURCE_CHARS or (
+            isinstance(value, str) and len(value) > MAX_SOURCE_CHARS
+        ):
+            raise fail(f"source.{key}", f"expected at most {MAX_SOURCE_CHARS} characters", value)
         out[str(key)] = value
     return out
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, normalize_uuid
+from gpuwatchd.tuning.dtypes import canonical
 from gpuwatchd.tuning.worker.candidate import Candidate
 
 if TYPE_CHECKING:
@@ -248,22 +249,10 @@ def info_from_torch(ordinal: int) -> DeviceInfo:
 
 # -- helpers shared by the GPU candidate families --------------------------------------
 
-#: Workload dtype spellings accepted by the GPU families, to torch attribute names.
-DTYPES = {
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "float32": "float32",
-    "fp32": "float32",
-    "float": "float32",
-}
-
 
 def canonical_dtype(name: str, allowed: Sequence[str], where: str) -> str:
     """``bf16`` -> ``bfloat16``; ValueError naming ``where`` for anything not allowed."""
-    canon = DTYPES.get(str(name).lower())
+    canon = canonical(name)
     if canon is None or canon not in allowed:
         raise ValueError(f"{where}: dtype must be one of {', '.join(allowed)}, got {name!r}")
     return canon

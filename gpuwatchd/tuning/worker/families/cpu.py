@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpuwatchd.tuning.dtypes import DTYPES
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
 from gpuwatchd.validate import one_line
@@ -20,17 +21,6 @@ from gpuwatchd.validate import one_line
 if TYPE_CHECKING:
     import torch
 
-#: Workload dtype spellings -> torch dtype attribute names.
-DTYPES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float64": "float64",
-    "fp64": "float64",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-    "fp16": "float16",
-}
 #: Relative Frobenius error allowed against the float64 reference, per dtype.
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 5e-3}
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwatchd.tuning.dtypes import DTYPES, ELEMENT_BYTES, canonical
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
 
 #: bytes per element of the dtypes a simulated GEMM accepts
-DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
 #: H200 dense bf16 tensor-core peak at max clock, and HBM3e bandwidth
 DEFAULT_PEAK_TFLOPS = 989.0
 DEFAULT_HBM_TBPS = 4.8
@@ -112,9 +112,9 @@ def sim_family(w: Workload, session: DeviceSession) -> list[Candidate]:
     if w.op not in ("gemm", "matmul"):
         raise ValueError(f"workload {w.name}: family sim cannot run op {w.op!r}")
     m, n, k = (_positive(w, f"shape.{key}", w.shape.get(key)) for key in ("m", "n", "k"))
-    esize = DTYPE_BYTES.get(w.dtype.lower())
+    esize = ELEMENT_BYTES.get(canonical(w.dtype) or "")
     if esize is None:
-        known = ", ".join(sorted(DTYPE_BYTES))
+        known = ", ".join(sorted(DTYPES))
         raise ValueError(f"workload {w.name}: dtype {w.dtype!r} not supported (known: {known})")
     peak = _positive(w, "params.peak_tflops", w.params.get("peak_tflops", DEFAULT_PEAK_TFLOPS))
     bw = _positive(w, "params.hbm_tbps", w.params.get("hbm_tbps", DEFAULT_HBM_TBPS))
