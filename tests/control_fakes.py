@@ -30,14 +30,29 @@ class ControlServer:
             except OSError:
                 return
             with conn:
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                self.requests.append(json.loads(data))
+                self.requests.append(json.loads(read_line(conn)))
                 conn.sendall(json.dumps(self.answer).encode() + b"\n")
 
     def close(self) -> None:
         self._sock.close()
+
+
+def ask_line(path: Path, line: str, timeout: float = 10.0) -> dict[str, Any]:
+    """Send one raw request line to the control socket at ``path``; its JSON answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        s.sendall(line.encode() + b"\n")
+        answer: dict[str, Any] = json.loads(read_line(s))
+    return answer
+
+
+def read_line(conn: socket.socket) -> bytes:
+    """Bytes up to and including the first newline (or to EOF)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data

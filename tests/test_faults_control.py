@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from control_fakes import ControlServer as FakeServer
+from control_fakes import ask_line
 
 from gpuwatchd.cli.main import main
 from gpuwatchd.client.own_gate import _DaemonJobGate
@@ -154,28 +155,13 @@ def test_one_users_idle_connections_leave_room_for_others(short_dir: Path) -> No
     try:
         assert os.read(ready, 1) == b"1", "the other user could not connect"
         time.sleep(0.2)  # the server accepts all eight
-        answer = _ask(server.path, {"op": wire.STATUS})
+        answer = ask_line(server.path, json.dumps({"op": wire.STATUS}))
     finally:
         os.kill(hog, 9)
         os.waitpid(hog, 0)
         os.close(ready)
         server.stop()
     assert answer == {"ok": True}
-
-
-def _ask(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(5)
-        s.connect(str(path))
-        s.sendall(json.dumps(doc).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    answer: dict[str, Any] = json.loads(data)
-    return answer
 
 
 # -- answers longer than one line, and the cap on added workloads ----------------------

@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -22,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from control_fakes import ask_line
 from daemon_helpers import start_daemon
 
 from gpuwatchd.cli.main import main
+from gpuwatchd.control import wire
 from gpuwatchd.daemon.control_server import ControlServer
 from gpuwatchd.daemon.ops import OpTable
 from gpuwatchd.tuning.spool import REJECTED_DIR, read_spool
@@ -142,7 +143,7 @@ def test_the_daemon_starts_serves_and_stops_with_bad_spool_entries(state_dir: Pa
         while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert sock.exists(), "the control socket never came up"
-        assert _ask(sock, {"op": "status"})["ok"] is True
+        assert ask_line(sock, json.dumps({"op": wire.STATUS}))["ok"] is True
         os.mkfifo(state_dir / "spool" / "late.json")  # while running: the rescan's path
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=20)
@@ -218,27 +219,8 @@ def test_the_control_socket_answers_deep_requests_in_one_line(
     try:
         with caplog.at_level(logging.DEBUG):
             for line in ("[" * 60_000, '{"op":' * 5_000 + "1" + "}" * 5_000):
-                answer = _ask_line(server.path, line)
+                answer = ask_line(server.path, line)
                 assert answer["ok"] is False and "nested deeper" in answer["error"], answer
     finally:
         server.stop()
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
-
-
-def _ask(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
-    return _ask_line(path, json.dumps(doc))
-
-
-def _ask_line(path: Path, line: str) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10)
-        s.connect(str(path))
-        s.sendall(line.encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    answer: dict[str, Any] = json.loads(data)
-    return answer
