@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import user_kernels_fakes as fakes
+from control_fakes import read_line
 
 from gpuwatchd.client import GpuwatchdUnavailable
 from gpuwatchd.jobside.call import triton_key
@@ -308,13 +309,7 @@ def _serve(path: Path, answers: list[dict[str, Any]], seen: list[dict[str, Any]]
             for answer in list(answers):
                 conn, _ = srv.accept()
                 with conn:
-                    buf = b""
-                    while not buf.endswith(b"\n"):
-                        chunk = conn.recv(65536)
-                        if not chunk:
-                            break
-                        buf += chunk
-                    seen.append(json.loads(buf))
+                    seen.append(json.loads(read_line(conn)))
                     conn.sendall(json.dumps(answer).encode() + b"\n")
 
     threading.Thread(target=serve, daemon=True).start()
