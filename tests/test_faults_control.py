@@ -118,7 +118,7 @@ def test_a_busy_gate_wait_asks_the_daemon_again(
     monkeypatch.setattr("gpuwatchd.client.control.BUSY_PATIENCE_S", 0.1)
     fake = FakeServer(short_dir / "c.sock", wire.busy_answer("too many control connections"))
     try:
-        gate = _DaemonJobGate(short_dir / "c.sock", timeout=2.0)
+        gate = _DaemonJobGate(short_dir / "c.sock", timeout=0.2)
         assert gate.judge(0) is None and gate.busy
         fake.answer = {"ok": False, "error": "op: unknown operation 'job_gate'"}
         assert gate.judge(0) is None and not gate.busy

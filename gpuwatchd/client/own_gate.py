@@ -96,9 +96,13 @@ class _DaemonJobGate:
 
     def _ask_gate(self, gpu: int | str) -> dict[str, Any]:
         if self.job is None:
-            answer = ask_doc(self.socket_path, wire.request(wire.REGISTER_JOB), self.timeout)
+            answer = self._ask(wire.request(wire.REGISTER_JOB))
             if answer.get("ok") is not True or not isinstance(answer.get("job"), str):
                 return answer
             self.job = answer["job"]
-        request = wire.request(wire.JOB_GATE, gpu=gpu, job=self.job)
-        return ask_doc(self.socket_path, request, self.timeout)
+        return self._ask(wire.request(wire.JOB_GATE, gpu=gpu, job=self.job))
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One answer; a busy daemon is asked again for at most ``timeout`` (the wait
+        for the gate polls again, and asks again, in any case)."""
+        return ask_doc(self.socket_path, request, self.timeout, patience_s=self.timeout)
