@@ -2,14 +2,15 @@
 
 A job (``Capture.submit()``) or an operator (``gpuwatchd workloads add FILE``) hands the
 daemon workloads to tune; the daemon keeps them beside the configured ones. One JSON
-line each way on the control socket::
+line each way on the control socket (op names and keys: :mod:`gpuwatchd.control.wire`)::
 
     {"op": "add_workloads", "workloads": [{"name": ..., "op": ..., "shape": {...},
      "dtype": ..., "families": [...], "params": {...}}, ...],
      "source": {"kind": "capture", "host": "...", "pid": 123, "torch": "2.11.0"}}
         -> {"ok": true, "added": ["model.gemm.bf16..."], "replaced": []}
-    {"op": "list_workloads"}
-        -> {"ok": true, "workloads": [{...workload..., "origin": "added" | "config"}]}
+    {"op": "list_workloads", "cursor": 0}
+        -> {"ok": true, "workloads": [{...workload..., "origin": "added" | "config"}],
+            "next": 256 | null}
     {"op": "remove_workloads", "names": ["model.gemm.bf16..."]}
         -> {"ok": true, "removed": ["model.gemm.bf16..."]}
 
