@@ -100,6 +100,7 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_fleet_claimed_elsewhere_total": _NONE,
     "gpuwatchd_fleet_sync_age_seconds": _NONE,
     "gpuwatchd_fleet_sync_success": _NONE,
+    "gpuwatchd_store_up": _NONE,
     # Prometheus' own per-target series
     "up": _NONE,
 }

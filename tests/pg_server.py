@@ -86,6 +86,11 @@ class PostgresServer:
             str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
             "--auth-local=trust", "--auth-host=scram-sha-256", "--no-sync", "-E", "UTF8",
         )  # fmt: skip
+        self.resume()
+        self.sql("postgres", f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD '{PASSWORD}'")
+
+    def resume(self) -> None:
+        """Start the server on its existing data (after :meth:`halt`), same port."""
         opts = (
             f"-k {self.root} -p {self.port} -c listen_addresses=127.0.0.1"
             " -c fsync=off -c full_page_writes=off -c max_connections=200"
@@ -94,7 +99,10 @@ class PostgresServer:
             str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"),
             "-o", opts, "-w", "-t", "180", "start",
         )  # fmt: skip
-        self.sql("postgres", f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD '{PASSWORD}'")
+
+    def halt(self) -> None:
+        """Stop the server, its data kept (an outage): clients' connections are cut."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
 
     def stop(self) -> None:
         try:

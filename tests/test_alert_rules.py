@@ -90,6 +90,7 @@ def test_expected_alerts_exist(rules: list[dict[str, Any]]) -> None:
         "GpuwatchdTuningNotReady",
         "GpuwatchdDown",
         "GpuwatchdCollectorFailing",
+        "GpuwatchdStoreDown",
         "GpuwatchdHostSlowerThanFleet",
         "GpuwatchdFleetDisagreement",
     }

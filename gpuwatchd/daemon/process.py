@@ -8,6 +8,7 @@ This module never imports torch; tuning runs in a worker process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -22,6 +23,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuwatchd import __version__
 from gpuwatchd.api.state import ProcessLookup
+from gpuwatchd.api.winners_cache import WinnersCache
 from gpuwatchd.config import (
     Config,
     ConfigError,
@@ -41,6 +43,7 @@ from gpuwatchd.daemon.jobs import JobRegistry
 from gpuwatchd.daemon.ops import OpTable
 from gpuwatchd.daemon.retune import MANUAL_REASON, retune_ops
 from gpuwatchd.daemon.sdnotify import Notifier
+from gpuwatchd.daemon.store_link import CHECK_EVERY_S, StoreLink
 from gpuwatchd.daemon.user_ops import user_ops
 from gpuwatchd.daemon.user_work import UserWork
 from gpuwatchd.drift import (
@@ -62,6 +65,7 @@ from gpuwatchd.exporter import (
 from gpuwatchd.exporter.collectors.base import Versioned
 from gpuwatchd.exporter.collectors.drift import DriftCollector
 from gpuwatchd.exporter.collectors.fleet import FleetCollector
+from gpuwatchd.exporter.collectors.store import StoreCollector
 from gpuwatchd.exporter.collectors.tuning import TuningCollector
 from gpuwatchd.exporter.web.config import WebConfig, load_web_config
 from gpuwatchd.monitor.board import StateBoard
@@ -71,7 +75,8 @@ from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
 from gpuwatchd.sessions.readiness import WorkerProbe
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.sessions.scheduler import RunnerFactory, TuneScheduler
-from gpuwatchd.store import SqlStore, TuningStore, open_store
+from gpuwatchd.store import SqlStore, StoreError, TuningStore, is_postgres_url, open_store
+from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.rows import host_name
 from gpuwatchd.telemetry.backend import Backend, FeelsSessionLoad, GpuLost
 from gpuwatchd.telemetry.factory import open_backend
@@ -147,14 +152,23 @@ def open_state_store(cfg: Config) -> TuningStore:
     """The configured tuning store (``[store] url``, else the SQLite file in the state
     directory), created or migrated if needed.
 
-    Raises StoreError. The tuning scheduler marks sessions a killed process left running.
+    A shared (PostgreSQL) store that cannot be reached now is opened later, in the
+    background (:class:`StoreLink`): the daemon runs without it meanwhile. Raises
+    StoreError for anything else (a bad URL, a database of a newer gpuwatchd). The tuning
+    scheduler marks sessions a killed process left running.
     """
+    location = store_location(cfg)
+    later = is_postgres_url(location)
     store = open_store(
-        store_location(cfg),
+        location,
         password_file=store_password_file(cfg),
         call_timeout_s=cfg.store.call_timeout_s,
+        **({"connect_now": False} if later else {}),
     )
     log.info("tuning store: %s", store.where)  # a URL's password never shows
+    if later:
+        with contextlib.suppress(StoreUnavailable):  # logged; the link connects later
+            store.probe()
     return store
 
 
@@ -211,6 +225,14 @@ class Daemon:
             added=AddedWorkloads(resolve_state_dir(cfg.daemon.state_dir) / ADDED_FILE),
             tuned=self.tuned_workloads,
         )
+        # What /api/v1/winners serves: read per sync and after this host's sessions.
+        self.winners = WinnersCache(self.store, host=self.host)
+        self.tuner.events.add_listener(lambda _event: self.winners.refresh())
+        self.tuner.events.add_skip_listener(lambda _event: self.winners.refresh())
+        # The store reconnects in the background; its return releases what waited on it.
+        self.store_link = StoreLink(self.store)
+        self.store_link.add_listener(self.tuner.store_back)
+        self.store_link.add_listener(self.winners.refresh)
         self.tuner.events.add_listener(self.user_work.session_finished)
         self.tuner.events.add_skip_listener(self.user_work.work_skipped)  # the fleet tuned it
         self.poller = Poller(
@@ -273,6 +295,7 @@ class Daemon:
                     self.board, lambda: self.tuner.snapshot, added=self.user_work.added_names
                 ),
                 DriftCollector(self.drift.view),
+                StoreCollector(lambda: self.store.up),
                 # Reads published snapshots only: its text is kept while they are unchanged.
                 Versioned(
                     FleetCollector(self.fleet_snapshot, lambda: self.tuner.snapshot),
@@ -287,7 +310,7 @@ class Daemon:
             parse_listen(cfg.daemon.listen),
             state_json=self.state_json,
             web_config=read_web_config(cfg),
-            json_routes={"/api/v1/winners": self.winners_json},
+            json_routes={"/api/v1/winners": self.winners.document},
         )
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
@@ -367,7 +390,11 @@ class Daemon:
     def tuned_workloads(self, gpu_model: str) -> frozenset[str]:
         """Workloads with a recorded winner on ``gpu_model`` in every regime tuned."""
         regimes: dict[str, set[str]] = {}
-        for w in self.store.winners(gpu_model=gpu_model, latest=True):
+        try:
+            rows = self.store.winners(gpu_model=gpu_model, latest=True)
+        except StoreError:  # unreachable: queue it; the fleet's winners skip it later
+            rows = []
+        for w in rows:
             regimes.setdefault(w.workload, set()).add(w.regime.value)
         wanted = set(self.cfg.tuning.regimes)
         return frozenset(name for name, seen in regimes.items() if wanted <= seen)
@@ -385,6 +412,7 @@ class Daemon:
         self.scheduler.add_job(
             self.user_work.rescan, "interval", seconds=SPOOL_RESCAN_S, id="spool"
         )
+        self.scheduler.add_job(self.store_link, "interval", seconds=CHECK_EVERY_S, id="store")
         self.scheduler.add_job(
             self.drift_tick,
             "interval",
@@ -449,13 +477,6 @@ class Daemon:
         }
         return doc
 
-    def winners_json(self, target: str) -> dict[str, object]:
-        """/api/v1/winners[?workload=&regime=&gpu_model=]: what jobs should run: per key
-        this host's own winner where it measured one, else the fleet's (a shared store)."""
-        from gpuwatchd.api.winners import parse_winners_query, winners_json
-
-        return winners_json(self.store, **parse_winners_query(target), prefer_host=self.host)
-
     def fleet_snapshot(self) -> FleetSnapshot:
         """What the fleet collector shows: nothing while ``fleet.enabled`` is off."""
         return self.fleet_sync.snapshot if self.cfg.fleet.enabled else FleetSnapshot()
@@ -466,9 +487,11 @@ class Daemon:
 
     def fleet_tick(self) -> None:
         """APScheduler job: this host's sustained clocks to the store, the fleet's clocks,
-        disagreements and coverage back (never raises: a store error marks it stale)."""
+        disagreements and coverage back, and the winners /api/v1/winners serves (never
+        raises: a store error marks them stale)."""
         if self.cfg.fleet.enabled:
             self.fleet_sync()
+        self.winners.refresh()
 
     def drift_tick(self) -> None:
         """APScheduler job: decide what needs tuning — a GPU never tuned, clock drift,

@@ -38,6 +38,7 @@ from gpuwatchd.drift.detector import (
 from gpuwatchd.drift.versions import changed_versions
 from gpuwatchd.sessions.events import SessionFinished, WorkSkipped
 from gpuwatchd.store import SessionRow, StoredResult, StoreError, TuningStore
+from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions
@@ -293,7 +294,9 @@ class ReferenceSync:
                     self._detector, self._store, info, host=self._host, libraries=libraries
                 )
             except (StoreError, ValueError) as exc:
-                log.warning("drift: cannot read GPU %d's reference: %s", info.index, exc)
+                # an unreachable store is logged once per outage, by the store
+                level = logging.DEBUG if isinstance(exc, StoreUnavailable) else logging.WARNING
+                log.log(level, "drift: cannot read GPU %d's reference: %s", info.index, exc)
                 self._seeded.pop(info.index, None)
                 continue
             self._seeded[info.index] = info.uuid

@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 import gpuwatchd
 from gpuwatchd.exporter.render import MetricsRenderer, Rendered
+from gpuwatchd.store.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ class Routes:
                 return json_response(200, fn(request.target))
             except ValueError as exc:  # a bad query parameter: the client's mistake
                 return error_response(400, "bad request", detail=str(exc)[:300])
+            except StoreUnavailable as exc:  # the store logs its outage once, not per request
+                return error_response(503, "store unavailable", detail=str(exc)[:300])
 
         return serve
 

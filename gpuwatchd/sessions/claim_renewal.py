@@ -17,6 +17,8 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 
+from gpuwatchd.store.errors import StoreUnavailable
+
 log = logging.getLogger("gpuwatchd.sessions.scheduler")
 
 #: Extends the claims ``(gpu_uuid, workload -> key)``; returns the workloads whose claim
@@ -78,7 +80,9 @@ class ClaimRenewer:
         except Exception as exc:  # the next tick tries again, before the lease lapses
             with self._lock:
                 self._renewed_at = 0.0
-            log.warning("GPU %d: renewing the fleet claims failed: %s", self.gpu, exc)
+            # an unreachable store is logged once per outage, by the store
+            level = logging.DEBUG if isinstance(exc, StoreUnavailable) else logging.WARNING
+            log.log(level, "GPU %d: renewing the fleet claims failed: %s", self.gpu, exc)
             return
         if lost:
             names = ", ".join(lost)

@@ -47,6 +47,7 @@ from gpuwatchd.sessions.resume import (
     reusable_results,
 )
 from gpuwatchd.store import SessionMeta, StoredResult, StoreError, TuningStore
+from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.jobspec import (
     MAX_LINE_BYTES,
@@ -98,6 +99,8 @@ class SessionOutcome:
     session_id: int
     results: tuple[RegimeResult, ...]
     reused_from: dict[Pair, int] = field(default_factory=dict)
+    #: The store became unreachable mid-session and cut it off: not the tuning's fault.
+    store_cut: bool = False
 
 
 class RunnerBusy(RuntimeError):
@@ -348,6 +351,8 @@ class TuneRunner:
         self._worker: WorkerProcess | None = None
         self._hello_pid: int | None = None
         self._cancel: str | None = None
+        #: Sessions that ended while the store was unreachable: recorded once it is back.
+        self._unrecorded: list[_Ending] = []
 
     # -- public ----------------------------------------------------------------------
 
@@ -429,6 +434,7 @@ class TuneRunner:
             )
         fresh = _check_fresh_after(fresh_after)
         with self._claim():
+            self.record_endings()
             meta = SessionMeta.for_device(
                 info,
                 backend=backend_name,
@@ -452,7 +458,19 @@ class TuneRunner:
             self._finish(sid, info, status, why, job)
             log.info("tuning session %d ended %s%s", sid, status.value, f": {why}" if why else "")
             reused = {p: s.session_id for p, s in session.carried.items()}
-            return SessionOutcome(status, why, sid, session.ordered_results(), reused)
+            return SessionOutcome(
+                status, why, sid, session.ordered_results(), reused, session.store_cut
+            )
+
+    def record_endings(self) -> int:
+        """Record the sessions that ended while the store was unreachable (their rows
+        still say running); returns how many are still waiting for the store."""
+        with self._lock:
+            waiting, self._unrecorded = self._unrecorded, []
+        for e in waiting:
+            self._finish(e.sid, e.info, e.status, e.why, e.job, again=True)
+        with self._lock:
+            return len(self._unrecorded)
 
     # -- internals -------------------------------------------------------------------
 
@@ -469,10 +487,25 @@ class TuneRunner:
                 self._active, self._worker, self._hello_pid = False, None, None
 
     def _finish(
-        self, sid: int, info: DeviceInfo, status: SessionStatus, why: str | None, job: JobSpec
+        self,
+        sid: int,
+        info: DeviceInfo,
+        status: SessionStatus,
+        why: str | None,
+        job: JobSpec,
+        *,
+        again: bool = False,
     ) -> None:
         try:
             self.store.finish_session(sid, status, why)
+        except StoreUnavailable:
+            with self._lock:
+                self._unrecorded.append(_Ending(sid, info, status, why, job))
+            if again:
+                return
+            log.warning("tuning session %d ended %s; the store is unreachable, so it is"
+                        " recorded when the store is back", sid, status.value)  # fmt: skip
+            return
         except StoreError as e:
             log.error("cannot end tuning session %d as %s (%s): %s", sid, status.value, why, e)
             return  # the store still says running: nothing new to tell
@@ -516,6 +549,17 @@ class _Failed(Exception):
     """Ends the watch loop: the session failed for the reason given."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    """A session's end the store could not record yet."""
+
+    sid: int
+    info: DeviceInfo
+    status: SessionStatus
+    why: str | None
+    job: JobSpec
+
+
 class _Session:
     """One session's watch loop: events in, verdict out. Owned by one run_session call."""
 
@@ -552,6 +596,7 @@ class _Session:
         self.stack_changed = False  # the hello showed another stack than ``reuse``'s
         #: Workloads requested for a fresh measurement, and when (see run_session).
         self.fresh_after = fresh_after
+        self.store_cut = False  # a write found the store unreachable
 
     def run(self) -> tuple[SessionStatus, str | None]:
         self.deadline = time.monotonic() + self.timeout_s
@@ -763,6 +808,7 @@ class _Session:
         try:
             return write()
         except StoreError as e:
+            self.store_cut = self.store_cut or isinstance(e, StoreUnavailable)
             raise _Failed(f"store error: {e}") from None
 
     def _judge(self, worker: WorkerProcess, rc: int | None) -> tuple[SessionStatus, str | None]:

@@ -61,6 +61,7 @@ from gpuwatchd.sessions.readiness import (
 )
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.store import FINAL_STATUSES, TuningStore
+from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.telemetry.backend import FeelsSessionLoad
 from gpuwatchd.telemetry.types import DeviceInfo
@@ -73,6 +74,10 @@ log = logging.getLogger(__name__)
 
 #: The deferral reason of a GPU whose pending work all needs a module the worker lacks.
 WORKER_NOT_READY = "worker_not_ready"
+#: How soon a GPU tries again after the store was unreachable when its work should have
+#: started or was cut off: an outage is nobody's failed tuning, so it waits seconds, not
+#: ``retry_failed_after_s`` (the store lets one call through per few seconds meanwhile).
+STORE_RETRY_S = 5.0
 
 
 @dataclass(slots=True)
@@ -85,6 +90,7 @@ class Pending:
     #: starts, and the fleet measures some reasons' work whatever other hosts measured.
     why: dict[str, set[str]] = field(default_factory=dict)
     recheck_at: float = 0.0  # unix time; set when every workload was claimed elsewhere
+    store_wait: bool = False  # ``not_before`` waits for the store, not after a failure
     #: Workloads requested for a fresh measurement, and when (the latest such request).
     fresh_since: dict[str, float] = field(default_factory=dict)
 
@@ -198,9 +204,9 @@ class TuneScheduler:
         # Counted from our own runners' events: a standalone `tune` on the same store is
         # not this daemon's session (the store's totals would count it).
         self._ended: Counter[str] = Counter(dict.fromkeys((s.value for s in FINAL_STATUSES), 0))
-        # Sessions a killed daemon or `tune` left running end now, failed, and count as such.
-        self._ended[SessionStatus.FAILED.value] += store.abandon_running()
+        self._abandoned = False  # sessions a killed process left running are marked failed
         self._stopping = False
+        self._abandon_left_running()
         self._stored = self._read_store()
         self.snapshot = self._make_snapshot()
         self.events = events if events is not None else SessionEvents()
@@ -208,6 +214,33 @@ class TuneScheduler:
         self.events.add_skip_listener(self._work_skipped)
         if worker_probe is not None:
             worker_probe.add_listener(self._probed)
+
+    def _abandon_left_running(self) -> None:
+        """Sessions a killed daemon or `tune` left running end now, failed, and count as
+        such; with the store unreachable, once it is back (:meth:`store_back`)."""
+        if self._abandoned:
+            return
+        try:
+            n = self.store.abandon_running()
+        except StoreUnavailable:
+            return
+        with self._lock:
+            self._abandoned = True
+            self._ended[SessionStatus.FAILED.value] += n
+
+    def store_back(self) -> None:
+        """The store answers again (after an outage, or for the first time): record what
+        was left waiting for it, and let the GPUs it held back try again now."""
+        self._abandon_left_running()
+        with self._lock:
+            runners = list(self._runners.values())
+            for p in self._pending.values():
+                if p.store_wait:
+                    p.store_wait, p.not_before = False, 0.0
+        for runner in runners:
+            runner.record_endings()
+        self._stored = self._read_store()
+        self._publish()
 
     # -- requests --------------------------------------------------------------------
 
@@ -413,6 +446,10 @@ class TuneScheduler:
         failed session and nothing runs."""
         try:
             return self._choose(gpu, info, work, why, sim_t)
+        except StoreUnavailable as exc:  # the store logs the outage once
+            log.debug("GPU %d: the fleet's store is unreachable: %s", gpu, exc)
+            self._wait_for_store(gpu)
+            return None
         except Exception as exc:
             log.warning("GPU %d: asking the fleet's store what to tune failed: %s", gpu, exc)
             with self._lock:
@@ -420,6 +457,13 @@ class TuneScheduler:
                 if p is not None:
                     p.not_before = self._now() + self.cfg.tuning.retry_failed_after_s
             return None
+
+    def _wait_for_store(self, gpu: int) -> None:
+        """The store was unreachable when ``gpu``'s work needed it: try again soon."""
+        with self._lock:
+            p = self._pending.get(gpu)
+            if p is not None:
+                p.not_before, p.store_wait = self._now() + STORE_RETRY_S, True
 
     def _choose(
         self,
@@ -552,6 +596,7 @@ class TuneScheduler:
         fresh_after: Mapping[str, float] | None = None,
     ) -> None:
         assert snap.info is not None
+        outcome_cut = False  # the store cut the session off: retried once it is back
         try:
             outcome = runner.run_session(
                 job,
@@ -563,7 +608,11 @@ class TuneScheduler:
                 on_progress=self._feel_load(gpu, runner),
                 fresh_after=fresh_after or {},
             )
-            status, why = outcome.status, outcome.why
+            status, why, outcome_cut = outcome.status, outcome.why, outcome.store_cut
+        except StoreUnavailable as exc:  # no session was started: nothing to record
+            log.info("GPU %d: tuning waits for the store: %s", gpu, exc)
+            self._wait_for_store(gpu)
+            return
         except Exception as exc:  # the store or the runner broke: log, back off, go on
             log.exception("GPU %d: tuning session could not run", gpu)
             status, why = SessionStatus.FAILED, f"{type(exc).__name__}: {exc}"
@@ -576,9 +625,11 @@ class TuneScheduler:
                 p.drop(done)
                 if not p.workloads:
                     del self._pending[gpu]
-            elif status is SessionStatus.FAILED and p is not None:
+            elif status is SessionStatus.FAILED and p is not None and not outcome_cut:
                 p.not_before = self._now() + self.cfg.tuning.retry_failed_after_s
             # PREEMPTED: stays pending, retried at the next open gate.
+        if outcome_cut:
+            self._wait_for_store(gpu)
         level = logging.INFO if status is SessionStatus.COMPLETED else logging.WARNING
         log.log(level, "GPU %d: tuning session %s%s", gpu, status.value, f": {why}" if why else "")
 

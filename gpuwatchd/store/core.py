@@ -18,17 +18,29 @@ from typing import Any
 
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.engine import Engine
-from gpuwatchd.store.errors import StoreError
+from gpuwatchd.store.errors import StoreError, StoreUnavailable
 from gpuwatchd.store.schema import MIGRATIONS, Migration, check_migrations, latest_version
 from gpuwatchd.tuning.types import Regime, SessionStatus
 
 log = logging.getLogger("gpuwatchd.store")
 
 
+#: While the store is unreachable, calls fail at once for this long after a failed try
+#: (one call then tries again): threads never queue up on a dead server's timeouts.
+RETRY_UNREACHABLE_S = 2.0
+
+
 class StoreCore:
     """One engine's connections and transactions. ``readonly=True`` (the client API,
     ``gpuwatchd report``) needs the database at the current schema version and never
-    creates or migrates it.
+    creates or migrates it. ``connect_now=False`` opens (and migrates) the database at
+    the first call instead of here, so a process can start while the store is down.
+
+    A pooled connection a server restart killed fails at its first statement; the call
+    then drops the pool and tries once more on a fresh connection. A call that finds the
+    store unreachable raises :class:`StoreUnavailable` and marks it down (one warning per
+    outage); until a call succeeds, others fail at once except one per
+    :data:`RETRY_UNREACHABLE_S` (and :meth:`probe`, which always tries).
     """
 
     def __init__(
@@ -39,6 +51,7 @@ class StoreCore:
         migrations: Sequence[Migration] = MIGRATIONS,
         now: Callable[[], float] = time.time,
         keep_connections: int = 4,
+        connect_now: bool = True,
     ) -> None:
         self.readonly = readonly
         self._engine = engine
@@ -46,11 +59,17 @@ class StoreCore:
         self._now = now
         self._keep = keep_connections
         self._lock = threading.Lock()
+        self._open_lock = threading.Lock()
         self._idle: list[Conn] = []
+        self._opened = False
         self._closed = False
         self._warned: set[str] = set()
+        self._down_since: float | None = None  # monotonic; None while reachable
+        self._down_why = ""
+        self._next_try = 0.0
         check_migrations(self._migrations)
-        self._idle.append(engine.open(self._migrations, readonly=readonly))
+        if connect_now:
+            self._idle.append(self._open())
 
     @property
     def where(self) -> str:
@@ -61,6 +80,11 @@ class StoreCore:
     def shared(self) -> bool:
         """Several hosts use this store (PostgreSQL): the fleet's winners and claims."""
         return self._engine.shared
+
+    @property
+    def up(self) -> bool:
+        """The store is open and its last call reached it."""
+        return self._opened and self._down_since is None
 
     def __enter__(self) -> Any:
         return self
@@ -76,54 +100,141 @@ class StoreCore:
         for conn in idle:
             conn.close()
 
+    def probe(self) -> None:
+        """Reach the store now (opening it first if it never was): returns once it
+        answers, else raises :class:`StoreError` (:class:`StoreUnavailable` while it
+        cannot be reached)."""
+        with self._transaction(False, "reach the store", probe=True) as conn:
+            conn.execute("SELECT 1")
+
     # -- connections and transactions ------------------------------------------------------
 
-    @contextmanager
-    def _connection(self) -> Iterator[Conn]:
+    def _open(self) -> Conn:
+        """The first connection: the database checked and migrated (:meth:`Engine.open`)."""
+        conn = self._engine.open(self._migrations, readonly=self.readonly)
+        self._opened = True
+        return conn
+
+    def _lend(self) -> tuple[Conn, bool]:
+        """A connection and whether it came from the pool (it may have died there)."""
         with self._lock:
             if self._closed:
                 raise StoreError(f"store {self.where} is closed")
             conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = self._engine.connect(readonly=self.readonly)
-        broken = False
+        if conn is not None:
+            return conn, True
+        if not self._opened:
+            with self._open_lock:
+                if not self._opened:
+                    return self._open(), False
+        return self._engine.connect(readonly=self.readonly), False
+
+    def _give_back(self, conn: Conn, broken: bool) -> None:
+        with self._lock:
+            keep = (
+                not broken and not conn.broken and not self._closed and len(self._idle) < self._keep
+            )
+            if keep:
+                self._idle.append(conn)
+        if not keep:
+            with suppress(Exception):
+                conn.close()
+
+    def _drop_idle(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with suppress(Exception):
+                conn.close()
+
+    def _begin(self, write: bool) -> Conn:
+        """A connection inside a new transaction. A pooled one that fails to begin with a
+        transient error (killed by a server restart) is replaced, once, by a fresh one."""
+        engine = self._engine
+        conn, pooled = self._lend()
         try:
-            yield conn
-        except self._engine.error:
-            broken = True
+            with engine.bounded(conn):
+                engine.begin(conn, write=write)
+            return conn
+        except engine.error as e:
+            self._give_back(conn, broken=True)
+            if not (pooled and engine.transient(e)):
+                raise
+        self._drop_idle()  # the server that killed this one killed its siblings too
+        conn, _ = self._lend()
+        try:
+            with engine.bounded(conn):
+                engine.begin(conn, write=write)
+        except BaseException:
+            self._give_back(conn, broken=True)
             raise
-        finally:
-            with self._lock:
-                keep = (
-                    not broken
-                    and not conn.broken
-                    and not self._closed
-                    and len(self._idle) < self._keep
-                )
-                if keep:
-                    self._idle.append(conn)
-            if not keep:
-                with suppress(Exception):
-                    conn.close()
+        return conn
+
+    def _may_try(self, probe: bool) -> None:
+        """While the store is down, fail at once unless a retry is due (or ``probe``)."""
+        with self._lock:
+            if self._down_since is None:
+                return
+            now = time.monotonic()
+            if not probe and now < self._next_try:
+                raise StoreUnavailable(f"store {self.where} is unreachable: {self._down_why}")
+            self._next_try = now + RETRY_UNREACHABLE_S
+
+    def _note(self, error: StoreError, *, lost: bool = True) -> None:
+        """A call failed with ``error``: a store it could not reach (``lost``: not a
+        timeout on a server that answers) is marked down, logged once per outage."""
+        if not (lost and isinstance(error, StoreUnavailable)):
+            return
+        with self._lock:
+            first = self._down_since is None
+            if first:
+                self._down_since = time.monotonic()
+                self._down_why = str(error)
+            self._next_try = time.monotonic() + RETRY_UNREACHABLE_S
+        if first:
+            log.warning("%s; working without it, retried every %g s",
+                        error, RETRY_UNREACHABLE_S)  # fmt: skip
+
+    def _reached(self) -> None:
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            log.warning("store %s reachable again after %.0f s", self.where,
+                        time.monotonic() - since)  # fmt: skip
 
     @contextmanager
-    def _transaction(self, write: bool, what: str) -> Iterator[Conn]:
+    def _transaction(self, write: bool, what: str, *, probe: bool = False) -> Iterator[Conn]:
         engine = self._engine
+        self._may_try(probe)
         try:
-            with self._connection() as conn, engine.bounded(conn):
-                try:
-                    engine.begin(conn, write=write)
-                    if write:
-                        self._refuse_newer_schema(conn, what)
-                    yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        with suppress(engine.error):
-                            conn.execute("ROLLBACK")
-                    raise
+            conn = self._begin(write)
+        except StoreError as e:
+            self._note(e)
+            raise
         except engine.error as e:
-            raise engine.fail(what, e) from e
+            err = engine.fail(what, e)
+            self._note(err, lost=engine.lost(e))
+            raise err from e
+        broken = False
+        try:
+            with engine.bounded(conn):
+                if write:
+                    self._refuse_newer_schema(conn, what)
+                yield conn
+                conn.execute("COMMIT")
+        except BaseException as e:
+            broken = isinstance(e, engine.error)
+            if conn.in_transaction:
+                with suppress(engine.error):
+                    conn.execute("ROLLBACK")
+            if isinstance(e, engine.error):
+                err = engine.fail(what, e)
+                self._note(err, lost=engine.lost(e))
+                raise err from e
+            raise
+        finally:
+            self._give_back(conn, broken)
+        self._reached()
 
     def _refuse_newer_schema(self, conn: Conn, what: str) -> None:
         """A newer gpuwatchd migrated the database since it was opened: stop writing."""

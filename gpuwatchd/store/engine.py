@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from gpuwatchd.store.conn import Conn
-from gpuwatchd.store.errors import StoreError
+from gpuwatchd.store.errors import StoreError, StoreUnavailable
 from gpuwatchd.store.schema import Migration, check_migrations, refuse_newer
 
 
@@ -59,8 +59,19 @@ class Engine(ABC):
         """The driver's message for ``e`` in one line."""
         return " ".join(str(e).split())
 
+    def transient(self, e: Exception) -> bool:
+        """``e`` says the database could not be reached or cut the operation off: the
+        same call may work seconds later (a server restart, a lost connection)."""
+        return False
+
+    def lost(self, e: Exception) -> bool:
+        """``e`` says the connection to the database is gone or could not be made (not a
+        timeout on a server that answers): the store is down until a call reaches it."""
+        return False
+
     def fail(self, what: str, e: Exception) -> StoreError:
-        return StoreError(f"store {self.where}: cannot {what}: {self.describe(e)}")
+        kind = StoreUnavailable if self.transient(e) else StoreError
+        return kind(f"store {self.where}: cannot {what}: {self.describe(e)}")
 
 
 def migrate(engine: Engine, conn: Conn, migrations: Sequence[Migration]) -> int:

@@ -37,7 +37,7 @@ from typing import Any
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.deadline import CALL_TIMEOUT_S, WATCHDOG
 from gpuwatchd.store.engine import Engine, migrate
-from gpuwatchd.store.errors import StoreError
+from gpuwatchd.store.errors import StoreError, StoreUnavailable
 from gpuwatchd.store.schema import MIGRATIONS, Migration, latest_version, refuse_newer
 from gpuwatchd.store.store import SqlStore
 from gpuwatchd.store.urls import redact_url, url_has_password
@@ -247,7 +247,7 @@ class PostgresEngine(Engine):
         except psycopg.Error as e:
             if isinstance(e, pg_errors.ConnectionTimeout):
                 self._overran(self._connect_wait_s)
-            raise StoreError(f"cannot open store {self.where}: {self.describe(e)}") from None
+            raise self._cannot_open(e) from None
         conn = Conn(raw, translate=translate, ddl=postgres_ddl, in_transaction=_in_transaction)
         try:
             with self.bounded(conn):
@@ -257,7 +257,7 @@ class PostgresEngine(Engine):
                 )
         except psycopg.Error as e:
             raw.close()
-            raise StoreError(f"cannot open store {self.where}: {self.describe(e)}") from None
+            raise self._cannot_open(e) from None
         return conn
 
     @contextmanager
@@ -313,6 +313,20 @@ class PostgresEngine(Engine):
         if write:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
 
+    def transient(self, e: Exception) -> bool:
+        """Connection lost or refused, the server shutting down or starting, a lock or
+        statement timeout: libpq's and the server's operational errors."""
+        return isinstance(e, psycopg.OperationalError)
+
+    def lost(self, e: Exception) -> bool:
+        """The transient errors but a lock or statement timeout: the server answered."""
+        timeout = isinstance(e, pg_errors.LockNotAvailable | pg_errors.QueryCanceled)
+        return self.transient(e) and not timeout
+
+    def _cannot_open(self, e: Exception) -> StoreError:
+        kind = StoreUnavailable if self.transient(e) else StoreError
+        return kind(f"cannot open store {self.where}: {self.describe(e)}")
+
     def describe(self, e: Exception) -> str:
         """The driver's message in one line; a timeout says which one, and how long."""
         if isinstance(e, pg_errors.LockNotAvailable):
@@ -361,7 +375,7 @@ class PostgresEngine(Engine):
                 migrate(self, conn, migrations)
         except psycopg.Error as e:
             conn.close()
-            raise StoreError(f"cannot open store {self.where}: {self.describe(e)}") from e
+            raise self._cannot_open(e) from e
         except BaseException:
             conn.close()
             raise
@@ -401,6 +415,7 @@ class PostgresStore(SqlStore):
         lock_timeout_s: float = LOCK_TIMEOUT_S,
         statement_timeout_s: float = STATEMENT_TIMEOUT_S,
         call_timeout_s: float = CALL_TIMEOUT_S,
+        connect_now: bool = True,
     ) -> None:
         engine = PostgresEngine(
             url,
@@ -416,6 +431,7 @@ class PostgresStore(SqlStore):
             migrations=migrations,
             now=now,
             keep_connections=keep_connections,
+            connect_now=connect_now,
         )
 
     def __enter__(self) -> PostgresStore:
