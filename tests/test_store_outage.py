@@ -24,6 +24,7 @@ from fakes_backend import FakeBackend
 from pg_server import PostgresServer, start_server
 
 from gpuwatchd.config import Config, DaemonConfig, StoreConfig, TuningConfig
+from gpuwatchd.daemon.host_identity import HostNameTaken
 from gpuwatchd.daemon.process import Daemon
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import PollHealth, StateBoard
@@ -34,6 +35,7 @@ from gpuwatchd.sessions.scheduler import STORE_RETRY_S, TuneScheduler
 from gpuwatchd.store import MIGRATIONS, StoreError
 from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.postgres import PostgresStore
+from gpuwatchd.store.rows import HOST_ENV, MACHINE_ID_ENV
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.jobspec import JobSpec
 from gpuwatchd.tuning.settings import TuningSetup
@@ -176,6 +178,23 @@ def test_a_session_an_outage_cut_off_is_recorded_failed_once_the_store_is_back(
         store.close()
 
 
+def test_the_scheduler_starts_nothing_before_the_store_answered_once() -> None:
+    board = StateBoard()
+    info = DeviceInfo(index=0, uuid="GPU-0", name="Test GPU")
+    board.put(judged(0, info, None, GateState.COOL_STABLE, (), t=0.0, since=0.0,
+                     health=PollHealth(True, 0.001)))  # fmt: skip
+    never_up = _DownStore()
+    never_up.abandon_running = never_up.__getattr__("abandon_running")  # type: ignore[method-assign]
+    sched = TuneScheduler(
+        TuningSetup(), board, never_up, "sim",  # type: ignore[arg-type]
+        runner_factory=_OutageRunner,  # type: ignore[arg-type]
+    )  # fmt: skip
+    sched.request(0, [SIM_GEMM], "manual")
+    sched.tick()
+    assert not sched.snapshot.running
+    assert sched.snapshot.deferred_total == {"store_unavailable": 1}
+
+
 class _OutageRunner:
     """The store is unreachable for this runner's first session, and cuts its second."""
 
@@ -201,10 +220,14 @@ class _OutageRunner:
 
 
 class _DownStore:
-    """A store that cannot be reached: every call raises StoreUnavailable."""
+    """A store that answered at start, then went away: every call raises
+    StoreUnavailable."""
 
     where = "db"
     up = False
+
+    def abandon_running(self) -> int:
+        return 0
 
     def __getattr__(self, name: str) -> Any:
         def unreachable(*_args: Any, **_kw: Any) -> Any:
@@ -317,3 +340,37 @@ def test_a_store_that_answers_but_is_refused_still_stops_the_daemon_at_start(
     postgres_server.sql(db, "CREATE TABLE sessions (id INTEGER)")  # not gpuwatchd's
     with pytest.raises(StoreError, match="no gpuwatchd schema version"):
         Daemon(_daemon_config(tmp_path, postgres_server.url(db)), backend=FakeBackend(gpus=1))
+
+
+# -- two machines, one name --------------------------------------------------------------------
+
+
+def test_a_second_live_machine_under_the_same_name_is_refused_naming_both(
+    postgres_server: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = postgres_server.new_database()
+    url = postgres_server.url(db)
+    monkeypatch.setenv(HOST_ENV, "twin")
+    ids = {}
+    for name in ("first", "second"):
+        ids[name] = tmp_path / f"{name}-machine-id"
+        ids[name].write_text(f"{name}0000000000000000000000000000\n")
+    monkeypatch.setenv(MACHINE_ID_ENV, str(ids["first"]))
+    first = Daemon(_daemon_config(tmp_path / "a", url), backend=FakeBackend(gpus=1))
+    # The first machine's session, running under a PID this machine does not have.
+    with PostgresStore(url) as store:
+        sid = store.start_session(session_meta(host="twin"))
+    postgres_server.sql(db, "UPDATE sessions SET owner_pid = 4194000 WHERE id = %s", (sid,))
+    monkeypatch.setenv(MACHINE_ID_ENV, str(ids["second"]))
+    with pytest.raises(HostNameTaken) as refused:
+        Daemon(_daemon_config(tmp_path / "b", url), backend=FakeBackend(gpus=1))
+    message = str(refused.value)
+    assert "\n" not in message and "'twin'" in message
+    assert "first0000" in message and "second0000" in message
+    with PostgresStore(url) as store:
+        row = store.session(sid)
+        assert row is not None and row.status is SessionStatus.RUNNING, "the twin's session"
+    first.identity.release()  # type: ignore[union-attr]  # a clean stop gives the name back
+    first.store.close()
+    second = Daemon(_daemon_config(tmp_path / "b", url), backend=FakeBackend(gpus=1))
+    second.store.close()

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     daemon.install_signal_handlers()
     try:
         daemon.run()
-    except ControlError as exc:
+    except (ControlError, StoreError) as exc:  # a twin took the host name, say
         raise CliError(str(exc)) from None
     except OSError as exc:
         where = exc.filename or f"cannot listen on {cfg.daemon.listen}"

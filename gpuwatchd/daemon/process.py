@@ -38,6 +38,7 @@ from gpuwatchd.daemon.added_workloads import AddedWorkloads
 from gpuwatchd.daemon.control_server import ControlServer, default_socket_path
 from gpuwatchd.daemon.fleet_sync import FleetSync
 from gpuwatchd.daemon.history import SampleHistory
+from gpuwatchd.daemon.host_identity import HostIdentity, HostNameTaken, lease_s
 from gpuwatchd.daemon.job_gate import JobGates, job_ops
 from gpuwatchd.daemon.jobs import JobRegistry
 from gpuwatchd.daemon.ops import OpTable
@@ -77,7 +78,7 @@ from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.sessions.scheduler import RunnerFactory, TuneScheduler
 from gpuwatchd.store import SqlStore, StoreError, TuningStore, is_postgres_url, open_store
 from gpuwatchd.store.errors import StoreUnavailable
-from gpuwatchd.store.rows import host_name
+from gpuwatchd.store.rows import host_name, machine_id
 from gpuwatchd.telemetry.backend import Backend, FeelsSessionLoad, GpuLost
 from gpuwatchd.telemetry.factory import open_backend
 from gpuwatchd.telemetry.pod_resources import start_pod_attribution
@@ -193,6 +194,17 @@ class Daemon:
         # Can the worker's Python import torch (and Triton)? Asked once, off the hot path,
         # when some work needs them.
         worker_probe = WorkerProbe(cfg.tuning.worker_executable)
+        # On a shared store this machine holds its host name; a twin is refused here,
+        # before anything (the scheduler marking abandoned sessions) writes as this host.
+        self.identity = (
+            HostIdentity(self.store, self.host, machine_id(), lease_s(cfg.fleet.sync_interval_s))
+            if self.store.shared
+            else None
+        )
+        self._fatal: str | None = None  # why the daemon stopped itself (run raises it)
+        if self.identity is not None and self.store.up:
+            with contextlib.suppress(StoreUnavailable):  # taken when the store is back
+                self.identity.claim()
         self.tuner = TuneScheduler(
             cfg.tuning_setup(),
             self.board,
@@ -231,7 +243,7 @@ class Daemon:
         self.tuner.events.add_skip_listener(lambda _event: self.winners.refresh())
         # The store reconnects in the background; its return releases what waited on it.
         self.store_link = StoreLink(self.store)
-        self.store_link.add_listener(self.tuner.store_back)
+        self.store_link.add_listener(self._store_back)
         self.store_link.add_listener(self.winners.refresh)
         self.tuner.events.add_listener(self.user_work.session_finished)
         self.tuner.events.add_skip_listener(self.user_work.work_skipped)  # the fleet tuned it
@@ -444,6 +456,8 @@ class Daemon:
             self._main_loop()
         finally:
             self.shutdown()
+        if self._fatal is not None:
+            raise HostNameTaken(self._fatal)
 
     def _main_loop(self) -> None:
         ping_every = self.notifier.watchdog_interval_s()
@@ -489,9 +503,41 @@ class Daemon:
         """APScheduler job: this host's sustained clocks to the store, the fleet's clocks,
         disagreements and coverage back, and the winners /api/v1/winners serves (never
         raises: a store error marks them stale)."""
+        self._hold_host_name()
         if self.cfg.fleet.enabled:
             self.fleet_sync()
         self.winners.refresh()
+
+    def _hold_host_name(self) -> None:
+        """Renew this machine's hold on its host name (an unreachable store: next sync)."""
+        if self.identity is None or self._fatal is not None:
+            return
+        try:
+            self.identity.claim()
+        except HostNameTaken as exc:
+            self._refuse(exc)
+        except StoreError:
+            pass  # logged by the store; the lease outlasts a few missed renewals
+
+    def _refuse(self, exc: HostNameTaken) -> None:
+        """Another live machine has this host name: stop, saying so in one line."""
+        log.error("%s; stopping", exc)
+        self._fatal = str(exc)
+        self.request_stop()
+
+    def _store_back(self) -> None:
+        """The store answers (again): hold the host name first, then let the scheduler
+        record and resume what waited for the store. Raises StoreUnavailable when the
+        store went away again (the link calls again once it is back)."""
+        if self._fatal is not None:
+            return
+        if self.identity is not None:
+            try:
+                self.identity.claim()
+            except HostNameTaken as exc:
+                self._refuse(exc)
+                return
+        self.tuner.store_back()
 
     def drift_tick(self) -> None:
         """APScheduler job: decide what needs tuning — a GPU never tuned, clock drift,
@@ -582,6 +628,8 @@ class Daemon:
             self.backend.close()
         except Exception as exc:
             log.warning("closing backend %s failed: %s", self.backend.name, exc)
+        if self.identity is not None and self._fatal is None:
+            self.identity.release()
         self.store.close()
         if self.pods is not None:
             self.pods.close()

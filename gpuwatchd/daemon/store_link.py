@@ -46,9 +46,17 @@ class StoreLink:
         up = self._store.up
         if up and not self._was_up:
             self._refused = None
-            for listener in self._listeners:
-                try:
-                    listener()
-                except Exception:  # one listener's bug must not keep the others waiting
-                    log.exception("a listener for the store's return failed")
+            up = self._tell_listeners()
         self._was_up = up
+
+    def _tell_listeners(self) -> bool:
+        """Run the listeners; False when the store went away again meanwhile (they all
+        run again once it is back: each must be safe to repeat)."""
+        for listener in self._listeners:
+            try:
+                listener()
+            except StoreUnavailable:
+                return False
+            except Exception:  # one listener's bug must not keep the others waiting
+                log.exception("a listener for the store's return failed")
+        return True

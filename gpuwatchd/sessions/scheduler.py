@@ -330,6 +330,8 @@ class TuneScheduler:
 
     def _blocker(self, gpu: int) -> str | None:
         p = self._pending[gpu]
+        if not self._abandoned:  # the store has not answered since the daemon started
+            return "store_unavailable"
         if self._now() < p.not_before:
             return "retry_backoff"
         if self._now() < p.recheck_at:

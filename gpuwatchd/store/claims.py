@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from gpuwatchd.store.conn import Conn
 
+#: The claim on a host name (held by one machine id at a time) is keyed by this and the
+#: name; its ``gpu_uuid`` column holds the machine id. Work claims never start so.
+HOST_CLAIM_PREFIX = "host:"
+
 _TAKE = """INSERT INTO claims (claim_key, host, gpu_uuid, owner_pid, claimed_at, expires_at)
     VALUES (?, ?, ?, ?, ?, ?)
     ON CONFLICT (claim_key) DO UPDATE SET

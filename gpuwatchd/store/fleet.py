@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuwatchd.store import claims as claim_sql
 from gpuwatchd.store import codec
+from gpuwatchd.store.claims import HOST_CLAIM_PREFIX
 from gpuwatchd.store.core import StoreCore
 from gpuwatchd.store.errors import StoreError
 from gpuwatchd.store.rows import Claim, Disagreement, HostClock, WinnerRow
@@ -86,6 +87,25 @@ class FleetStore(StoreCore):
             codec.check_text(value, name)
         with self._write("release a claim") as conn:
             claim_sql.release(conn, key, host, gpu_uuid)
+
+    def claim_host(self, host: str, machine: str, ttl_s: float) -> str | None:
+        """Hold the name ``host`` for the machine ``machine`` for ``ttl_s`` seconds (a
+        lease like a work claim, renewed the same way). Returns None when this machine
+        holds it now, else the id of the other live machine that holds it."""
+        for name, value in (("host", host), ("machine", machine)):
+            codec.check_text(value, name)
+        need_number(ttl_s, "ttl_s", minimum=0, error=StoreError)
+        key = HOST_CLAIM_PREFIX + host
+        with self._write("claim the host name") as conn:
+            now = self._now()
+            if claim_sql.take(conn, key, host, machine, os.getpid(), now, ttl_s):
+                return None
+            row = conn.execute("SELECT gpu_uuid FROM claims WHERE claim_key = ?", (key,))
+            return str(row.fetchone()[0])
+
+    def release_host(self, host: str, machine: str) -> None:
+        """Give the name back (a clean stop): another machine may take it at once."""
+        self.release(HOST_CLAIM_PREFIX + host, host, machine)
 
     def claims(self) -> list[Claim]:
         """The leases not yet expired, by key."""

@@ -41,6 +41,33 @@ def host_name() -> str:
     return value
 
 
+#: Names the file holding this machine's id (tests point it elsewhere).
+MACHINE_ID_ENV = "GPUWATCHD_MACHINE_ID_FILE"
+#: Where systemd (and dbus, before it) keep the machine id.
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+#: A machine id is 32 hex digits; a longer line is cut to this many characters.
+MAX_MACHINE_ID_LEN = 64
+
+
+def machine_id() -> str:
+    """This machine's id: what tells two machines apart that share a host name.
+
+    The first line of ``$GPUWATCHD_MACHINE_ID_FILE``, else of ``/etc/machine-id`` or
+    ``/var/lib/dbus/machine-id``; without any (a minimal container), the kernel's host
+    name, which a container runtime makes unique per container.
+    """
+    override = os.environ.get(MACHINE_ID_ENV, "")
+    for path in (override,) if override else MACHINE_ID_FILES:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                line = f.readline(MAX_MACHINE_ID_LEN + 1).strip()
+        except OSError:
+            continue
+        if line and line.isprintable():
+            return line[:MAX_MACHINE_ID_LEN]
+    return socket.gethostname()[:MAX_MACHINE_ID_LEN]
+
+
 @dataclass(frozen=True, slots=True)
 class SessionMeta:
     """What is known when a tuning session starts: the GPU, the stack, the plan, the state."""

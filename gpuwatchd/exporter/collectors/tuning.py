@@ -33,6 +33,7 @@ DEFERRAL_REASONS = (
     "another_session",
     "retry_backoff",
     WORKER_NOT_READY,
+    "store_unavailable",
 )
 
 FINAL = [s.value for s in SessionStatus if s not in (SessionStatus.RUNNING, SessionStatus.DEFERRED)]
