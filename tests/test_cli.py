@@ -47,7 +47,7 @@ def test_commands_are_listed_in_order_and_dispatch_to_their_module() -> None:
     subs = _subcommands(cli_main.build_parser())
     assert list(subs) == [
         "run", "status", "record", "tune", "report", "plot-timeline", "retune", "workloads",
-        "check-config",
+        "store", "check-config",
     ]  # fmt: skip
     for module, (name, sub) in zip(cli_main.COMMANDS, subs.items(), strict=True):
         assert sub.get_default("func") is module.run, name

@@ -22,6 +22,7 @@ from gpuwatchd.cli import (
     retune,
     run,
     status,
+    store,
     tune,
     workloads,
 )
@@ -37,6 +38,7 @@ COMMANDS: tuple[Command, ...] = (
     plot_timeline,
     retune,
     workloads,
+    store,
     check_config,
 )
 

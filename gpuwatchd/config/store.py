@@ -78,6 +78,22 @@ class StoreConfig:
         default=CALL_TIMEOUT_S,
         metadata=check(lambda v: 0 < v <= 3600, "must be in (0, 3600]"),
     )
+    #: Retention: finished sessions older than this are deleted (never a session a
+    #: winner points at, nor each GPU's latest completed one), by the daemon every
+    #: ``prune_interval_s`` and by ``gpuwatchd store prune``.
+    keep_sessions_s: float = field(
+        default=90 * 86400.0, metadata=check(lambda v: v > 0, "must be > 0")
+    )
+    #: A GPU's sustained clock not reported for this long is deleted: its host left the
+    #: fleet (the fleet views already leave it out after ``drift``'s clock max age).
+    keep_clocks_s: float = field(
+        default=7 * 86400.0, metadata=check(lambda v: v > 0, "must be > 0")
+    )
+    #: How often the fleet prunes: one host per interval, under a lease in the store.
+    #: 0 = the daemon never prunes (``gpuwatchd store prune`` still does).
+    prune_interval_s: float = field(
+        default=86400.0, metadata=check(lambda v: v >= 0, "must be >= 0")
+    )
 
     @property
     def is_postgres(self) -> bool:

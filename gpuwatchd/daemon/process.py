@@ -78,6 +78,7 @@ from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.sessions.scheduler import RunnerFactory, TuneScheduler
 from gpuwatchd.store import SqlStore, StoreError, TuningStore, is_postgres_url, open_store
 from gpuwatchd.store.errors import StoreUnavailable
+from gpuwatchd.store.retention import Pruner
 from gpuwatchd.store.rows import host_name, machine_id
 from gpuwatchd.telemetry.backend import Backend, FeelsSessionLoad, GpuLost
 from gpuwatchd.telemetry.factory import open_backend
@@ -101,6 +102,9 @@ MEASURED_ANYWAY = (
 )
 #: How often the spool is read again for requests jobs left while the daemon runs.
 SPOOL_RESCAN_S = 60.0
+#: The first pruning waits this long after start (at most an interval): a fleet that
+#: restarts at once does not ask for the pruning lease all in its first seconds.
+FIRST_PRUNE_S = 300.0
 #: The main loop's longest sleep: a config reload (SIGHUP) waits at most this long.
 MAX_TICK_S = 1.0
 
@@ -189,6 +193,7 @@ class Daemon:
         self.backend = backend if backend is not None else open_backend(cfg.backend_spec())
         self.board = StateBoard()
         self.host = host_name()  # how this host is named in a store shared by a fleet
+        self.machine = machine_id()  # and which machine holds that name
         self.store = open_state_store(cfg)
         keep_fleet_incumbents(self.store, cfg)
         # Can the worker's Python import torch (and Triton)? Asked once, off the hot path,
@@ -197,7 +202,7 @@ class Daemon:
         # On a shared store this machine holds its host name; a twin is refused here,
         # before anything (the scheduler marking abandoned sessions) writes as this host.
         self.identity = (
-            HostIdentity(self.store, self.host, machine_id(), lease_s(cfg.fleet.sync_interval_s))
+            HostIdentity(self.store, self.host, self.machine, lease_s(cfg.fleet.sync_interval_s))
             if self.store.shared
             else None
         )
@@ -244,6 +249,15 @@ class Daemon:
         # The store reconnects in the background; its return releases what waited on it.
         self.store_link = StoreLink(self.store)
         self.store_link.add_listener(self._store_back)
+        # Retention: one host of the fleet per interval (a lease in the store) prunes.
+        self.pruner = Pruner(
+            self.store,
+            host=self.host,
+            machine=self.machine,
+            keep_sessions_s=cfg.store.keep_sessions_s,
+            keep_clocks_s=cfg.store.keep_clocks_s,
+            interval_s=cfg.store.prune_interval_s,
+        )
         self.store_link.add_listener(self.winners.refresh)
         self.tuner.events.add_listener(self.user_work.session_finished)
         self.tuner.events.add_skip_listener(self.user_work.work_skipped)  # the fleet tuned it
@@ -425,6 +439,15 @@ class Daemon:
             self.user_work.rescan, "interval", seconds=SPOOL_RESCAN_S, id="spool"
         )
         self.scheduler.add_job(self.store_link, "interval", seconds=CHECK_EVERY_S, id="store")
+        if self.pruner.interval_s > 0:
+            self.scheduler.add_job(
+                self.pruner,
+                "interval",
+                seconds=self.pruner.interval_s,
+                id="prune",
+                next_run_time=datetime.datetime.now()
+                + datetime.timedelta(seconds=min(self.pruner.interval_s, FIRST_PRUNE_S)),
+            )
         self.scheduler.add_job(
             self.drift_tick,
             "interval",

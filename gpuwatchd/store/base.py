@@ -108,6 +108,8 @@ class TuningStore(Protocol):
 
     def prune(self, older_than_s: float) -> int: ...
 
+    def prune_clocks(self, older_than_s: float) -> int: ...
+
     # -- the fleet (hosts sharing one store) ----------------------------------------------
 
     def fleet_winners(

@@ -181,6 +181,16 @@ class FleetStore(StoreCore):
                 ),
             )
 
+    def prune_clocks(self, older_than_s: float) -> int:
+        """Delete GPUs' clocks not reported for ``older_than_s`` (their hosts left the
+        fleet). Returns how many."""
+        need_number(older_than_s, "older_than_s", minimum=0, error=StoreError)
+        with self._write("prune old host clocks") as conn:
+            cur = conn.execute(
+                "DELETE FROM host_clocks WHERE updated_at < ?", (self._now() - older_than_s,)
+            )
+            return int(cur.rowcount)
+
     def host_clocks(self, max_age_s: float | None = None) -> list[HostClock]:
         """Every GPU's reported clock (only those reported in the last ``max_age_s``).
 
