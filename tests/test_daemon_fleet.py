@@ -228,3 +228,49 @@ def _result(workload: str, *, fast: str, slow: str) -> RegimeResult:
         0.2,
         0.01,
     )
+
+
+def test_per_host_series_show_this_hosts_own_winners_and_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """winner_info is the pick this host serves (its own over the fleet's), only for its
+    GPUs' models; last_tune_timestamp is its own GPU's last session, not the fleet's."""
+    fake = "Fake GPU"
+    peer = session_meta(host="peer", gpu_model=fake, gpu_uuid="GPU-peer", regimes=(U,))
+    with Store(tmp_path / STORE_NAME) as store:
+        seed_session(store, peer, [_result("gemm", fast="tile-a", slow="tile-b")])
+        other_model = session_meta(host="peer", gpu_model="NVIDIA L4", regimes=(U,))
+        seed_session(store, other_model, [_result("conv", fast="algo-1", slow="algo-2")])
+        mine = session_meta(host=HOST, gpu_model=fake, gpu_uuid="GPU-fake-0", regimes=(U,))
+        seed_session(store, mine, [_result("gemm", fast="tile-b", slow="tile-a")])
+        own_ended = store.last_completed_at("GPU-fake-0")
+        seed_session(store, peer, [_result("conv", fast="algo-1", slow="algo-2")])  # later
+    monkeypatch.setenv("GPUWATCHD_HOST", HOST)
+    daemon = Daemon(
+        Config(
+            daemon=DaemonConfig(
+                listen="127.0.0.1:0",
+                poll_interval_s=0.05,
+                state_dir=str(tmp_path),
+                control_socket=str(tmp_path / "control.sock"),
+            ),
+            tuning=TuningConfig(enabled=False),
+            fleet=FleetConfig(sync_interval_s=1.0),
+        ),
+        backend=FakeBackend(gpus=1),
+    )
+    thread = _run(daemon)
+    try:
+        wait_until(
+            lambda: _sample(_metrics(daemon), "gpuwatchd_last_tune_timestamp_seconds"),
+            10,
+            "this GPU's last tune exported",
+        )
+        text = _metrics(daemon)
+    finally:
+        _stop(daemon, thread)
+    info = {(d["gpu_model"], d["workload"], d["candidate"]) for d, _ in
+            _sample(text, "gpuwatchd_winner_info")}  # fmt: skip
+    assert info == {(fake, "gemm", "tile-b"), (fake, "conv", "algo-1")}
+    ((labels, ended),) = _sample(text, "gpuwatchd_last_tune_timestamp_seconds")
+    assert labels["uuid"] == "GPU-fake-0" and ended == own_ended

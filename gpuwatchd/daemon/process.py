@@ -230,6 +230,7 @@ class Daemon:
             ),
             fresh_reasons=MEASURED_ANYWAY,  # and reuses no preempted session's older results
             worker_probe=worker_probe,  # work the worker cannot import is not started
+            host=self.host,  # its metrics: this host's own winners and sessions
         )
         # Users' own work (kernel tuning requests, captured workloads), kept across restarts.
         self.user_work = UserWork(
@@ -527,6 +528,7 @@ class Daemon:
         disagreements and coverage back, and the winners /api/v1/winners serves (never
         raises: a store error marks them stale)."""
         self._hold_host_name()
+        self.tuner.refresh_stored()
         if self.cfg.fleet.enabled:
             self.fleet_sync()
         self.winners.refresh()

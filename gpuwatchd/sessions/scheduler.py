@@ -175,9 +175,12 @@ class TuneScheduler:
         fleet: FleetPolicy | None = None,
         fresh_reasons: Collection[str] = (),
         worker_probe: WorkerProbe | None = None,
+        host: str | None = None,
     ) -> None:
         self.cfg = cfg
         self._probe = worker_probe
+        self._host = host  # the daemon's host: its metrics show its own winners and GPUs
+        self._read_uuids: frozenset[str] = frozenset()  # the GPUs the last read was for
         self._fleet = fleet
         self._fresh_reasons = frozenset(str(r) for r in fresh_reasons)
         self._session_load = session_load  # the sim backend: its GPU feels our sessions
@@ -658,9 +661,37 @@ class TuneScheduler:
         self._stored = self._read_store()
         self._publish()
 
+    def refresh_stored(self) -> None:
+        """Read the store's view again if this host's GPUs changed since the last read
+        (the first poll after start found them): called each fleet sync."""
+        if self._host is not None and self._board_uuids() != self._read_uuids:
+            self._stored = self._read_store()
+            self._publish()
+
+    def _board_uuids(self) -> frozenset[str]:
+        return frozenset(s.info.uuid for s in self.board.all() if s.info is not None)
+
+    def _read_own(self, host: str) -> _Stored:
+        """This host's view: per key the winner it serves (its own, else the fleet's)
+        for its GPUs' models, and each of its GPUs' last completed session."""
+        infos = [s.info for s in self.board.all() if s.info is not None]
+        self._read_uuids = frozenset(i.uuid for i in infos)
+        models = {i.name for i in infos}
+        winners = [w for w in self.store.winners(latest=True, prefer_host=host)
+                   if w.gpu_model in models]  # fmt: skip
+        last_by_uuid: dict[str, float] = {}
+        for info in infos:
+            ended = self.store.last_completed_at(info.uuid)
+            if ended is not None:
+                last_by_uuid[info.uuid] = ended
+        last = max(last_by_uuid.values(), default=None)
+        return _Stored(last, tuple(winners), last_by_uuid)
+
     def _read_store(self) -> _Stored:
         """What the store says about tuning; it changes only when a session ends."""
         try:
+            if self._host is not None:
+                return self._read_own(self._host)
             last_by_uuid: dict[str, float] = {}
             for row in self.store.sessions(LAST_TUNE_SCAN, status=SessionStatus.COMPLETED):
                 ended = row.ended_at
