@@ -145,15 +145,34 @@ def test_fleet_report_marks_the_slow_host_and_lists_disagreements_and_coverage(
         {"gpu_model": "NVIDIA H200", "versions": "driver=575.57", "workloads": 1},
         {"gpu_model": "NVIDIA H200", "versions": "driver=580.159.04,cuda=12.8", "workloads": 2},
     ]
-    text = format_fleet_report(doc)
+    text = format_fleet_report(doc, all_gpus=True)
     (slow,) = [line for line in text.splitlines() if "node-d" in line]
     assert "1325" in slow and "-7.7%" in slow and "<< OUTLIER" in slow
     assert text.count("<< OUTLIER") == 2  # the legend and node-d
     assert "NVIDIA H200, 700 W: median 1435 MHz over 4 GPU(s)" in text
     assert "over 1 GPU(s); outliers need 3+" in text
+    h200_lines = [line for line in text.splitlines() if line.startswith("node-")]
+    assert h200_lines[0].startswith("node-d"), "outliers first"
     assert "cublas (node-a)" in text and "triton (node-b)" in text and "+10.0%" in text
     assert "node-old" not in text
     assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_fleet_report_summarises_groups_and_lists_only_the_outliers(tmp_path: Path) -> None:
+    from gpuwatchd.report.fleet import build_fleet_report, format_fleet_report
+    from gpuwatchd.store import Store
+
+    _fleet_store(tmp_path / "fleet.db")
+    with Store(tmp_path / "fleet.db", readonly=True) as store:
+        text = format_fleet_report(build_fleet_report(store))
+    lines = text.splitlines()
+    groups = [line for line in lines if line.startswith("NVIDIA")][:2]
+    assert groups[0].split()[:5] == ["NVIDIA", "H200,", "700", "W", "4"], "outliers first"
+    assert groups[0].split()[-1] == "1" and "- (needs 3+)" in groups[1]
+    hosts = [line for line in lines if line.startswith("node-")]
+    assert len(hosts) == 1 and hosts[0].startswith("node-d") and "-7.7%" in hosts[0]
+    assert "Outliers (1 of 5 GPUs), slowest first:" in text
+    assert "(report --fleet --all lists every GPU)" in text
 
 
 def test_report_fleet_command_table_json_and_errors(

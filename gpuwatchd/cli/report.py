@@ -41,6 +41,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
             "gpuwatchd report --format json --gpu-model 'NVIDIA H200'",
             "gpuwatchd report --plot report.png",
             "gpuwatchd report --fleet",
+            "gpuwatchd report --fleet --all",
             "PGPASSWORD=... gpuwatchd report --fleet --store postgresql://gpuwatchd@db/gpuwatchd",
         ),
     )
@@ -59,6 +60,12 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "--fleet",
         action="store_true",
         help="report the fleet: hosts' sustained clocks vs the median, disagreements, coverage",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        dest="all_gpus",
+        help="with --fleet: list every GPU's clock (default: a line per group and the outliers)",
     )
     p.add_argument(
         "--plot",
@@ -143,5 +150,5 @@ def run_fleet(args: argparse.Namespace, out: TextIO) -> int:
     if args.format == "json":
         print(json.dumps(doc, indent=2, sort_keys=True), file=out)
     else:
-        print(format_fleet_report(doc), file=out)
+        print(format_fleet_report(doc, all_gpus=args.all_gpus), file=out)
     return 0

@@ -1,7 +1,8 @@
 """``gpuwatchd report --fleet``: the fleet as the shared store sees it.
 
-Per GPU model and power limit, every host's learned sustained clock against the group's
-median, outliers (more than 5% under, in groups of 3 or more GPUs) marked; the winners
+Per GPU model and power limit, the group's median and its outliers (GPUs more than 5%
+under it, in groups of 3 or more), groups with outliers first; ``--all`` lists every
+host's learned sustained clock against its group's median; the winners
 two hosts disagreed on; and tuning coverage (workloads with fresh winners per GPU model
 and software stack). The numbers are those the daemons export and alert on
 (:mod:`gpuwatchd.drift.fleet`), read from the store read-only.
@@ -140,30 +141,71 @@ def _limit(power_limit_w: str | None) -> str:
     return "unknown power limit" if not power_limit_w else f"{power_limit_w} W"
 
 
-def _clock_lines(doc: dict[str, Any], width: int) -> list[str]:
+def _group_name(g: dict[str, Any]) -> str:
+    return f"{g['gpu_model']}, {_limit(g['power_limit_w'])}"
+
+
+def _gpu_row(gpu: dict[str, Any], *model: str) -> list[str]:
+    return [
+        gpu["host"],
+        gpu["gpu_uuid"],
+        *model,
+        _mhz(gpu["sustained_clock_hz"]),
+        f"{gpu['ratio_to_median'] - 1:+.1%}",
+        "<< OUTLIER" if gpu["outlier"] else "",
+    ]
+
+
+def _slowest_first(gpus: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Outliers first, then by how far under the median (a stable, readable order)."""
+    return sorted(gpus, key=lambda g: (not g["outlier"], g["ratio_to_median"], g["host"]))
+
+
+def _clock_lines(doc: dict[str, Any], width: int, all_gpus: bool) -> list[str]:
+    """One line per group (groups with outliers first) and the outlier GPUs; with
+    ``all_gpus`` every GPU of every group, outliers first."""
     shortfall = f"{doc['outlier_shortfall']:.0%}"
     lines = [f"Sustained SM clocks (<< OUTLIER: more than {shortfall} under the median)"]
     if not doc["groups"]:
         age = doc["clock_max_age_s"]
         return [*lines, f"  no host reported a learned sustained clock in the last {age:g} s", ""]
-    for g in doc["groups"]:
-        few = "" if g["peers"] >= doc["min_peers"] else f"; outliers need {doc['min_peers']}+"
-        lines.append(
-            f"{g['gpu_model']}, {_limit(g['power_limit_w'])}: median "
-            f"{_mhz(g['median_sustained_clock_hz'])} MHz over {g['peers']} GPU(s){few}"
-        )
-        rows = [
-            [
-                gpu["host"],
-                gpu["gpu_uuid"],
-                _mhz(gpu["sustained_clock_hz"]),
-                f"{gpu['ratio_to_median'] - 1:+.1%}",
-                "<< OUTLIER" if gpu["outlier"] else "",
-            ]
-            for gpu in g["gpus"]
-        ]
-        lines += _table(("HOST", "GPU", "SM MHz", "VS MEDIAN", ""), rows, width)
-        lines.append("")
+    groups = sorted(
+        doc["groups"],
+        key=lambda g: (-sum(gpu["outlier"] for gpu in g["gpus"]), _group_name(g)),
+    )
+    if all_gpus:
+        for g in groups:
+            few = "" if g["peers"] >= doc["min_peers"] else f"; outliers need {doc['min_peers']}+"
+            lines.append(
+                f"{_group_name(g)}: median {_mhz(g['median_sustained_clock_hz'])} MHz over"
+                f" {g['peers']} GPU(s){few}"
+            )
+            rows = [_gpu_row(gpu) for gpu in _slowest_first(g["gpus"])]
+            lines += _table(("HOST", "GPU", "SM MHz", "VS MEDIAN", ""), rows, width)
+            lines.append("")
+        return lines
+    summary = []
+    for g in groups:
+        slowest = min(gpu["ratio_to_median"] for gpu in g["gpus"])
+        outliers = sum(gpu["outlier"] for gpu in g["gpus"])
+        few = g["peers"] < doc["min_peers"]
+        shown = f"- (needs {doc['min_peers']}+)" if few else str(outliers)
+        summary.append(
+            [_group_name(g), str(g["peers"]), _mhz(g["median_sustained_clock_hz"]),
+             f"{slowest - 1:+.1%}", shown]
+        )  # fmt: skip
+    lines += _table(("GROUP", "GPUS", "MEDIAN MHz", "SLOWEST", "OUTLIERS"), summary, width)
+    outliers = [(g, gpu) for g in groups for gpu in g["gpus"] if gpu["outlier"]]
+    total = sum(g["peers"] for g in groups)
+    lines.append("")
+    if outliers:
+        lines.append(f"Outliers ({len(outliers)} of {total} GPUs), slowest first:")
+        ordered = sorted(outliers, key=lambda o: (o[1]["ratio_to_median"], o[1]["host"]))
+        rows = [_gpu_row(gpu, g["gpu_model"]) for g, gpu in ordered]
+        lines += _table(("HOST", "GPU", "GPU MODEL", "SM MHz", "VS MEDIAN", ""), rows, width)
+    else:
+        lines.append(f"No outliers among {total} GPUs.")
+    lines += ["(report --fleet --all lists every GPU)", ""]
     return lines
 
 
@@ -201,8 +243,11 @@ def _coverage_lines(doc: dict[str, Any], width: int) -> list[str]:
     return lines + _table(("GPU MODEL", "WORKLOADS", "VERSIONS"), rows, width)
 
 
-def format_fleet_report(doc: dict[str, Any], width: int = TABLE_WIDTH) -> str:
-    """Clocks per group, disagreements, coverage: one section each."""
-    lines = _clock_lines(doc, width) + _disagreement_lines(doc, width)
+def format_fleet_report(
+    doc: dict[str, Any], width: int = TABLE_WIDTH, *, all_gpus: bool = False
+) -> str:
+    """Clocks (a summary per group and the outliers; ``all_gpus``: every GPU),
+    disagreements, coverage: one section each."""
+    lines = _clock_lines(doc, width, all_gpus) + _disagreement_lines(doc, width)
     lines += _coverage_lines(doc, width)
     return "\n".join(lines).rstrip()
