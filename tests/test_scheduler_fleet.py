@@ -378,7 +378,6 @@ def test_work_the_fleet_answered_entirely_starts_no_session(fleet: Fleet) -> Non
         ({"versions": Versions(driver="580.159.04", torch="2.12.0")}, "another torch"),
         ({"versions": Versions(driver="570.86.15", torch="2.13.0")}, "another driver"),
         ({"model": "NVIDIA H100 80GB HBM3"}, "another GPU model"),
-        ({"host": "a"}, "measured by this host"),
         ({"regimes": (U,)}, "one regime has no winner"),
     ],
 )
@@ -475,7 +474,7 @@ def test_fleet_answer_needs_every_regime_and_takes_the_newest() -> None:
         return WinnerRow(MODEL, STACK, "w", regime, "c", "sim", 1e-3, None, None, False, 1,
                          "GPU-b", at, host=host)  # fmt: skip
 
-    kw: dict[str, Any] = dict(gpu_model=MODEL, host="a", versions=STACK,
+    kw: dict[str, Any] = dict(gpu_model=MODEL, versions=STACK,
                               changed=changed_versions, now=NOW, max_age_s=HOUR)  # fmt: skip
     rows = [row(U, NOW - 100), row(S, NOW - 50), row(S, NOW - 3000, "c")]
     assert fleet_answer(rows, "w", (U, S), **kw) == FleetAnswer("w", NOW - 50, ("b",))
@@ -930,3 +929,57 @@ def test_identical_hosts_claim_the_same_key() -> None:
     newer = STACK.merge(Versions(driver="590.1"))
     assert claim_key(MODEL, one, "w") != claim_key(MODEL, newer, "w")
     assert claim_key(MODEL, one, "w") != claim_key("NVIDIA H100", one, "w")
+
+
+# -- once per host: its other GPUs ---------------------------------------------------------------
+
+
+def _second_gpu(host: Host) -> DeviceInfo:
+    """Give ``host`` a second GPU of the same model, its gate open."""
+    info = DeviceInfo(1, f"{host.info.uuid}-1", MODEL, driver_version=STACK.driver)
+    health = PollHealth(True, 0.001)
+    host.board.put(judged(1, info, None, GateState.COOL_STABLE, (), t=0.0, since=0.0,
+                          health=health))  # fmt: skip
+    return info
+
+
+def test_this_hosts_own_winner_answers_its_work_and_is_never_verified(fleet: Fleet) -> None:
+    fleet.seed("a", "sim-0", (U, S), NOW - HOUR)  # measured on this host's other GPU
+    a = fleet.make("a", verify_fraction=1.0)  # another host's answer would be verified
+    a.ask(WORK[:1])
+    assert a.idle()
+    assert a.started == [] and a.sched.pending() == {}
+    assert a.sched.snapshot.fleet_skipped_total == {SKIP_REASON: 1}
+    assert a.sched.snapshot.fleet_verified_total == 0
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_session_on_one_gpu_answers_the_work_pending_on_the_hosts_other_gpus(
+    fleet: Fleet, verify: bool
+) -> None:
+    """Each key is measured once per host, and verified by at most one of its GPUs."""
+    if verify:
+        fleet.seed("b", "sim-0", (U, S), NOW - HOUR)
+    a = fleet.make("a", verify_fraction=1.0 if verify else 0.0)
+    _second_gpu(a)
+    a.sched.request(1, list(WORK[:1]), "no_winners")
+    a.ask(WORK[:1])  # GPU 0 first; one session at a time: GPU 1 waits
+    runner = a.runner()
+    assert [w.name for w in runner.jobs[0].workloads] == ["sim-0"]
+    release_all(a)
+    a.sched.tick()
+    assert a.idle()
+    assert a.started == ["sim-0"], "measured once on this host"
+    assert a.sched.pending() == {}
+    assert a.sched.snapshot.fleet_skipped_total == {SKIP_REASON: 1}
+    assert a.sched.snapshot.fleet_verified_total == (1 if verify else 0)
+
+
+def test_work_a_reason_measures_anyway_stays_pending_on_the_other_gpu(fleet: Fleet) -> None:
+    a = fleet.make("a")
+    _second_gpu(a)
+    a.sched.request(1, list(WORK[:1]), MANUAL)  # an operator asked for GPU 1 itself
+    a.ask(WORK[:1])
+    a.runner()
+    release_all(a)
+    assert a.sched.pending() == {1: ("sim-0",)}

@@ -101,22 +101,22 @@ def fleet_answer(
     regimes: Collection[Regime],
     *,
     gpu_model: str,
-    host: str,
     versions: Versions,
     changed: ChangedVersions,
     now: float,
     max_age_s: float,
 ) -> FleetAnswer | None:
-    """Another host's answer for ``workload`` in every one of ``regimes``, or None.
+    """The fleet's answer for ``workload`` in every one of ``regimes``, or None.
 
-    A winner counts when it is for this GPU model, measured by another (named) host at
-    most ``max_age_s`` ago, on a stack whose compared versions match ``versions``.
+    A winner counts when it is for this GPU model, measured by a named host (this one's
+    other GPUs included: a host measures each key once too) at most ``max_age_s`` ago,
+    on a stack whose compared versions match ``versions``.
     """
     newest: dict[Regime, WinnerRow] = {}
     for row in rows:
         if row.workload != workload or row.regime not in regimes:
             continue
-        if row.gpu_model != gpu_model or row.host is None or row.host == host:
+        if row.gpu_model != gpu_model or row.host is None:
             continue
         if now - row.measured_at > max_age_s or changed(row.versions, versions):
             continue
@@ -143,8 +143,9 @@ def plan_fleet(
 ) -> FleetPlan:
     """Split ``workloads`` into work to measure and work the fleet answered.
 
-    A workload in ``must_measure`` is measured whatever the fleet says; an answered one
-    is measured again when its :func:`verify_share` falls under ``verify_fraction``.
+    A workload in ``must_measure`` is measured whatever the fleet says; one another host
+    answered is measured again when its :func:`verify_share` falls under
+    ``verify_fraction``; one only this host answered (on another of its GPUs) never is.
     """
     run: list[Workload] = []
     skipped: list[tuple[Workload, FleetAnswer]] = []
@@ -153,7 +154,9 @@ def plan_fleet(
         answer = answers.get(w.name)
         if answer is None or w.name in must_measure:
             run.append(w)
-        elif verify_share(host, gpu_model, w.name, answer.measured_at) < verify_fraction:
+        elif answer.hosts != (host,) and (
+            verify_share(host, gpu_model, w.name, answer.measured_at) < verify_fraction
+        ):
             run.append(w)
             verify.add(w.name)
         else:
@@ -220,14 +223,13 @@ class FleetPolicy:
     ) -> FleetPlan:
         """Read the fleet's fresh winners for this GPU model and split the work."""
         cfg = self.cfg
-        rows = self.store.fleet_winners(info.name, cfg.max_winner_age_s, exclude_host=self.host)
+        rows = self.store.fleet_winners(info.name, cfg.max_winner_age_s)
         now = self._now()
         answers: dict[str, FleetAnswer] = {}
         for w in workloads:
             found = fleet_answer(
-                rows, w.name, regimes, gpu_model=info.name, host=self.host,
-                versions=versions, changed=self._changed, now=now,
-                max_age_s=cfg.max_winner_age_s,
+                rows, w.name, regimes, gpu_model=info.name, versions=versions,
+                changed=self._changed, now=now, max_age_s=cfg.max_winner_age_s,
             )  # fmt: skip
             if found is not None:
                 answers[w.name] = found

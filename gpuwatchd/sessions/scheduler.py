@@ -36,7 +36,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpuwatchd.monitor.board import GpuSnapshot, StateBoard
@@ -650,11 +650,44 @@ class TuneScheduler:
     # -- exporter view -------------------------------------------------------------------
 
     def _session_finished(self, event: SessionFinished) -> None:
-        """A session's row is final: what the store says about tuning has changed."""
+        """A session's row is final: what the store says about tuning has changed, and
+        on a fleet the host's other GPUs of the model drop the work it just answered."""
         with self._lock:
             self._ended[event.status.value] += 1
+        if event.completed:
+            self._drop_answered_here(event)
         self._stored = self._read_store()
         self._publish()
+
+    def _drop_answered_here(self, event: SessionFinished) -> None:
+        """A completed session on one GPU answers its workloads for every GPU of this
+        host with the same model: the others skip what they had pending of it (save what
+        a reason such as an operator's re-tune measures anyway)."""
+        fleet = self._fleet_on()
+        if fleet is None:
+            return
+        answer_at = self._now()
+        with self._lock:
+            gpus = sorted(self._pending)
+        for gpu in gpus:
+            snap = self.board.get(gpu)
+            if gpu == event.gpu_index or snap is None or snap.info is None:
+                continue
+            if snap.info.name != event.gpu_model:
+                continue
+            with self._lock:
+                p = self._pending.get(gpu)
+                if p is None:
+                    continue
+                busy = self._tuning.get(gpu, frozenset())
+                answered = [
+                    w for w in p.workloads
+                    if w.name in event.workloads and w.name not in busy
+                    and not fleet.measure_anyway.intersection(p.why.get(w.name, ()))
+                ]  # fmt: skip
+            if answered:
+                here = FleetAnswer("", answer_at, (fleet.host,))
+                self._skip(gpu, snap.info, [(w, replace(here, workload=w.name)) for w in answered])
 
     def _work_skipped(self, event: WorkSkipped) -> None:
         """The fleet answered work here: the store holds winners this host had not seen."""
