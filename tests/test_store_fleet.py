@@ -494,22 +494,24 @@ def test_racing_hosts_claim_one_key_and_exactly_one_wins(backend: Backend) -> No
             s.close()
 
 
-def test_a_stalled_writer_makes_other_writers_fail_within_the_lock_timeout(
+def test_a_stalled_writer_makes_writers_of_its_rows_fail_within_the_lock_timeout(
     backend: Backend,
 ) -> None:
-    """Another host's transaction holds the fleet-wide write lock and stalls (a network
-    partition): a claim waits at most the lock timeout, then fails in one line."""
+    """Another host's transaction holds a claim's row and stalls (a network partition): a
+    claim of the same key waits at most the lock timeout, then fails in one line; other
+    keys never wait on it (no fleet-wide write lock)."""
     if backend.kind != "postgres":
         pytest.skip("SQLite's writers wait at most its busy_timeout_s already")
     import psycopg
-
-    from gpuwatchd.store.postgres import WRITE_LOCK
 
     store = backend.open(lock_timeout_s=0.3)
     stalled = psycopg.connect(backend.location, autocommit=True)
     try:
         stalled.execute("BEGIN")
-        stalled.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+        stalled.execute(
+            "INSERT INTO claims (claim_key, host, gpu_uuid, owner_pid, claimed_at, expires_at)"
+            " VALUES ('gemm', 'node-a', 'GPU-a', 1, 0, 1e12)"
+        )
         done: list[BaseException | bool] = []
 
         def claim() -> None:
@@ -521,17 +523,36 @@ def test_a_stalled_writer_makes_other_writers_fail_within_the_lock_timeout(
         t = threading.Thread(target=claim, daemon=True)
         t.start()
         t.join(10.0)  # far beyond the 0.3 s timeout: without one it would wait for ever
-        assert not t.is_alive(), "the claim still waits on the stalled writer's lock"
+        assert not t.is_alive(), "the claim still waits on the stalled writer's row"
         (err,) = done
         assert isinstance(err, StoreError)
         msg = str(err)
         assert "\n" not in msg and "cannot claim work: waited over 0.3 s for a lock" in msg
-        assert store.claims() == []  # reads never wait on the write lock
+        assert store.claim("conv", "node-b", "GPU-b", 60) is True  # another key: no wait
+        sid = store.start_session(session_meta())  # nor any other write
+        store.finish_session(sid, SessionStatus.COMPLETED)
+        assert [c.key for c in store.claims()] == ["conv"]  # reads never wait
         stalled.execute("ROLLBACK")
-        assert store.claim("gemm", "node-b", "GPU-b", 60) is True  # and writes work again
+        assert store.claim("gemm", "node-b", "GPU-b", 60) is True  # and the key works again
     finally:
         stalled.close()
         store.close()
+
+
+def test_a_write_in_progress_holds_up_no_other_hosts_writes(backend: Backend) -> None:
+    """No fleet-wide write lock: one host's open write transaction (a slow network) does
+    not make another host's writes wait."""
+    if backend.kind != "postgres":
+        pytest.skip("SQLite's writers take turns on its file lock by design")
+    slow, other = backend.open(), backend.open(lock_timeout_s=0.3)
+    try:
+        with slow._write("write slowly"):  # open, not committed
+            assert other.claim("gemm", "node-b", "GPU-b", 60) is True
+            sid = other.start_session(session_meta(host="node-b"))
+            other.finish_session(sid, SessionStatus.COMPLETED)
+    finally:
+        slow.close()
+        other.close()
 
 
 def test_every_postgres_session_bounds_its_waits(backend: Backend) -> None:

@@ -35,7 +35,13 @@ class Engine(ABC):
 
     @abstractmethod
     def begin(self, conn: Conn, *, write: bool) -> None:
-        """Start a transaction; a write one serialises with every other writer."""
+        """Start a transaction (a write one where the database's writers take turns, or
+        at row level: see :meth:`lock_winners`)."""
+
+    @abstractmethod
+    def lock_winners(self, conn: Conn, groups: Sequence[tuple[str, str]]) -> None:
+        """Inside a write transaction: wait until no other transaction commits winners
+        of these (GPU model, versions key) groups, given sorted."""
 
     @abstractmethod
     def begin_migration(self, conn: Conn) -> None:

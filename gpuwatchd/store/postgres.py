@@ -2,9 +2,11 @@
 
 Credentials come from ``password_file`` or libpq's environment (``PGPASSWORD``,
 ``PGPASSFILE``, ...), never from the URL: a URL holding a password is refused, and the
-URL is only ever shown redacted. TLS is what the URL's ``sslmode`` asks for. Writers
-serialise on a transaction-scoped advisory lock, as SQLite's writers do on its file
-lock; migrations take another, so two daemons migrating at once apply each step once.
+URL is only ever shown redacted. TLS is what the URL's ``sslmode`` asks for. Writes run
+at row level (each is an insert, an atomic upsert, or an update of the writer's own rows),
+with no fleet-wide lock: only hosts committing winners of the same GPU model and stack
+take turns, on a transaction-scoped advisory lock per group (fine behind a transaction
+pooler); migrations take another, so two daemons migrating at once apply each step once.
 
 Every wait is bounded: one host whose transaction stalls holding the fleet-wide write
 lock (a network partition, a frozen VM) would otherwise stall every host's writes with
@@ -23,6 +25,7 @@ one is shown without any part of the string that the redacted form hides.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
@@ -52,9 +55,8 @@ except ImportError as _missing:  # pragma: no cover - depends on the installed e
         "a postgresql:// store needs psycopg 3: pip install 'gpuwatchd[postgres]'"
     ) from _missing
 
-#: Advisory lock keys ("gpuw" + a number): one for migrations, one for writes.
+#: The migrations' advisory lock key ("gpuw" + 1).
 MIGRATION_LOCK = 0x67707577_0001
-WRITE_LOCK = 0x67707577_0002
 VERSION_TABLE = "gpuwatchd_schema_version"
 
 #: How long a transaction waits for a lock (the write lock above all): a writer holds it
@@ -126,6 +128,13 @@ class Row(tuple[Any, ...]):
 def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
     names = {c.name: i for i, c in enumerate(cursor.description or ())}
     return lambda values: Row(names, values)
+
+
+def winners_lock_key(gpu_model: str, versions_key: str) -> int:
+    """The advisory lock key of one (GPU model, versions) group's winners: 63 bits of a
+    hash, so it never equals :data:`MIGRATION_LOCK` but by a 2**-63 chance."""
+    digest = hashlib.sha256(f"winners\0{gpu_model}\0{versions_key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def _in_transaction(raw: Any) -> bool:
@@ -310,8 +319,10 @@ class PostgresEngine(Engine):
             "SELECT set_config('lock_timeout', ?, true), set_config('statement_timeout', ?, true)",
             (_milliseconds(self.lock_timeout_s), _milliseconds(self.statement_timeout_s)),
         )
-        if write:
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
+
+    def lock_winners(self, conn: Conn, groups: Sequence[tuple[str, str]]) -> None:
+        for group in groups:  # sorted by the caller: no two hosts wait on each other
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (winners_lock_key(*group),))
 
     def transient(self, e: Exception) -> bool:
         """Connection lost or refused, the server shutting down or starting, a lock or

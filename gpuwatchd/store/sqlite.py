@@ -72,6 +72,9 @@ class SqliteEngine(Engine):
     def begin(self, conn: Conn, *, write: bool) -> None:
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
 
+    def lock_winners(self, conn: Conn, groups: Sequence[tuple[str, str]]) -> None:
+        """Nothing to do: SQLite's writers take turns on the file lock already."""
+
     def begin_migration(self, conn: Conn) -> None:
         conn.execute("BEGIN IMMEDIATE")
 

@@ -451,6 +451,9 @@ class SqlStore(FleetStore):
         host = conn.execute("SELECT host FROM sessions WHERE id = ?", (session_id,)).fetchone()
         rows = conn.execute(f"{_RESULT_SELECT} WHERE r.session_id = ?", (session_id,)).fetchall()
         results = self._parse_results(conn, rows)
+        # Hosts committing the same keys take turns (the incumbent read, then written).
+        groups = {(r.gpu_model, r.versions.key()) for _, r in results}
+        self._engine.lock_winners(conn, sorted(groups))
         return commit_winners(
             conn, str(host[0]), results, self._now(), self._skip, self.keep_incumbent_for_s
         )
