@@ -15,6 +15,8 @@ KINDS = ("sqlite", "postgres")
 
 #: What schema migration 3 (the fleet) added, undone to make a version-2 store.
 FLEET_OBJECTS = (
+    "DROP INDEX sessions_by_gpu",  # migration 4's on version 2's tables
+    "DROP INDEX sessions_by_host",
     "DROP TABLE host_winners",
     "DROP TABLE disagreements",
     "DROP TABLE claims",

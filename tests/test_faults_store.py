@@ -57,7 +57,7 @@ def _one_line(res: subprocess.CompletedProcess[str]) -> str:
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     try:
-        with tmpfs(tmp_path / "fs", "4m") as mnt:
+        with tmpfs(tmp_path / "fs", "8m") as mnt:
             yield mnt
     except MountUnavailable as exc:
         pytest.skip(f"no size-limited file system to fill: {exc}")

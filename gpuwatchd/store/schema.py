@@ -243,8 +243,21 @@ _FLEET = sql_migration(
     """,
 )
 
+# Every per-GPU and per-host query of a fleet's store is indexed: a GPU's sessions (its
+# last tune, what it may resume, what pruning keeps), a host's running sessions (at
+# start), clocks by group and age (the fleet's medians, pruning), leases by expiry.
+_INDEXES = sql_migration(
+    4,
+    "fleet indexes",
+    "CREATE INDEX sessions_by_gpu ON sessions (gpu_uuid, status, ended_at)",
+    "CREATE INDEX sessions_by_host ON sessions (host, status)",
+    "CREATE INDEX host_clocks_by_group ON host_clocks (gpu_model, power_limit_w, updated_at)",
+    "CREATE INDEX host_clocks_by_time ON host_clocks (updated_at)",
+    "CREATE INDEX claims_by_expiry ON claims (expires_at)",
+)
+
 #: Every migration, in order. Append only.
-MIGRATIONS: tuple[Migration, ...] = (_INITIAL, _OWNER, _FLEET)
+MIGRATIONS: tuple[Migration, ...] = (_INITIAL, _OWNER, _FLEET, _INDEXES)
 
 
 def latest_version(migrations: Sequence[Migration]) -> int:
