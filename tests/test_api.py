@@ -287,3 +287,30 @@ def test_get_json_over_tls_trusts_the_given_ca_only(tmp_path: Path) -> None:
 )
 def test_is_base_url(url: str, ok: bool) -> None:
     assert is_base_url(url) is ok
+
+
+def test_the_winners_document_reads_the_store_a_fixed_number_of_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No query per winner (N+1): two winners or eight, the same number of statements."""
+    from gpuwatchd.store.conn import Conn
+
+    counts = []
+    for n in (2, 8):
+        with Store(tmp_path / f"{n}.db") as store:
+            for i in range(n):
+                meta = session_meta(gpu_model=f"GPU model {i}", regimes=(U,))
+                result = RegimeResult(
+                    meta.workloads[0].name, U, (candidate("a", U, 1e-3),), "a", False, 0.1, 0.01
+                )
+                seed_session(store, meta, [result])
+            seen: list[str] = []
+            real = Conn.execute
+            monkeypatch.setattr(
+                Conn, "execute", lambda c, sql, args=(), real=real, seen=seen: (
+                    seen.append(sql), real(c, sql, args))[1]
+            )  # fmt: skip
+            assert len(winners_json(store)["winners"]) == n
+            monkeypatch.setattr(Conn, "execute", real)
+            counts.append(len(seen))
+    assert counts[0] == counts[1]

@@ -316,6 +316,11 @@ def test_the_daemon_starts_serves_and_reconnects_without_its_store(
         wait_until(lambda: _store_up(daemon) == 1.0, BACK_WITHIN_S, "the store back")
         status, body = _get(daemon, "/api/v1/winners")
         assert status == 200 and json.loads(body)["stale"] is False
+        db = outage_db.split("?")[0].rsplit("/", 1)[1]
+        held = outage_server.sql(
+            "postgres", "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (db,)
+        )
+        assert held[0][0] <= 1, "one pooled connection per daemon at rest"
 
         outage_server.halt()  # down again: the last winners read are served, marked stale
         wait_until(lambda: _store_up(daemon) == 0.0, BACK_WITHIN_S, "the outage seen")

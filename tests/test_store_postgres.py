@@ -139,3 +139,16 @@ def test_a_foreign_database_is_refused_untouched(postgres_server: PostgresServer
 def test_readonly_needs_a_migrated_database(postgres_server: PostgresServer, db: str) -> None:
     with pytest.raises(StoreError, match="not a gpuwatchd store"):
         PostgresStore(postgres_server.url(db), readonly=True)
+
+
+def test_no_server_side_prepared_statements_so_a_transaction_pooler_works(
+    postgres_server: PostgresServer, db: str
+) -> None:
+    """Behind PgBouncer in transaction mode the next transaction may run on another server
+    connection: nothing prepared may outlive a transaction."""
+    with PostgresStore(postgres_server.url(db)) as store:
+        for _ in range(8):  # psycopg prepares a query after 5 runs by default
+            store.sessions()
+        (conn,) = store._idle
+        assert conn.raw.prepare_threshold is None
+        assert conn.raw.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0

@@ -106,15 +106,13 @@ def winners_json(
     rows = store.winners(
         gpu_model, workload, parse_regime(regime), latest=True, prefer_host=prefer_host
     )
-    by_session: dict[int, dict[tuple[str, Regime], list[CandidateStats]]] = {}
+    by_session = {
+        sid: {(s.result.workload, s.result.regime): list(s.result.candidates) for s in results}
+        for sid, results in store.session_results([r.session_id for r in rows]).items()
+    }  # one read for every winner's session
     out = []
     for row in rows:
-        if row.session_id not in by_session:
-            by_session[row.session_id] = {
-                (s.result.workload, s.result.regime): list(s.result.candidates)
-                for s in store.results(row.session_id)
-            }
-        cands = by_session[row.session_id].get((row.workload, row.regime), [])
+        cands = by_session.get(row.session_id, {}).get((row.workload, row.regime), [])
         out.append(_winner_json(row, cands))
     return {"format": WINNERS_FORMAT, "generated_unix": now(), "winners": out}
 

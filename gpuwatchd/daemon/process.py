@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from types import FrameType
+from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -164,11 +165,14 @@ def open_state_store(cfg: Config) -> TuningStore:
     """
     location = store_location(cfg)
     later = is_postgres_url(location)
+    # A shared store: opened in the background, one connection kept at rest (1,000
+    # daemons, at most 1,000 server connections; fewer behind a pooler).
+    shared: dict[str, Any] = {"connect_now": False, "keep_connections": 1}
     store = open_store(
         location,
         password_file=store_password_file(cfg),
         call_timeout_s=cfg.store.call_timeout_s,
-        **({"connect_now": False} if later else {}),
+        **(shared if later else {}),
     )
     log.info("tuning store: %s", store.where)  # a URL's password never shows
     if later:

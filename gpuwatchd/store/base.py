@@ -85,6 +85,8 @@ class TuningStore(Protocol):
 
     def results(self, session_id: int) -> list[StoredResult]: ...
 
+    def session_results(self, session_ids: Sequence[int]) -> dict[int, list[StoredResult]]: ...
+
     def latest_results(
         self,
         gpu_model: str | None = None,

@@ -250,6 +250,9 @@ class PostgresEngine(Engine):
                 self._url,
                 autocommit=True,
                 row_factory=_row_factory,
+                # no server-side prepared statements: behind a transaction pooler the
+                # next transaction may run on a server connection that never prepared it
+                prepare_threshold=None,
                 application_name="gpuwatchd",
                 **extra,
             )

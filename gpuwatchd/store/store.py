@@ -300,6 +300,21 @@ class SqlStore(FleetStore):
             self._require_running(conn, session_id, "record a result")
             insert_result(conn, session_id, result, self._now())
 
+    def session_results(self, session_ids: Sequence[int]) -> dict[int, list[StoredResult]]:
+        """Every result of each session, in the order recorded: one read for them all."""
+        ids = sorted({int(i) for i in session_ids})
+        out: dict[int, list[StoredResult]] = {i: [] for i in ids}
+        with self._read("read results") as conn:
+            rows: list[Any] = []
+            for chunk in _chunks(ids):
+                marks = ", ".join("?" for _ in chunk)
+                rows += conn.execute(
+                    f"{_RESULT_SELECT} WHERE r.session_id IN ({marks}) ORDER BY r.id", chunk
+                ).fetchall()
+            for stored in self._load_results(conn, rows):
+                out[stored.session_id].append(stored)
+        return out
+
     def results(self, session_id: int) -> list[StoredResult]:
         """Every result of one session, in the order recorded."""
         with self._read("read results") as conn:
@@ -344,8 +359,10 @@ class SqlStore(FleetStore):
         return [stored for _, stored in self._parse_results(conn, rows)]
 
     def _parse_results(self, conn: Conn, rows: list[Any]) -> list[tuple[int, StoredResult]]:
-        """Results with their candidates and row ids; unparsable rows skipped with a warning."""
+        """Results with their candidates and row ids; unparsable rows skipped with a warning.
+        The candidates of all of them are read in one query per :data:`IN_CHUNK` results."""
         out: list[tuple[int, StoredResult]] = []
+        by_result = _candidate_rows(conn, [row["id"] for row in rows])
         for row in rows:
             try:
                 regime = codec.result_regime(row)
@@ -353,9 +370,7 @@ class SqlStore(FleetStore):
                 self._skip("results", row["id"], e)
                 continue
             candidates = []
-            for c in conn.execute(
-                "SELECT * FROM candidate_stats WHERE result_id = ? ORDER BY id", (row["id"],)
-            ):
+            for c in by_result.get(row["id"], ()):
                 try:
                     candidates.append(codec.candidate_from_row(c, regime))
                 except (ValueError, TypeError) as e:
@@ -559,6 +574,27 @@ class SqlStore(FleetStore):
 
 _RESULT_SELECT = """SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json
     FROM results r JOIN sessions s ON s.id = r.session_id"""
+
+
+#: How many ids one ``IN (...)`` list holds (SQLite allows 32766 parameters).
+IN_CHUNK = 500
+
+
+def _chunks(ids: Sequence[Any]) -> list[Sequence[Any]]:
+    return [ids[i : i + IN_CHUNK] for i in range(0, len(ids), IN_CHUNK)]
+
+
+def _candidate_rows(conn: Conn, result_ids: Sequence[Any]) -> dict[Any, list[Any]]:
+    """The candidate rows of each result, in the order recorded."""
+    out: dict[Any, list[Any]] = {}
+    for chunk in _chunks(list(dict.fromkeys(result_ids))):
+        marks = ", ".join("?" for _ in chunk)
+        for c in conn.execute(
+            f"SELECT * FROM candidate_stats WHERE result_id IN ({marks}) ORDER BY result_id, id",
+            chunk,
+        ):
+            out.setdefault(c["result_id"], []).append(c)
+    return out
 
 
 def _bump_total(conn: Conn, status: SessionStatus, by: int = 1) -> None:
