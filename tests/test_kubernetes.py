@@ -275,3 +275,86 @@ def test_fleet_config_is_accepted_by_check_config(
     path = tmp_path / "config.toml"
     path.write_text(text.replace(f'"{secret}"', f'"{password}"'), encoding="utf-8")
     _check_config(path)
+
+
+# -- the fleet's pooler, priority, network policy and placement overrides ---------------------
+
+
+def _named(docs: list[Doc], kind: str, name: str) -> Doc:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def _pgbouncer_ini(docs: list[Doc]) -> dict[str, dict[str, str]]:
+    import configparser
+
+    cm = next(d for d in docs if d["metadata"]["name"].startswith("gpuwatchd-pgbouncer-"))
+    ini = configparser.ConfigParser(inline_comment_prefixes=(";",))
+    ini.read_string(cm["data"]["pgbouncer.ini"])
+    return {section: dict(ini[section]) for section in ini.sections()}
+
+
+def test_the_fleet_reaches_its_store_through_pgbouncer_in_transaction_mode(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    docs = rendered["fleet"]
+    ini = _pgbouncer_ini(docs)
+    assert ini["pgbouncer"]["pool_mode"] == "transaction"
+    pool, clients = (int(ini["pgbouncer"][k]) for k in ("default_pool_size", "max_client_conn"))
+    assert clients >= 1000 and pool <= clients / 10  # 1,000 hosts: <= 1 server conn per 10
+    assert "host=gpuwatchd-postgres" in ini["databases"]["gpuwatchd"]
+    deploy = _named(docs, "Deployment", "gpuwatchd-pgbouncer")
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["runAsNonRoot"] is True
+    service = _named(docs, "Service", "gpuwatchd-pgbouncer")
+    (port,) = service["spec"]["ports"]
+    assert service["spec"]["selector"] == deploy["spec"]["template"]["metadata"]["labels"]
+    url = _config(docs)["store"]["url"]
+    assert url.startswith(f"postgresql://gpuwatchd@gpuwatchd-pgbouncer:{port['port']}/")
+    assert "sslmode=verify-ca" in url
+    secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"gpuwatchd-pgbouncer", "gpuwatchd-postgres"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_daemon_has_a_priority_class_of_its_own(
+    rendered: dict[str, list[Doc]], overlay: str
+) -> None:
+    docs = rendered[overlay]
+    name = _one(docs, "DaemonSet")["spec"]["template"]["spec"]["priorityClassName"]
+    assert name != "system-node-critical"  # reserved to kube-system by default
+    assert _named(docs, "PriorityClass", name)["globalDefault"] is False
+
+
+def test_the_api_and_the_pooler_are_fenced_by_network_policies(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    docs = rendered["fleet"]
+    ds = _one(docs, "DaemonSet")
+    api = _named(docs, "NetworkPolicy", "gpuwatchd-api")
+    assert api["spec"]["podSelector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
+    ((rule,),) = [api["spec"]["ingress"]]
+    assert rule["ports"] == [{"port": "http-metrics", "protocol": "TCP"}]
+    pooler = _named(docs, "NetworkPolicy", "gpuwatchd-pgbouncer")
+    ((only,),) = [pooler["spec"]["ingress"]]
+    assert only["from"] == [{"podSelector": {"matchLabels": ds["spec"]["selector"]["matchLabels"]}}]
+    assert only["ports"] == [{"port": "postgres", "protocol": "TCP"}]
+
+
+def test_the_placement_example_overrides_the_node_label_and_the_runtime_class() -> None:
+    docs = _render("examples/placement")
+    for doc in docs:
+        if doc["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    pod = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"example.com/accelerator": "nvidia"}
+    assert "runtimeClassName" not in pod
+
+
+def test_the_fleet_daemon_reads_the_nodes_machine_id(rendered: dict[str, list[Doc]]) -> None:
+    ds = _one(rendered["fleet"], "DaemonSet")
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    mount = next(m for m in _container(ds)["volumeMounts"] if m["mountPath"] == "/etc/machine-id")
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["hostPath"] == {"path": "/etc/machine-id", "type": "File"}
