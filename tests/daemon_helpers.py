@@ -10,6 +10,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from builders import wait_until
 
@@ -75,3 +76,18 @@ def start_daemon(args: list[str], env: dict[str, str] | None = None, **kw) -> su
         text=True,
         **kw,
     )
+
+
+def quiet_config(state_dir: Path, **sections: object) -> Any:
+    """A daemon Config on 127.0.0.1:0 that polls every 50 ms, keeps its state and control
+    socket in ``state_dir`` and tunes nothing; ``sections`` replace whole sections
+    (``store=StoreConfig(...)``, ``fleet=FleetConfig(...)``)."""
+    from gpuwatchd.config import Config, DaemonConfig, TuningConfig
+
+    daemon = DaemonConfig(
+        listen="127.0.0.1:0",
+        poll_interval_s=0.05,
+        state_dir=str(state_dir),
+        control_socket=str(state_dir / "control.sock"),
+    )
+    return Config(daemon=daemon, tuning=TuningConfig(enabled=False), **sections)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from builders import U, candidate, seed_session, session_meta, wait_until
-from daemon_helpers import http_get
+from daemon_helpers import http_get, quiet_config
 from fakes_backend import FakeBackend
 
 from gpuwatchd.config import STORE_NAME, Config, DaemonConfig, SimConfig, TuningConfig, load_config
@@ -195,18 +195,7 @@ def test_winners_api_serves_this_hosts_own_winner_first(
         fleet = {w.workload: (w.candidate, w.host) for w in store.winners(latest=True)}
     assert fleet["gemm"] == ("tile-a", "peer"), "the peer's winner should stay the fleet's"
     monkeypatch.setenv("GPUWATCHD_HOST", HOST)
-    daemon = Daemon(
-        Config(
-            daemon=DaemonConfig(
-                listen="127.0.0.1:0",
-                poll_interval_s=0.05,
-                state_dir=str(tmp_path),
-                control_socket=str(tmp_path / "control.sock"),
-            ),
-            tuning=TuningConfig(enabled=False),
-        ),
-        backend=FakeBackend(gpus=1),
-    )
+    daemon = Daemon(quiet_config(tmp_path), backend=FakeBackend(gpus=1))
     thread = _run(daemon)
     try:
         host, port = daemon.http.address
@@ -247,17 +236,7 @@ def test_per_host_series_show_this_hosts_own_winners_and_gpus(
         seed_session(store, peer, [_result("conv", fast="algo-1", slow="algo-2")])  # later
     monkeypatch.setenv("GPUWATCHD_HOST", HOST)
     daemon = Daemon(
-        Config(
-            daemon=DaemonConfig(
-                listen="127.0.0.1:0",
-                poll_interval_s=0.05,
-                state_dir=str(tmp_path),
-                control_socket=str(tmp_path / "control.sock"),
-            ),
-            tuning=TuningConfig(enabled=False),
-            fleet=FleetConfig(sync_interval_s=1.0),
-        ),
-        backend=FakeBackend(gpus=1),
+        quiet_config(tmp_path, fleet=FleetConfig(sync_interval_s=1.0)), backend=FakeBackend(gpus=1)
     )
     thread = _run(daemon)
     try:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 from builders import session_meta, wait_until
+from daemon_helpers import quiet_config
 from fakes_backend import FakeBackend
 
 from gpuwatchd.cli.main import main
-from gpuwatchd.config import STORE_NAME, Config, DaemonConfig, StoreConfig, TuningConfig
+from gpuwatchd.config import STORE_NAME, StoreConfig
 from gpuwatchd.daemon.process import Daemon
 from gpuwatchd.store import HostClock, Store
 from gpuwatchd.store.retention import Pruner
@@ -92,19 +93,8 @@ def test_store_prune_refuses_a_bad_age_in_one_line(
 def test_the_daemon_prunes_on_its_schedule(tmp_path: Path) -> None:
     with Store(tmp_path / STORE_NAME, now=lambda: T0) as store:
         old = _seed_old_failed_session(store)
-    daemon = Daemon(
-        Config(
-            daemon=DaemonConfig(
-                listen="127.0.0.1:0",
-                poll_interval_s=0.05,
-                state_dir=str(tmp_path),
-                control_socket=str(tmp_path / "control.sock"),
-            ),
-            tuning=TuningConfig(enabled=False),
-            store=StoreConfig(keep_sessions_s=DAY, prune_interval_s=0.5),
-        ),
-        backend=FakeBackend(gpus=1),
-    )
+    store = StoreConfig(keep_sessions_s=DAY, prune_interval_s=0.5)
+    daemon = Daemon(quiet_config(tmp_path, store=store), backend=FakeBackend(gpus=1))
     thread = threading.Thread(target=daemon.run, daemon=True)
     thread.start()
     try:

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 from builders import judged, session_meta, wait_until
-from daemon_helpers import http_get
+from daemon_helpers import http_get, quiet_config
 from fakes_backend import FakeBackend
 from pg_server import PostgresServer, start_server
 
-from gpuwatchd.config import Config, DaemonConfig, StoreConfig, TuningConfig
+from gpuwatchd.config import Config, StoreConfig, TuningConfig
 from gpuwatchd.daemon.host_identity import HostNameTaken
 from gpuwatchd.daemon.process import Daemon
 from gpuwatchd.gate import GateState
@@ -263,16 +263,8 @@ def test_an_unreachable_store_holds_the_gpu_back_seconds_not_retry_failed_after_
 
 
 def _daemon_config(tmp: Path, url: str) -> Config:
-    return Config(
-        daemon=DaemonConfig(
-            listen="127.0.0.1:0",
-            poll_interval_s=0.05,
-            state_dir=str(tmp),
-            control_socket=str(tmp / "control.sock"),
-        ),
-        tuning=TuningConfig(enabled=False),
-        store=StoreConfig(url=url),
-        fleet=FleetConfig(sync_interval_s=1.0),
+    return quiet_config(  # type: ignore[no-any-return]
+        tmp, store=StoreConfig(url=url), fleet=FleetConfig(sync_interval_s=1.0)
     )
 
 
