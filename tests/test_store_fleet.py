@@ -745,3 +745,23 @@ def test_damaged_fleet_rows_are_skipped_with_one_warning_each(
     warnings = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
     assert len(warnings) == 3
     assert any("lukewarm" in w for w in warnings)
+
+
+def test_clock_medians_are_one_row_per_group_computed_by_the_database(
+    store: SqlStore, clock: SettableClock
+) -> None:
+    """The fleet sync reads a median per (GPU model, whole watts), not every host's clock:
+    PostgreSQL computes it, SQLite's are computed from its rows; the same numbers."""
+    from gpuwatchd.store.rows import ClockMedian
+
+    for host, watts, ghz in (("a", 700.0, 1.4), ("b", 700.2, 1.5), ("c", 699.6, 1.6),
+                             ("d", 700.0, 1.7), ("e", None, 1.2)):  # fmt: skip
+        store.report_host_clock(HostClock(host, f"GPU-{host}", H200, watts, ghz * 1e9, clock.t))
+    store.report_host_clock(HostClock("gone", "GPU-g", H200, 700.0, 0.5e9, clock.t - 5000))
+    medians = store.clock_medians(max_age_s=3600)
+    assert [(m.gpu_model, m.power_limit_w, m.peers) for m in medians] == [
+        (H200, 700, 4),
+        (H200, None, 1),
+    ]
+    assert medians[0] == ClockMedian(H200, 700, pytest.approx(1.55e9), 4)  # type: ignore[arg-type]
+    assert medians[1].median_hz == pytest.approx(1.2e9)

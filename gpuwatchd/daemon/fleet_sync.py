@@ -24,7 +24,7 @@ from gpuwatchd.drift.fleet import (
     FleetSnapshot,
     OwnClock,
     coverage,
-    group_clocks,
+    groups_from_medians,
 )
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.store import StoreError, TuningStore
@@ -132,12 +132,13 @@ class FleetSync:
         own = self.own_clocks()
         for _, row in own:
             self._store.report_host_clock(row)
-        rows = self._store.host_clocks(max_age_s=self.max_age_s)
-        groups = group_clocks(rows)
+        # One row per group from the store, not every host's clocks (O(hosts) per host).
+        medians = self._store.clock_medians(self.max_age_s)
+        groups = groups_from_medians(medians)
         disagreements = self._store.disagreement_counts()
         recent = self._store.disagreement_counts(since=self._now() - RECENT_DISAGREEMENTS_S)
         models = {s.info.name for s in self._board.all() if s.info is not None}
-        models |= {r.gpu_model for r in rows}
+        models |= {m.gpu_model for m in medians}
         return FleetSnapshot(
             own=tuple(clock for clock, _ in own),
             groups=groups,

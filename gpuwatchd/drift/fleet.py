@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 
 from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.sessions.fleet_settings import FleetConfig
-from gpuwatchd.store.rows import HostClock, WinnerRow
+from gpuwatchd.store.rows import ClockMedian, HostClock, WinnerRow, whole_watts
 from gpuwatchd.tuning.types import Versions
 
 #: A GPU whose sustained clock is more than this fraction under its group's median is an
@@ -44,7 +44,8 @@ def power_limit_label(watts: float | None) -> str:
 
     NVML reports milliwatts: 699.999 W and 700 W are the same limit, grouped together.
     """
-    return "" if watts is None else str(round(watts))
+    whole = whole_watts(watts)
+    return "" if whole is None else str(whole)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -71,11 +72,14 @@ class GroupClocks:
     group: ClockGroup
     clocks: tuple[HostClock, ...]
     median_hz: float
+    #: How many GPUs the median is over, when ``clocks`` was not read (the store computed
+    #: the median: :func:`groups_from_medians`).
+    counted: int | None = None
 
     @property
     def peers(self) -> int:
         """GPUs in the median, this host's included."""
-        return len(self.clocks)
+        return self.counted if self.counted is not None else len(self.clocks)
 
     def ratio(self, clock_hz: float) -> float:
         """A clock as a fraction of the group's median (0.94: 6% under)."""
@@ -86,6 +90,15 @@ class GroupClocks:
 
     def outliers(self) -> tuple[HostClock, ...]:
         return tuple(c for c in self.clocks if self.is_outlier(c.sustained_clock_hz))
+
+
+def groups_from_medians(medians: Iterable[ClockMedian]) -> dict[ClockGroup, GroupClocks]:
+    """Every group's median as the store computed it (no GPU's clock read), sorted."""
+    out = {}
+    for m in medians:
+        group = ClockGroup.of(m.gpu_model, m.power_limit_w)
+        out[group] = GroupClocks(group, (), m.median_hz, m.peers)
+    return dict(sorted(out.items()))
 
 
 def group_clocks(rows: Iterable[HostClock]) -> dict[ClockGroup, GroupClocks]:

@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 from gpuwatchd.store.owner import Alive
 from gpuwatchd.store.rows import (
     Claim,
+    ClockMedian,
     Disagreement,
     HostClock,
     SessionMeta,
@@ -142,6 +143,8 @@ class TuningStore(Protocol):
     def report_host_clock(self, clock: HostClock) -> None: ...
 
     def host_clocks(self, max_age_s: float | None = None) -> list[HostClock]: ...
+
+    def clock_medians(self, max_age_s: float) -> list[ClockMedian]: ...
 
     # -- resuming a preempted session ---------------------------------------------------------
 

@@ -38,6 +38,11 @@ class Engine(ABC):
         """Start a transaction (a write one where the database's writers take turns, or
         at row level: see :meth:`lock_winners`)."""
 
+    def median_sql(self, column: str) -> str | None:
+        """The SQL aggregate of ``column``'s median, or None where the database has none
+        (the caller computes it from the rows)."""
+        return None
+
     @abstractmethod
     def lock_winners(self, conn: Conn, groups: Sequence[tuple[str, str]]) -> None:
         """Inside a write transaction: wait until no other transaction commits winners

@@ -7,6 +7,7 @@ correctly: a host's own winners are the fleet's and claims never contend.
 from __future__ import annotations
 
 import os
+import statistics
 from typing import Any
 
 from gpuwatchd.store import claims as claim_sql
@@ -14,7 +15,15 @@ from gpuwatchd.store import codec
 from gpuwatchd.store.claims import HOST_CLAIM_PREFIX
 from gpuwatchd.store.core import StoreCore
 from gpuwatchd.store.errors import StoreError
-from gpuwatchd.store.rows import Claim, Disagreement, HostClock, WinnerRow
+from gpuwatchd.store.rows import (
+    WHOLE_WATTS_SQL,
+    Claim,
+    ClockMedian,
+    Disagreement,
+    HostClock,
+    WinnerRow,
+    whole_watts,
+)
 from gpuwatchd.store.winner_sql import FLEET
 from gpuwatchd.tuning.types import Versions
 from gpuwatchd.validate import need_int, need_number
@@ -181,6 +190,33 @@ class FleetStore(StoreCore):
                 ),
             )
 
+    def clock_medians(self, max_age_s: float) -> list[ClockMedian]:
+        """Per group of GPUs (model, whole watts) the median of the clocks reported in the
+        last ``max_age_s`` and how many there are: one row per group, computed by the
+        database where it can (PostgreSQL), so a host never reads every host's clocks."""
+        need_number(max_age_s, "max_age_s", minimum=0, error=StoreError)
+        since = self._now() - max_age_s
+        median = self._engine.median_sql("sustained_clock_hz")
+        if median is None:  # SQLite: one host's own clocks, medians in Python
+            return _medians(self.host_clocks(max_age_s=max_age_s))
+        with self._read("read the fleet's clock medians") as conn:
+            rows = conn.execute(
+                f"""SELECT gpu_model, {WHOLE_WATTS_SQL} AS watts, {median} AS median_hz,
+                        COUNT(*) AS peers
+                    FROM host_clocks WHERE updated_at >= ?
+                    GROUP BY gpu_model, {WHOLE_WATTS_SQL} ORDER BY gpu_model, watts""",
+                (since,),
+            ).fetchall()
+        return [
+            ClockMedian(
+                str(r["gpu_model"]),
+                None if r["watts"] is None else int(r["watts"]),
+                float(r["median_hz"]),
+                int(r["peers"]),
+            )
+            for r in rows
+        ]
+
     def prune_clocks(self, older_than_s: float) -> int:
         """Delete GPUs' clocks not reported for ``older_than_s`` (their hosts left the
         fleet). Returns how many."""
@@ -213,3 +249,18 @@ class FleetStore(StoreCore):
             except (ValueError, TypeError) as e:
                 self._skip("host_clocks", (row["host"], row["gpu_uuid"]), e)
         return out
+
+
+def _medians(clocks: list[HostClock]) -> list[ClockMedian]:
+    """:meth:`FleetStore.clock_medians` computed here, for a database without medians."""
+    groups: dict[tuple[str, int | None], list[float]] = {}
+    for c in clocks:
+        groups.setdefault((c.gpu_model, whole_watts(c.power_limit_w)), []).append(
+            c.sustained_clock_hz
+        )
+    # ordered as PostgreSQL orders them: by model, then watts, an unknown limit last
+    ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] is None, kv[0][1] or 0))
+    return [
+        ClockMedian(model, watts, statistics.median(values), len(values))
+        for (model, watts), values in ordered
+    ]

@@ -323,6 +323,9 @@ class PostgresEngine(Engine):
             (_milliseconds(self.lock_timeout_s), _milliseconds(self.statement_timeout_s)),
         )
 
+    def median_sql(self, column: str) -> str | None:
+        return f"percentile_cont(0.5) WITHIN GROUP (ORDER BY {column})"
+
     def lock_winners(self, conn: Conn, groups: Sequence[tuple[str, str]]) -> None:
         for group in groups:  # sorted by the caller: no two hosts wait on each other
             conn.execute("SELECT pg_advisory_xact_lock(?)", (winners_lock_key(*group),))

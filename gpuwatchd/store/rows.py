@@ -7,6 +7,7 @@ what the worker reports.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -220,6 +221,27 @@ class HostClock:
     power_limit_w: float | None
     sustained_clock_hz: float
     updated_at: float
+
+
+def whole_watts(watts: float | None) -> int | None:
+    """A power limit in whole watts, half a watt up: how clocks are grouped, in Python
+    and in SQL (``FLOOR(power_limit_w + 0.5)``); NVML's 699.999 W is 700 W."""
+    return None if watts is None else math.floor(watts + 0.5)
+
+
+#: :func:`whole_watts` in SQL, on the ``host_clocks`` table.
+WHOLE_WATTS_SQL = "FLOOR(power_limit_w + 0.5)"
+
+
+@dataclass(frozen=True, slots=True)
+class ClockMedian:
+    """The median of one group's fresh sustained clocks (GPU model, whole watts), as the
+    store computes it, and how many GPUs it is over."""
+
+    gpu_model: str
+    power_limit_w: int | None
+    median_hz: float
+    peers: int
 
 
 def _hz(mhz: float | None) -> float | None:
