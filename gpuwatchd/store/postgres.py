@@ -8,9 +8,9 @@ with no fleet-wide lock: only hosts committing winners of the same GPU model and
 take turns, on a transaction-scoped advisory lock per group (fine behind a transaction
 pooler); migrations take another, so two daemons migrating at once apply each step once.
 
-Every wait is bounded: one host whose transaction stalls holding the fleet-wide write
-lock (a network partition, a frozen VM) would otherwise stall every host's writes with
-it. A transaction waits at most ``lock_timeout_s`` for a lock and runs no statement
+Every wait is bounded: one host whose transaction stalls holding a row or a winners lock
+(a network partition, a frozen VM) would otherwise stall the hosts writing the same rows
+with it. A transaction waits at most ``lock_timeout_s`` for a lock and runs no statement
 longer than ``statement_timeout_s``, then fails with the usual :class:`StoreError`; the
 server ends a session of ours idle inside a transaction (its client gone) after
 :data:`IDLE_IN_TRANSACTION_TIMEOUT_S`; TCP keepalives notice a peer that vanished.
@@ -59,7 +59,7 @@ except ImportError as _missing:  # pragma: no cover - depends on the installed e
 MIGRATION_LOCK = 0x67707577_0001
 VERSION_TABLE = "gpuwatchd_schema_version"
 
-#: How long a transaction waits for a lock (the write lock above all): a writer holds it
+#: How long a transaction waits for a lock (a row, a winners group): a writer holds one
 #: for milliseconds, so 10 s means a stalled host, and waiting on longer stalls us too.
 LOCK_TIMEOUT_S = 10.0
 #: The longest any statement of ours may run: every query is small and indexed; one that
