@@ -19,6 +19,7 @@ from gpuwatchd.gate import GateConfig
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.telemetry import nvml as nvml_module
+from gpuwatchd.telemetry import fields as fields_module
 from gpuwatchd.telemetry import nvml_xid
 from gpuwatchd.telemetry.backend import Backend, BackendUnavailable, GpuLost, TelemetryError
 from gpuwatchd.telemetry.clocks import ManualClock
@@ -864,7 +865,7 @@ EVENT_CALLS = frozenset(
 )
 
 
-@pytest.mark.parametrize("module", [nvml_module, nvml_xid])
+@pytest.mark.parametrize("module", [nvml_module, nvml_xid, fields_module])
 def test_source_never_names_a_setter_or_reset(module: object) -> None:
     source = Path(module.__file__).read_text()  # type: ignore[attr-defined]
     names = set(re.findall(r"nvml[A-Za-z0-9_]*", source)) - EVENT_CALLS

@@ -8,8 +8,10 @@ Choices, and why:
 - pynvml is imported in the constructor, so importing this module never fails on a
   host without it; a missing library or driver becomes one :class:`BackendUnavailable`
   line that points at ``--backend sim``.
-- Every pynvml function and constant is bound once at construction: ``read`` runs at
-  10 Hz per GPU and does no attribute lookups on pynvml and no exception-class lookups.
+- Which fields ``read`` asks for, through which pynvml functions, and how each raw value
+  becomes a :class:`Sample` value is :data:`~gpuwatchd.telemetry.fields.FIELDS`; every
+  pynvml function and constant is bound once at construction, so ``read`` (10 Hz per
+  GPU) does no attribute lookups on pynvml and no exception-class lookups.
 - A field NVML refuses (NotSupported, NoPermission, FunctionNotFound) is ``None`` and is
   remembered per GPU, so later polls skip the call; ``device_info(gpu, refresh=True)``
   forgets that memory and retries every field.
@@ -45,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import logging
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -60,9 +61,10 @@ from gpuwatchd.telemetry.backend import (
     MonotonicClock,
     TelemetryError,
 )
+from gpuwatchd.telemetry.fields import SAMPLE_FIELD_ATTRS, field_values, getters, sample_slot
+from gpuwatchd.telemetry.nvml_read import FastCall, compile_read
 from gpuwatchd.telemetry.nvml_slow import (
     FAN,
-    MEM_TEMP,
     MEMORY,
     PCIE_RX,
     PCIE_TX,
@@ -77,28 +79,23 @@ from gpuwatchd.telemetry.nvml_slow import (
     top_processes,
 )
 from gpuwatchd.telemetry.nvml_xid import XidApi, XidCounter
-from gpuwatchd.telemetry.types import DeviceInfo, Sample, SlowReading, ThrottleReason
+from gpuwatchd.telemetry.types import DeviceInfo, Sample, SlowReading
 from gpuwatchd.validate import one_line
 
 log = logging.getLogger(__name__)
 
 _SIM_HINT = "Use --backend sim to run on a simulated GPU"
 
-# Field keys: the unit of "NVML does not support this on this GPU".
-TEMP = "temp"
-POWER = "power"
-SM_CLOCK = "sm_clock"
-MEM_CLOCK = "mem_clock"
-REASONS = "reasons"
-UTIL = "util"
-PROCS = "procs"
-PSTATE = "pstate"
+#: The energy counter's key: the unit of "NVML does not support this on this GPU".
 ENERGY = "energy"
 
-#: Fast fields in the order ``read`` calls them.
-FAST_FIELDS = (TEMP, POWER, SM_CLOCK, MEM_CLOCK, REASONS, UTIL, PROCS, PSTATE)
+#: Fast fields' keys in the order ``read`` calls their getters.
+FAST_FIELDS = tuple(getter.key for getter, _ in getters())
 
-_PSTATE_UNKNOWN = 32  # NVML_PSTATE_UNKNOWN
+#: (Sample slot, field-value key, converter) of each Sample field read on the slow path.
+_SLOW_SLOTS = tuple((sample_slot(f.attr), spec.key, f.convert) for spec, f in field_values())
+#: The slow fields' values before the first slow read and after a loss.
+_NO_CARRIED: tuple[float | None, ...] = (None,) * len(_SLOW_SLOTS)
 
 # NVML_ERROR_* codes, fixed by the NVML ABI; bound here so they work with old bindings.
 _ERR_NOT_SUPPORTED = 3
@@ -112,8 +109,6 @@ _ERR_GPU_IS_LOST = 15
 _ERR_GPU_NOT_FOUND = 28
 _UNSUPPORTED_CODES = frozenset({_ERR_NOT_SUPPORTED, _ERR_NO_PERMISSION, _ERR_FUNCTION_NOT_FOUND})
 _LOST_CODES = frozenset({_ERR_GPU_IS_LOST, _ERR_GPU_NOT_FOUND, _ERR_NOT_FOUND})
-
-_decode_reasons = functools.lru_cache(maxsize=512)(ThrottleReason.decode)
 
 
 def _text(value: str | bytes) -> str:
@@ -139,7 +134,7 @@ class _Gpu:
     pci_bus_id: str | None = None
     info: DeviceInfo | None = None
     unsupported: frozenset[str] = frozenset()
-    mem_temp_c: float | None = None
+    carried: tuple[float | None, ...] = _NO_CARRIED  # the slow fields' values, _SLOW_SLOTS order
     slow: SlowReading | None = None
     pcie: PcieCounter = field(default_factory=PcieCounter)
     field_errors: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
@@ -211,6 +206,13 @@ class NvmlBackend:
 
     name = "nvml"
 
+    #: The fast fields of :data:`~gpuwatchd.telemetry.fields.FIELDS` (with the slow ones
+    #: of the latest ``read_energy``), one NVML call per getter; an unsupported one is
+    #: skipped and ``None``. A field that fails (Unknown, Timeout, ...) is ``None`` in this
+    #: sample only; if every field asked failed, :class:`TelemetryError` names the first.
+    #: Compiled at construction (:mod:`~gpuwatchd.telemetry.nvml_read`).
+    read: Callable[[int], Sample]
+
     def __init__(
         self,
         clock: Clock | None = None,
@@ -252,6 +254,19 @@ class NvmlBackend:
             self.close()
             raise BackendUnavailable(f"NVML found no GPU on this host. {_SIM_HINT}")
         self._gpus: dict[int, _Gpu] = {i: self._open(i) for i in range(count)}
+        self.read = compile_read(
+            self._fast,
+            len(SAMPLE_FIELD_ATTRS),
+            [slot for slot, _, _ in _SLOW_SLOTS],
+            {
+                "gpus_get": self._gpus.get,
+                "live": self._live,  # raises ValueError or GpuLost
+                "now": self.clock.now,
+                "catch": self._catch,
+                "field_error": self._field_error,
+                "fast_failures": self._fast_failures,
+            },
+        )
 
     # -- binding ---------------------------------------------------------------------
 
@@ -302,26 +317,22 @@ class NvmlBackend:
             key=_handle_key,
         )
 
-        temp = fn("nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV")
-        power = fn("nvmlDeviceGetPowerUsage")
-        clock = fn("nvmlDeviceGetClockInfo")
-        reasons = fn(
-            "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"
+        # The fast getters as ``read`` calls them: (key, bound function, constant
+        # arguments, (Sample slot, converter) of each field the call fills).
+        self._fast: tuple[FastCall, ...] = tuple(
+            (
+                getter.key,
+                fn(*getter.functions),
+                tuple(int(getattr(nv, name, default)) for name, default in getter.args),
+                tuple((sample_slot(f.attr), f.convert) for f in fields),
+            )
+            for getter, fields in getters()
         )
-        util = fn("nvmlDeviceGetUtilizationRates")
         procs = fn(
             "nvmlDeviceGetComputeRunningProcesses_v3",
             "nvmlDeviceGetComputeRunningProcesses_v2",
             "nvmlDeviceGetComputeRunningProcesses",
         )
-        pstate = fn("nvmlDeviceGetPerformanceState")
-        sensor, sm, mem = nv.NVML_TEMPERATURE_GPU, self._clock_sm, self._clock_mem
-
-        # The fast getters, called one by one in ``read`` (no wrapper per field: at 10 Hz
-        # a Python frame per field costs more than the NVML call it wraps).
-        self._temp, self._sensor = temp, sensor
-        self._power, self._clock, self._sm, self._mem = power, clock, sm, mem
-        self._reasons, self._util, self._procs, self._pstate = reasons, util, procs, pstate
         pcie = fn("nvmlDeviceGetPcieThroughput")
         tx = getattr(nv, "NVML_PCIE_UTIL_TX_BYTES", 0)
         rx = getattr(nv, "NVML_PCIE_UTIL_RX_BYTES", 1)
@@ -423,7 +434,7 @@ class NvmlBackend:
 
     def _mark_lost(self, g: _Gpu, detail: str) -> None:
         g.lost = detail
-        g.mem_temp_c = None  # no stale reading survives a loss
+        g.carried = _NO_CARRIED  # no stale reading survives a loss
         g.slow = None
         g.pcie = g.pcie.gap()
         g.next_probe_t = self.clock.now() + self._reprobe_interval_s
@@ -463,83 +474,6 @@ class NvmlBackend:
     def devices(self) -> list[int]:
         return list(self._gpus)
 
-    def read(self, gpu: int) -> Sample:
-        """The fast fields, one NVML call each; unsupported ones are skipped, ``None``.
-
-        A field that fails (Unknown, Timeout, ...) is ``None`` in this sample only; if
-        every field asked failed, :class:`TelemetryError` names the first.
-        """
-        g = self._gpus.get(gpu)
-        if g is None or g.lost is not None:
-            g = self._live(gpu)  # raises ValueError or GpuLost
-        t = self.clock.now()
-        h = g.handle
-        skip = g.unsupported
-        catch = self._catch
-        failed: list[tuple[str, BaseException]] = []
-        temp = power = sm_clock = mem_clock = reasons = util = procs = pstate = None
-        # Unrolled, in FAST_FIELDS order: each field fails on its own.
-        if TEMP not in skip:
-            try:
-                temp = float(self._temp(h, self._sensor))
-            except catch as exc:
-                self._field_error(g, TEMP, exc, failed)
-        if POWER not in skip:
-            try:
-                power = self._power(h) / 1000.0
-            except catch as exc:
-                self._field_error(g, POWER, exc, failed)
-        if SM_CLOCK not in skip:
-            try:
-                sm_clock = float(self._clock(h, self._sm))
-            except catch as exc:
-                self._field_error(g, SM_CLOCK, exc, failed)
-        if MEM_CLOCK not in skip:
-            try:
-                mem_clock = float(self._clock(h, self._mem))
-            except catch as exc:
-                self._field_error(g, MEM_CLOCK, exc, failed)
-        if REASONS not in skip:
-            try:
-                reasons = _decode_reasons(self._reasons(h))
-            except catch as exc:
-                self._field_error(g, REASONS, exc, failed)
-        if UTIL not in skip:
-            try:
-                util = self._util(h)
-            except catch as exc:
-                self._field_error(g, UTIL, exc, failed)
-        if PROCS not in skip:
-            try:
-                procs = tuple([p.pid for p in self._procs(h)])
-            except catch as exc:
-                self._field_error(g, PROCS, exc, failed)
-        if PSTATE not in skip:
-            try:
-                pstate = self._pstate(h)
-                pstate = None if pstate == _PSTATE_UNKNOWN else int(pstate)
-            except catch as exc:
-                pstate = None
-                self._field_error(g, PSTATE, exc, failed)
-        if failed or g.failing:
-            self._fast_failures(g, failed)
-        return Sample(
-            gpu=gpu,
-            t=t,
-            temp_c=temp,
-            power_w=power,
-            sm_clock_mhz=sm_clock,
-            mem_clock_mhz=mem_clock,
-            reasons=reasons,
-            util_gpu=None if util is None else util.gpu / 100.0,
-            util_mem=None if util is None else util.memory / 100.0,
-            procs=procs,
-            mem_temp_c=g.mem_temp_c,
-            pstate=pstate,
-            slow=g.slow,
-            field_errors=g.field_errors,
-        )
-
     def _field_error(
         self, g: _Gpu, key: str, exc: BaseException, failed: list[tuple[str, BaseException]]
     ) -> None:
@@ -575,7 +509,12 @@ class NvmlBackend:
         if failed or g.failing:
             self._count_failures(g, failed, ok)
         t = self.clock.now()
-        g.mem_temp_c = fields.get(MEM_TEMP)
+        g.carried = tuple(
+            [
+                None if (v := fields.get(key)) is None else convert(v)
+                for _, key, convert in _SLOW_SLOTS
+            ]
+        )
         g.pcie = g.pcie.add(t, calls[PCIE_TX], calls[PCIE_RX])
         g.slow = build_reading(t, fields, calls, g.pcie, self._xids.counts(gpu))
         return None if millijoules is None else millijoules / 1000.0

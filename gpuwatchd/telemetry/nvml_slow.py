@@ -3,10 +3,10 @@
 :mod:`gpuwatchd.telemetry.nvml` makes the calls; this module holds the field table and
 the arithmetic, so both stay small. Choices, and why:
 
-- Memory temperature, ECC totals, the PCIe replay counter and the NVLink byte counters
-  come from one ``nvmlDeviceGetFieldValues`` call: one driver round trip for all of
-  them, and NVML reports success or failure per field, so one field failing drops only
-  that field.
+- The slow fields of the field table (memory temperature), ECC totals, the PCIe replay
+  counter and the NVLink byte counters come from one ``nvmlDeviceGetFieldValues`` call:
+  one driver round trip for all of them, and NVML reports success or failure per field,
+  so one field failing drops only that field.
 - PCIe bytes are estimated: ``nvmlDeviceGetPcieThroughput`` samples KB/s over 20 ms (it
   blocks 21 ms a call on an H100), and :class:`PcieCounter` integrates those samples
   over time (trapezoids), so ``rate()`` gives their average. The true counters,
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from gpuwatchd.telemetry.fields import field_values
 from gpuwatchd.telemetry.types import ProcessMemory, RemappedRows, SlowReading
 
 # Field keys: the unit of "NVML does not support this on this GPU".
-MEM_TEMP = "mem_temp"
 ECC_VOLATILE_CORRECTED = "ecc_volatile_corrected"
 ECC_VOLATILE_UNCORRECTED = "ecc_volatile_uncorrected"
 ECC_AGGREGATE_CORRECTED = "ecc_aggregate_corrected"
@@ -77,13 +77,14 @@ class FieldSpec:
 
 
 def field_specs(nv: Any) -> tuple[FieldSpec, ...]:
-    """The field-values request, with ids from the bindings (NVML ABI values as fallback)."""
+    """The field-values request, with ids from the bindings (NVML ABI values as fallback):
+    the field table's slow fields, then the health fields."""
 
     def fid(name: str, default: int) -> int:
         return int(getattr(nv, name, default))
 
     return (
-        FieldSpec(MEM_TEMP, fid("NVML_FI_DEV_MEMORY_TEMP", 82)),
+        *(FieldSpec(spec.key, fid(spec.field_id, spec.default_id)) for spec, _ in field_values()),
         FieldSpec(ECC_VOLATILE_CORRECTED, fid("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", 3)),
         FieldSpec(ECC_VOLATILE_UNCORRECTED, fid("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 4)),
         FieldSpec(ECC_AGGREGATE_CORRECTED, fid("NVML_FI_DEV_ECC_SBE_AGG_TOTAL", 5)),

@@ -8,19 +8,18 @@ Line 1 is a header object::
      "events": [{"t": 4.796, "what": "matmul loop starts"}, ...],
      "fields": {"t": "seconds since trace start", ...}}
 
-Every other line is one sample ``{"t", "gpu", "temp_c", "power_w", "sm_clock_mhz",
-"reasons"}`` (the last four may be ``null`` for a field the GPU does not support)
-plus optional ``util`` (%), ``mem_util`` (%), ``mem_temp_c``, ``mem_clock_mhz``,
-``pstate`` and ``procs`` (a count). A key this reader does not know is accepted when
-the header's ``fields`` names it: numeric values land in :attr:`Sample.extra`, other
-values are ignored. Anything else is a :class:`TraceError` naming file, line and field,
-because a trace that silently reads wrong would make every replay-based test lie.
+Every other line is one sample: ``t``, ``gpu`` and each traced field of the field
+table (:data:`~gpuwatchd.telemetry.fields.FIELDS`, its ``trace`` key; docs/fields.md
+lists them). Required keys (``temp_c``, ``power_w``, ``sm_clock_mhz``, ``reasons``) are
+on every line, ``null`` for a field the GPU does not support; optional ones only where
+known. A key this reader does not know is accepted when the header's ``fields`` names
+it: numeric values land in :attr:`Sample.extra`, other values are ignored. Anything
+else is a :class:`TraceError` naming file, line and field, because a trace that
+silently reads wrong would make every replay-based test lie.
 
-Mapping onto :class:`Sample`: ``util``/``mem_util`` percent become 0-1 ratios,
-``reasons`` is decoded with :meth:`ThrottleReason.decode`, and ``procs`` (a count, since
-PIDs of a recording mean nothing on replay) becomes a tuple of that many *synthetic*
-PIDs starting at :data:`SYNTHETIC_PID_BASE`, above Linux's largest possible PID, so a
-recorded process can never be mistaken for a live one (e.g. the daemon's own worker).
+Each key's ``decode`` maps it onto :class:`Sample` (``util``/``mem_util`` percent become
+0-1 ratios, ``reasons`` is decoded with :meth:`ThrottleReason.decode`, ``procs``, a count,
+becomes that many synthetic PIDs: :func:`~gpuwatchd.telemetry.fields.synthetic_pids`).
 """
 
 from __future__ import annotations
@@ -31,41 +30,66 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, TextIO
 
 from gpuwatchd.telemetry.backend import BackendUnavailable
-from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
+from gpuwatchd.telemetry.fields import (
+    FIELDS,
+    MAX_PROCS,
+    SYNTHETIC_PID_BASE,
+    Field,
+    TraceKey,
+    synthetic_pids,
+)
+from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.validate import one_line
 
 log = logging.getLogger(__name__)
 
 FORMAT = "gpuwatchd-trace/1"
 
-#: Linux PIDs are below 2**22 (PID_MAX_LIMIT); synthetic PIDs start there.
-SYNTHETIC_PID_BASE = 1 << 22
+__all__ = ["MAX_PROCS", "SYNTHETIC_PID_BASE", "synthetic_pids"]  # re-exported: trace facts
 
-#: Largest process count accepted (each becomes a synthetic PID in memory).
-MAX_PROCS = 4096
+#: The order ``gpuwatchd-trace/1`` writers have always written these keys in (a key not
+#: listed follows them, in table order), so a recording reads the same byte for byte.
+_V1_ORDER = (
+    "temp_c",
+    "power_w",
+    "sm_clock_mhz",
+    "reasons",
+    "util",
+    "mem_util",
+    "mem_temp_c",
+    "mem_clock_mhz",
+    "pstate",
+    "procs",
+)
 
-REQUIRED_SAMPLE_KEYS = ("t", "gpu", "temp_c", "power_w", "sm_clock_mhz", "reasons")
-OPTIONAL_SAMPLE_KEYS = ("util", "mem_util", "mem_temp_c", "mem_clock_mhz", "pstate", "procs")
+
+def _traced() -> tuple[tuple[TraceKey, Field], ...]:
+    """Every traced field with its key: required keys first, then :data:`_V1_ORDER`."""
+    pairs = [(f.trace, f) for f in FIELDS if f.trace is not None]
+
+    def rank(pair: tuple[TraceKey, Field]) -> tuple[bool, int]:
+        key = pair[0].key
+        return (not pair[0].required, _V1_ORDER.index(key) if key in _V1_ORDER else len(pairs))
+
+    return tuple(sorted(pairs, key=rank))
+
+
+#: (trace key, field) of every field a trace carries, in writing order.
+_TRACED = _traced()
+REQUIRED_SAMPLE_KEYS = ("t", "gpu", *(k.key for k, _ in _TRACED if k.required))
+OPTIONAL_SAMPLE_KEYS = tuple(k.key for k, _ in _TRACED if not k.required)
 _KNOWN_SAMPLE_KEYS = frozenset(REQUIRED_SAMPLE_KEYS + OPTIONAL_SAMPLE_KEYS)
 
 #: Meaning of every key the writer may emit; copied into the header's ``fields``.
 FIELD_DOCS: dict[str, str] = {
     "t": "seconds since trace start",
     "gpu": "GPU index",
-    "temp_c": "GPU die temperature, Celsius",
-    "power_w": "board power, watts",
-    "sm_clock_mhz": "SM clock, MHz",
-    "reasons": "NVML clocks event (throttle) reasons bitmask: 0x1 idle, 0x4 SW power cap, ...",
-    "util": "GPU utilization, percent",
-    "mem_util": "memory controller utilization, percent",
-    "mem_temp_c": "memory temperature, Celsius",
-    "mem_clock_mhz": "memory clock, MHz",
-    "pstate": "performance state (0 = fastest)",
-    "procs": "number of compute processes",
+    **{k.key: k.doc for k, _ in _TRACED},
 }
 
 # Header ``device`` keys -> DeviceInfo attributes. ``driver`` and ``mem_clock_mhz`` are
@@ -121,11 +145,6 @@ class Trace:
     def end(self) -> float:
         """Time of the latest sample of any GPU."""
         return max(s[-1].t for s in self.samples.values())
-
-
-def synthetic_pids(count: int) -> tuple[int, ...]:
-    """``count`` PIDs that no real process can have (see :data:`SYNTHETIC_PID_BASE`)."""
-    return tuple(range(SYNTHETIC_PID_BASE, SYNTHETIC_PID_BASE + count))
 
 
 # ---------------------------------------------------------------------------- reading
@@ -302,31 +321,32 @@ def _parse_sample(
     assert t is not None and gpu is not None
     if gpu not in devices:
         raise line.fail("gpu", f"GPU {gpu} is not in the header's device list")
-    reasons = line.integer("reasons", nullable=True)
-    util = line.number("util", required=False, minimum=0, maximum=100, nullable=True)
-    mem_util = line.number("mem_util", required=False, minimum=0, maximum=100, nullable=True)
-    procs = line.integer("procs", required=False, nullable=True, maximum=MAX_PROCS)
-    pstate = line.integer("pstate", required=False, nullable=True)
+    values: dict[str, Any] = {}
+    for spec, f in _TRACED:
+        value = _read_key(line, spec)
+        if value is not None and spec.decode is not None:
+            value = spec.decode(value)
+        values[f.attr] = value
     extra: dict[str, float] = {}
     for key, value in obj.items():
         if key in _KNOWN_SAMPLE_KEYS or isinstance(value, bool):
             continue
         if isinstance(value, int | float) and math.isfinite(value):
             extra[key] = float(value)
-    return Sample(
-        gpu=gpu,
-        t=t,
-        temp_c=line.number("temp_c", nullable=True),
-        power_w=line.number("power_w", minimum=0, nullable=True),
-        sm_clock_mhz=line.number("sm_clock_mhz", minimum=0, nullable=True),
-        mem_clock_mhz=line.number("mem_clock_mhz", required=False, minimum=0, nullable=True),
-        reasons=None if reasons is None else ThrottleReason.decode(reasons),
-        util_gpu=None if util is None else util / 100.0,
-        util_mem=None if mem_util is None else mem_util / 100.0,
-        procs=None if procs is None else synthetic_pids(procs),
-        mem_temp_c=line.number("mem_temp_c", required=False, nullable=True),
-        pstate=pstate,
-        extra=extra,
+    return Sample(gpu=gpu, t=t, extra=extra, **values)
+
+
+def _read_key(line: _Line, spec: TraceKey) -> float | int | None:
+    """One traced field's value as written (a number, or null), checked."""
+    if spec.integer:
+        maximum = None if spec.maximum is None else int(spec.maximum)
+        return line.integer(spec.key, required=spec.required, nullable=True, maximum=maximum)
+    return line.number(
+        spec.key,
+        required=spec.required,
+        minimum=spec.minimum,
+        maximum=spec.maximum,
+        nullable=True,
     )
 
 
@@ -512,23 +532,17 @@ def _as_event(i: int, e: TraceEvent | Mapping[str, object]) -> TraceEvent:
     return TraceEvent(float(t), what)
 
 
+#: (key, Sample attribute getter, encoder, required) of each traced field, writing order.
+_WRITE = tuple((k.key, attrgetter(f.attr), k.encode, k.required) for k, f in _TRACED)
+
+
 def _sample_json(s: Sample) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "t": s.t,
-        "gpu": s.gpu,
-        "temp_c": s.temp_c,
-        "power_w": s.power_w,
-        "sm_clock_mhz": s.sm_clock_mhz,
-        "reasons": None if s.reasons is None else int(s.reasons),
-    }
-    optional: dict[str, Any] = {
-        "util": None if s.util_gpu is None else s.util_gpu * 100.0,
-        "mem_util": None if s.util_mem is None else s.util_mem * 100.0,
-        "mem_temp_c": s.mem_temp_c,
-        "mem_clock_mhz": s.mem_clock_mhz,
-        "pstate": s.pstate,
-        "procs": None if s.procs is None else len(s.procs),
-    }
-    out.update({k: v for k, v in optional.items() if v is not None})
+    out: dict[str, Any] = {"t": s.t, "gpu": s.gpu}
+    for key, get, encode, required in _WRITE:
+        value = get(s)
+        if value is not None:
+            out[key] = value if encode is None else encode(value)
+        elif required:
+            out[key] = None
     out.update(s.extra)
     return out

@@ -144,7 +144,10 @@ class Sample:
     """One reading of the fast fields of one GPU.
 
     ``t`` is seconds on the backend's clock (monotonic; simulated time for the sim
-    and replay backends). ``procs`` holds the PIDs of compute processes on the GPU.
+    and replay backends). The attributes from ``temp_c`` to ``pstate`` are the fields
+    of :data:`gpuwatchd.telemetry.fields.FIELDS`, which says how each is read, exported
+    and traced; each is typed here, in one line, between ``t`` and ``extra``.
+    ``procs`` holds the PIDs of compute processes on the GPU.
     ``slow`` is the latest :class:`SlowReading` (as old as the energy period; ``None``
     before the first one). ``field_errors`` counts, per field, the reads that failed
     with a transient error (that field was ``None`` in those samples, the others

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -16,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from gpuwatchd.exporter.rows import CounterRows, GaugeRows
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import GpuSnapshot, StateBoard
+from gpuwatchd.telemetry.fields import BY_ATTR, FIELDS, Field, mhz_to_hz
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 
 #: Labels carried by every per-GPU series.
@@ -26,7 +28,6 @@ ALL_REASONS: tuple[ThrottleReason, ...] = tuple(ThrottleReason)
 _REASON_LABELS: tuple[tuple[ThrottleReason, str], ...] = tuple((r, r.label) for r in ALL_REASONS)
 _GATE_STATES: tuple[tuple[GateState, str], ...] = tuple((m, m.value) for m in GateState)
 
-_MHZ = 1e6
 T = TypeVar("T")
 
 
@@ -59,69 +60,34 @@ class _Gauge(Generic[T]):
 
 
 def _mhz_to_hz(mhz: float | None) -> float | None:
-    return None if mhz is None else mhz * _MHZ
+    return None if mhz is None else mhz_to_hz(mhz)
 
 
-def _count(items: tuple[int, ...] | None) -> float | None:
-    return None if items is None else float(len(items))
+def _sample_value(f: Field) -> Callable[[Sample], float | None]:
+    """The exported number of ``f`` in a sample (None: absent), built once."""
+    get = attrgetter(f.attr)
+    convert = f.metric.value
+    if convert is None:
+        return get  # type: ignore[no-any-return]
+
+    def value(sample: Sample) -> float | None:
+        v = get(sample)
+        return None if v is None else convert(v)
+
+    return value
 
 
-_SAMPLE_GAUGES: tuple[_Gauge[Sample], ...] = (
-    _Gauge(
-        "gpuwatchd_gpu_temperature_celsius",
-        "GPU core temperature in degrees Celsius, from the latest poll.",
-        "celsius",
-        lambda s: s.temp_c,
-    ),
-    _Gauge(
-        "gpuwatchd_gpu_memory_temperature_celsius",
-        "GPU memory (HBM) temperature in degrees Celsius, from the latest poll.",
-        "celsius",
-        lambda s: s.mem_temp_c,
-    ),
-    _Gauge(
-        "gpuwatchd_gpu_power_watts",
-        "GPU board power draw in watts, from the latest poll.",
-        "watts",
-        lambda s: s.power_w,
-    ),
-    _Gauge(
-        "gpuwatchd_gpu_sm_clock_hertz",
-        "Current SM (graphics) clock in hertz; below the max while throttled.",
-        "hertz",
-        lambda s: _mhz_to_hz(s.sm_clock_mhz),
-    ),
-    _Gauge(
-        "gpuwatchd_gpu_memory_clock_hertz",
-        "Current memory clock in hertz.",
-        "hertz",
-        lambda s: _mhz_to_hz(s.mem_clock_mhz),
-    ),
-    _Gauge(
-        "gpuwatchd_gpu_utilization_ratio",
-        "Fraction (0-1) of the last sample period during which a kernel ran on the GPU.",
-        "ratio",
-        lambda s: s.util_gpu,
-    ),
-    _Gauge(
-        "gpuwatchd_gpu_memory_utilization_ratio",
-        "Fraction (0-1) of the last sample period during which device memory was read or written.",
-        "ratio",
-        lambda s: s.util_mem,
-    ),
-    _Gauge(
-        "gpuwatchd_gpu_compute_processes",
-        "Number of compute processes running on the GPU.",
-        "",
-        lambda s: _count(s.procs),
-    ),
-    _Gauge(
-        "gpuwatchd_gpu_performance_state",
-        "Current performance state (P-state): 0 is maximum performance, 15 minimum.",
-        "",
-        lambda s: s.pstate,
-    ),
+#: One series per GPU for every field of the table without labels of its own.
+_SAMPLE_GAUGES: tuple[tuple[_Gauge[Sample], bool], ...] = tuple(
+    (
+        _Gauge(f.metric.name, f.metric.help, f.metric.unit, _sample_value(f)),
+        f.metric.type == "counter",
+    )
+    for f in FIELDS
+    if not f.metric.labels
 )
+#: The reasons field's metric: one series per GPU and reason.
+_THROTTLE = BY_ATTR["reasons"].metric
 
 _INFO_GAUGES: tuple[_Gauge[DeviceInfo], ...] = (
     _Gauge(
@@ -158,10 +124,14 @@ _INFO_GAUGES: tuple[_Gauge[DeviceInfo], ...] = (
 
 
 def _fill(
-    spec: _Gauge[T], snaps: Sequence[GpuSnapshot], source: Callable[[GpuSnapshot], T | None]
-) -> GaugeRows:
-    """One gauge family with a series for every GPU whose source has the field (None: absent)."""
-    family = GaugeRows(spec.name, spec.help, labels=GPU_LABELS, unit=spec.unit)
+    spec: _Gauge[T],
+    snaps: Sequence[GpuSnapshot],
+    source: Callable[[GpuSnapshot], T | None],
+    counter: bool = False,
+) -> GaugeRows | CounterRows:
+    """One family with a series for every GPU whose source has the field (None: absent)."""
+    rows = CounterRows if counter else GaugeRows
+    family = rows(spec.name, spec.help, labels=GPU_LABELS, unit=spec.unit)
     add_per_gpu(family, ((snap, source(snap)) for snap in snaps), spec.value)
     return family
 
@@ -223,8 +193,8 @@ class GpuCollector(BoardCollector):
         yield self._gpu_info(snaps)
         for info_spec in _INFO_GAUGES:
             yield _fill(info_spec, snaps, _info_of)
-        for sample_spec in _SAMPLE_GAUGES:
-            yield _fill(sample_spec, snaps, live_sample)
+        for sample_spec, counter in _SAMPLE_GAUGES:
+            yield _fill(sample_spec, snaps, live_sample, counter)
         yield self._energy(snaps)
         yield from self._throttle(snaps)
         yield from self._gate(snaps)
@@ -267,12 +237,7 @@ class GpuCollector(BoardCollector):
 
     @staticmethod
     def _throttle(snaps: Sequence[GpuSnapshot]) -> Iterator[Metric]:
-        active = GaugeRows(
-            "gpuwatchd_gpu_throttle_active",
-            "1 if NVML reports this clocks-event (throttle) reason in the latest poll, else 0. "
-            "sw_power_cap means the workload hit the power limit; *_thermal_slowdown means heat.",
-            labels=(*GPU_LABELS, "reason"),
-        )
+        active = GaugeRows(_THROTTLE.name, _THROTTLE.help, labels=(*GPU_LABELS, *_THROTTLE.labels))
         seconds = CounterRows(
             "gpuwatchd_gpu_throttle_seconds",
             "Seconds the daemon observed each throttle reason active since it started.",
