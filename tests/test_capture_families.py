@@ -41,7 +41,7 @@ def test_captured_gemms_parse_with_their_layout_and_batch() -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda w: {**w, "op": "conv2d"}, "op must be 'matmul' or 'bmm'"),
+        (lambda w: {**w, "op": "conv2d"}, "cannot run op 'conv2d' \\(it runs matmul, bmm\\)"),
         (lambda w: {**w, "params": {"layout": "nx"}}, "params.layout must be one of nn, nt"),
         (lambda w: {**w, "shape": {**w["shape"], "batch": 0}}, "shape.batch must be a positive"),
         (lambda w: {**w, "dtype": "int8"}, "dtype must be one of"),

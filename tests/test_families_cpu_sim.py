@@ -234,12 +234,12 @@ def test_cpu_candidates_checked_against_float64_reference() -> None:
         (
             Workload("c", "conv2d", {"input": [1, 3, 8, 8], "weight": [4, 2, 3, 3]}, "fp32",
                      ("cpu.conv2d",)),
-            "workload c: shape.weight channels 2 != input channels 3",
+            "workload c: shape.weight: has 2 input channels per group, input has 3 in 1",
         ),
         (
             Workload("c", "conv2d", {"input": [1, 3, 8], "weight": [4, 3, 3, 3]}, "fp32",
                      ("cpu.conv2d",)),
-            "workload c: shape.input must be a list of 4 integers",
+            "workload c: shape.input: expected a list of 4 positive integers",
         ),
         (matmul_wl(families=("sim",), dtype="int4"), "workload mm: dtype 'int4' not supported"),
         (matmul_wl(families=("sim",), op="conv"), "workload mm: family sim cannot run op 'conv'"),

@@ -172,7 +172,7 @@ def test_bad_params_configs_name_the_entry(configs: Any, message: str) -> None:
 @pytest.mark.parametrize(
     ("workload", "message"),
     [
-        (Workload("g", "conv2d", {"m": 1, "n": 1, "k": 1}, "bf16", ()), r"op must be 'matmul'"),
+        (Workload("g", "conv2d", {"m": 1, "n": 1, "k": 1}, "bf16", ()), r"family .* op 'conv2d'"),
         (gemm(m=0), r"shape\.m must be a positive integer, got 0"),
         (Workload("g", "matmul", {"m": 8, "n": 8}, "bf16", ()), r"shape\.k must be a positive"),
         (gemm(n=True), r"shape\.n must be a positive integer"),  # type: ignore[arg-type]
@@ -248,13 +248,13 @@ def test_l4_conv_spec() -> None:
 @pytest.mark.parametrize(
     ("shape", "message"),
     [
-        ({"input": [1, 3, 8], "weight": [4, 3, 3, 3]}, r"shape\.input must be a list of 4"),
+        ({"input": [1, 3, 8], "weight": [4, 3, 3, 3]}, r"shape\.input: expected a list of 4"),
         ({"input": [1, 3, 8, 8], "weight": [4, 2, 3, 3]}, r"2 input channels per group"),
-        ({"input": [1, 4, 8, 8], "weight": [3, 2, 3, 3], "groups": 2}, r"not divisible by groups"),
-        ({"input": [1, 3, 8, 8], "weight": [4, 3, 3, 3], "padding": -1}, r"shape\.padding must"),
+        ({"input": [1, 4, 8, 8], "weight": [3, 2, 3, 3], "groups": 2}, r"not divisible by 2"),
+        ({"input": [1, 3, 8, 8], "weight": [4, 3, 3, 3], "padding": -1}, r"padding: expected"),
         ({"input": [1, 3, 8, 8], "weight": [4, 3, 3, 3], "stride": [1, 2, 3]}, r"shape\.stride"),
         ({"input": [1, 3, 2, 2], "weight": [4, 3, 3, 3]}, r"larger than the padded input"),
-        ({"input": [1, 3, 8, 8], "weight": [4, 3, 3, 3], "groups": 0}, r"shape\.groups must"),
+        ({"input": [1, 3, 8, 8], "weight": [4, 3, 3, 3], "groups": 0}, r"shape\.groups: expected"),
     ],
 )
 def test_bad_conv_shapes_name_the_field(shape: dict[str, Any], message: str) -> None:

@@ -20,8 +20,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gpuwatchd.tuning.families import needs_of
 from gpuwatchd.tuning.types import Workload
-from gpuwatchd.tuning.worker.families import BUILTIN_MODULES
 from gpuwatchd.tuning.workloads import device_kind
 from gpuwatchd.validate import one_line
 
@@ -66,7 +66,7 @@ def needed_modules(workload: Workload) -> frozenset[str]:
     """Every module the worker may import to run ``workload`` (its device and families)."""
     needed = set(DEVICE_MODULES.get(device_kind(workload), ()))
     for family in workload.families:
-        needed.update(BUILTIN_MODULES.get(family, ()))  # a plugin family: unknown, not blocked
+        needed.update(needs_of(family))  # a plugin family: unknown, not blocked
     return frozenset(needed)
 
 
@@ -82,7 +82,7 @@ def blocking_module(workload: Workload, missing: Collection[str]) -> str | None:
             return module
     blocked: list[str] = []
     for family in workload.families:
-        lacks = [m for m in BUILTIN_MODULES.get(family, ()) if m in missing]
+        lacks = [m for m in needs_of(family) if m in missing]
         if not lacks:
             return None
         blocked.append(lacks[0])

@@ -1,11 +1,11 @@
-"""The ops the built-in candidate families run, and the shape each op takes.
+"""The shape each op takes, and the check of a workload against its families' specs.
 
 Checked when a ``[[workload]]`` table is read, so ``op = "fft"``, ``m = -1``,
 ``dtype = "float1024"`` or operands bigger than the device could hold are a one-line
 error from ``gpuwatchd check-config`` (or the control socket, or the spool) instead of a
-session failing in the worker hours later. Pure Python: the daemon never imports the
-worker package (torch), so :data:`FAMILY_OPS` mirrors what each built-in family
-accepts (a test holds the two together). A family from a plugin (entry point
+session failing in the worker hours later. Pure Python: which ops a family runs is its
+spec (:mod:`gpuwatchd.tuning.families`), and the worker's families parse shapes with the
+rules here (:func:`conv_shape`). A family from a plugin (entry point
 ``gpuwatchd.families``) may run ops of its own: with one in the list, an unknown op and
 unknown shape keys are left to the plugin.
 """
@@ -14,30 +14,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
 from gpuwatchd.tuning.dtypes import DTYPES, ELEMENT_BYTES, canonical
+from gpuwatchd.tuning.families import ENTRY_POINT_GROUP, KNOWN_OPS, SPECS
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.validate import fail, need_int, require
-
-#: The entry-point group third-party families register under (as the worker reads it).
-ENTRY_POINT_GROUP = "gpuwatchd.families"
-
-#: Built-in family -> the ops it runs.
-FAMILY_OPS: dict[str, tuple[str, ...]] = {
-    "cpu.matmul": ("matmul", "gemm"),
-    "cpu.conv2d": ("conv2d", "conv"),
-    "sim": ("gemm", "matmul"),
-    "torch.matmul": ("matmul",),
-    "torch.conv2d": ("conv2d", "conv"),
-    "torch.gemm": ("matmul", "bmm"),
-    "inductor.mm": ("inductor.gemm",),
-    "triton.matmul": ("matmul",),
-    "triton.user": ("triton.user",),
-}
-
-KNOWN_OPS = tuple(sorted({op for ops in FAMILY_OPS.values() for op in ops}))
 
 #: The most the operands of one workload (inputs and output) may take, by where it runs:
 #: more than a GPU's or a tuning host's memory only fails in the worker.
@@ -57,14 +41,14 @@ def check_workload(w: Workload, where: str, plugins: frozenset[str] | None = Non
     """Raise ValueError naming the field when ``w``'s families, op or shape cannot run."""
     plugins = plugin_families() if plugins is None else plugins
     for i, fam in enumerate(w.families):
-        if fam not in FAMILY_OPS and fam not in plugins:
-            known = ", ".join(sorted({*FAMILY_OPS, *plugins}))
+        if fam not in SPECS and fam not in plugins:
+            known = ", ".join(sorted({*SPECS, *plugins}))
             raise fail(f"{where}.families[{i}]", f"unknown family (known: {known})", fam)
-    from_plugin = any(f not in FAMILY_OPS for f in w.families)
+    from_plugin = any(f not in SPECS for f in w.families)
     for fam in w.families:
-        runs = FAMILY_OPS.get(fam)
-        if runs is not None and w.op not in runs:
-            raise fail(f"{where}.op", f"family {fam} runs {', '.join(runs)}", w.op)
+        spec = SPECS.get(fam)
+        if spec is not None and not spec.runs(w.op):
+            raise fail(f"{where}.op", f"family {fam} runs {', '.join(spec.ops)}", w.op)
     if w.op not in KNOWN_OPS:
         if from_plugin:
             return
@@ -131,43 +115,70 @@ def _gemm(keys: tuple[str, ...]) -> Callable[[Workload, str, bool], int]:
     return check
 
 
-def _dims(value: Any, where: str) -> list[int]:
-    if not isinstance(value, list) or len(value) != 4:
+def _dims(value: Any, where: str) -> tuple[int, int, int, int]:
+    if not isinstance(value, list | tuple) or len(value) != 4:
         raise fail(where, "expected a list of 4 positive integers", value)
-    return [_dim(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    a, b, c, d = (_dim(v, f"{where}[{i}]") for i, v in enumerate(value))
+    return a, b, c, d
 
 
 def _pair(value: Any, where: str, low: int) -> tuple[int, int]:
-    items = value if isinstance(value, list) else [value, value]
+    items = value if isinstance(value, list | tuple) else [value, value]
     if len(items) != 2:
         raise fail(where, f"expected an integer >= {low} or a list of two", value)
     a, b = (_dim(v, where, minimum=low) for v in items)
     return a, b
 
 
-def _conv(w: Workload, where: str, strict: bool) -> int:
-    """Mirrors torch.conv2d's family: NCHW input, KCRS weight, groups, an output >= 1x1."""
-    shape = w.shape
-    _keys(shape, where, _CONV_KEYS, strict)
-    n_c_h_w = _dims(shape.get("input"), f"{where}.shape.input")
-    k_c_r_s = _dims(shape.get("weight"), f"{where}.shape.weight")
-    stride = _pair(shape.get("stride", 1), f"{where}.shape.stride", 1)  # any stride >= 1 fits
-    padding = _pair(shape.get("padding", 0), f"{where}.shape.padding", 0)
-    dilation = _pair(shape.get("dilation", 1), f"{where}.shape.dilation", 1)
-    groups = _dim(shape.get("groups", 1), f"{where}.shape.groups")
+@dataclass(frozen=True, slots=True)
+class ConvShape:
+    """A 2-D convolution: input (N,C,H,W), weight (K,C/groups,R,S), per-axis stride,
+    padding and dilation, and groups; :attr:`output` is at least 1x1."""
+
+    input: tuple[int, int, int, int]
+    weight: tuple[int, int, int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+
+    @property
+    def output(self) -> tuple[int, int, int, int]:
+        """(N, K, H_out, W_out), as torch.nn.functional.conv2d computes them."""
+        n, _, h, w = self.input
+        k, _, r, s = self.weight
+        ho = (h + 2 * self.padding[0] - self.dilation[0] * (r - 1) - 1) // self.stride[0] + 1
+        wo = (w + 2 * self.padding[1] - self.dilation[1] * (s - 1) - 1) // self.stride[1] + 1
+        return (n, k, ho, wo)
+
+
+def conv_shape(shape: Mapping[str, Any], where: str) -> ConvShape:
+    """The conv shape rule: ``shape`` (keys input, weight, stride, padding, dilation,
+    groups) as a :class:`ConvShape`; ValueError naming the field under ``where``
+    (e.g. ``workload[0].shape``)."""
+    n_c_h_w = _dims(shape.get("input"), f"{where}.input")
+    k_c_r_s = _dims(shape.get("weight"), f"{where}.weight")
+    stride = _pair(shape.get("stride", 1), f"{where}.stride", 1)
+    padding = _pair(shape.get("padding", 0), f"{where}.padding", 0)
+    dilation = _pair(shape.get("dilation", 1), f"{where}.dilation", 1)
+    groups = _dim(shape.get("groups", 1), f"{where}.groups")
     if n_c_h_w[1] != k_c_r_s[1] * groups:
         what = f"has {k_c_r_s[1]} input channels per group, input has {n_c_h_w[1]} in {groups}"
-        raise fail(f"{where}.shape.weight", what, k_c_r_s)
+        raise fail(f"{where}.weight", what, list(k_c_r_s))
     if k_c_r_s[0] % groups:
-        raise fail(f"{where}.shape.weight", f"output channels not divisible by {groups}", k_c_r_s)
-    out = [n_c_h_w[0], k_c_r_s[0]]
-    for axis in (0, 1):
-        reach = dilation[axis] * (k_c_r_s[2 + axis] - 1) + 1
-        size = n_c_h_w[2 + axis] + 2 * padding[axis]
-        if reach > size:
-            raise fail(f"{where}.shape.weight", "is larger than the padded input", k_c_r_s)
-        out.append((size - reach) // stride[axis] + 1)
-    return math.prod(n_c_h_w) + math.prod(k_c_r_s) + math.prod(out)
+        what = f"output channels not divisible by {groups}"
+        raise fail(f"{where}.weight", what, list(k_c_r_s))
+    conv = ConvShape(n_c_h_w, k_c_r_s, stride, padding, dilation, groups)
+    if min(conv.output[2:]) < 1:
+        raise fail(f"{where}.weight", "is larger than the padded input", list(k_c_r_s))
+    return conv
+
+
+def _conv(w: Workload, where: str, strict: bool) -> int:
+    """The conv rule; the operands' elements (input, weight, output)."""
+    _keys(w.shape, where, _CONV_KEYS, strict)
+    c = conv_shape(w.shape, f"{where}.shape")
+    return math.prod(c.input) + math.prod(c.weight) + math.prod(c.output)
 
 
 def _inductor(w: Workload, where: str, strict: bool) -> None:

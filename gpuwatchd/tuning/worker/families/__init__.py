@@ -1,12 +1,13 @@
-"""Candidate family registry: built-ins by name plus user families from entry points.
+"""Candidate family registry: built-ins by their specs plus user families from entry points.
 
-Built-ins are named as ``module:attribute`` strings and imported only when asked for,
-so listing families never imports torch or Triton. Third-party packages add families
+A built-in's spec (:mod:`gpuwatchd.tuning.families`) names its module here and the
+function that builds its candidates; the module is imported only when asked for, so
+listing families never imports torch or Triton. Third-party packages add families
 through the entry-point group ``gpuwatchd.families`` (entry-point name = family name,
 value = a :data:`~gpuwatchd.tuning.worker.candidate.Family` callable). A built-in name always
 wins over an entry point of the same name, so a plugin cannot silently replace one.
 
-Families that import users' code (:data:`USER_CODE_FAMILIES`) are also handed the job's
+Families that import users' code (their spec's ``user_code``) are also handed the job's
 ``allowed_modules`` (the daemon's configuration, :mod:`gpuwatchd.tuning.trust`), never a
 list a workload carries.
 """
@@ -18,40 +19,12 @@ from collections.abc import Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from gpuwatchd.tuning.families import ENTRY_POINT_GROUP, SPECS
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import Candidate, DeviceSession, Family
 from gpuwatchd.validate import describe
 
-ENTRY_POINT_GROUP = "gpuwatchd.families"
-
-#: Family name -> "module:attribute" of its Family callable, imported lazily.
-BUILTIN: dict[str, str] = {
-    "cpu.matmul": "gpuwatchd.tuning.worker.families.cpu:matmul_family",
-    "cpu.conv2d": "gpuwatchd.tuning.worker.families.cpu:conv2d_family",
-    "sim": "gpuwatchd.tuning.worker.families.sim:sim_family",
-    "torch.matmul": "gpuwatchd.tuning.worker.families.torch_matmul:build",
-    "torch.conv2d": "gpuwatchd.tuning.worker.families.torch_conv:build",
-    "torch.gemm": "gpuwatchd.tuning.worker.families.torch_gemm:build",
-    "inductor.mm": "gpuwatchd.tuning.worker.families.inductor_mm:build",
-    "triton.matmul": "gpuwatchd.tuning.worker.families.triton_matmul:build",
-    "triton.user": "gpuwatchd.tuning.worker.families.triton_user:build",
-}
-#: Built-in families that import users' code: called with the job's allowed modules too.
-USER_CODE_FAMILIES = frozenset({"triton.user"})
-
-#: Family name -> the third-party modules its candidates import (the daemon checks the
-#: worker's interpreter has them before starting a session that needs them).
-BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
-    "cpu.matmul": ("torch",),
-    "cpu.conv2d": ("torch",),
-    "sim": (),
-    "torch.matmul": ("torch",),
-    "torch.conv2d": ("torch",),
-    "torch.gemm": ("torch",),
-    "inductor.mm": ("torch", "triton"),  # max-autotune's GEMM templates are Triton kernels
-    "triton.matmul": ("torch", "triton"),
-    "triton.user": ("torch", "triton"),
-}
+__all__ = ["ENTRY_POINT_GROUP", "UnknownFamily", "candidates_for", "family_names", "get_family"]
 
 
 class UnknownFamily(ValueError):
@@ -64,14 +37,14 @@ def _entry_points() -> dict[str, EntryPoint]:
 
 def family_names() -> list[str]:
     """Every family that :func:`get_family` can load, sorted."""
-    return sorted(set(BUILTIN) | set(_entry_points()))
+    return sorted(set(SPECS) | set(_entry_points()))
 
 
 def get_family(name: str) -> Family:
     """Load one family by name; raises :class:`UnknownFamily` naming it."""
-    target = BUILTIN.get(name)
-    if target is not None:
-        module, _, attr = target.partition(":")
+    spec = SPECS.get(name)
+    if spec is not None:
+        module, _, attr = spec.implementation.partition(":")
         fn = getattr(importlib.import_module(module), attr)
     else:
         ep = _entry_points().get(name)
@@ -103,7 +76,8 @@ def candidates_for(
     seen: set[str] = set()
     for fam in workload.families:
         family: Any = get_family(fam)
-        if fam in USER_CODE_FAMILIES:
+        spec = SPECS.get(fam)
+        if spec is not None and spec.user_code:
             cands: Sequence[Candidate] = family(workload, session, tuple(allowed_modules))
         else:
             cands = family(workload, session)

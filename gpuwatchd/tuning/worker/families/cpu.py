@@ -10,16 +10,21 @@ to list families and must stay torch-free.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.tuning.dtypes import DTYPES
+from gpuwatchd.tuning.families import specs_for
+from gpuwatchd.tuning.ops import conv_shape
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
 from gpuwatchd.validate import one_line
 
 if TYPE_CHECKING:
     import torch
+
+#: The two families this module implements (gpuwatchd/tuning/families/cpu.py).
+MATMUL, CONV2D = specs_for(__name__)
 
 #: Relative Frobenius error allowed against the float64 reference, per dtype.
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 5e-3}
@@ -100,24 +105,12 @@ def _dtype(w: Workload) -> torch.dtype:
     return getattr(torch, key)
 
 
-def _check_op(w: Workload, family: str, ops: Sequence[str]) -> None:
-    if w.op not in ops:
-        raise ValueError(f"workload {w.name}: family {family} cannot run op {w.op!r}")
-
-
 def _positive_int(w: Workload, key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(
             f"workload {w.name}: shape.{key} must be a positive integer, got {value!r}"
         )
     return value
-
-
-def _int_list(w: Workload, key: str, n: int) -> list[int]:
-    value = w.shape.get(key)
-    if not isinstance(value, list | tuple) or len(value) != n:
-        raise ValueError(f"workload {w.name}: shape.{key} must be a list of {n} integers")
-    return [_positive_int(w, f"{key}[{i}]", v) for i, v in enumerate(value)]
 
 
 def _seeded(seed: int) -> torch.Generator:
@@ -134,7 +127,7 @@ def matmul_family(w: Workload, session: DeviceSession) -> list[Candidate]:
     einsum, B stored transposed, and k-blocked accumulation with addmm."""
     import torch
 
-    _check_op(w, "cpu.matmul", ("matmul", "gemm"))
+    MATMUL.require_op(w.name, w.op)
     m, n, k = (_positive_int(w, key, w.shape.get(key)) for key in ("m", "n", "k"))
     dtype = _dtype(w)
     tol = TOLERANCE[str(dtype).removeprefix("torch.")]
@@ -164,9 +157,7 @@ def matmul_family(w: Workload, session: DeviceSession) -> list[Candidate]:
     def cand(
         name: str, make: Callable[[], tuple[Inputs, torch.Tensor]], fn: Fn, **cfg: Any
     ) -> TorchCpuCandidate:
-        return TorchCpuCandidate(
-            name, "cpu.matmul", make, fn, {"impl": name, **cfg}, flops, ws, tol
-        )
+        return TorchCpuCandidate(name, MATMUL.name, make, fn, {"impl": name, **cfg}, flops, ws, tol)
 
     cands: list[Candidate] = [
         cand("torch.matmul", inputs, torch.matmul),
@@ -185,24 +176,20 @@ def matmul_family(w: Workload, session: DeviceSession) -> list[Candidate]:
 
 def conv2d_family(w: Workload, session: DeviceSession) -> list[Candidate]:
     """2-D convolution for shape ``input`` (N,C,H,W), ``weight`` (K,C,R,S), ``stride``,
-    ``padding``: oneDNN direct conv (contiguous and channels_last), torch's native conv
+    ``padding`` (the conv shape rule, :func:`~gpuwatchd.tuning.ops.conv_shape`; no groups
+    or dilation): oneDNN direct conv (contiguous and channels_last), torch's native conv
     with oneDNN off, and im2col (unfold) + GEMM."""
     import torch
     import torch.nn.functional as F
 
-    _check_op(w, "cpu.conv2d", ("conv2d", "conv"))
-    nb, c, h, wd = _int_list(w, "input", 4)
-    kk, wc, r, s = _int_list(w, "weight", 4)
-    if wc != c:
-        raise ValueError(f"workload {w.name}: shape.weight channels {wc} != input channels {c}")
-    stride = _positive_int(w, "stride", w.shape.get("stride", 1))
-    padding = w.shape.get("padding", 0)
-    if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
-        raise ValueError(f"workload {w.name}: shape.padding must be an integer >= 0")
-    ho = (h + 2 * padding - r) // stride + 1
-    wo = (wd + 2 * padding - s) // stride + 1
-    if ho <= 0 or wo <= 0:
-        raise ValueError(f"workload {w.name}: shape.weight larger than the padded input")
+    CONV2D.require_op(w.name, w.op)
+    conv = conv_shape(w.shape, f"workload {w.name}: shape")
+    if conv.groups != 1 or conv.dilation != (1, 1):
+        raise ValueError(f"workload {w.name}: family {CONV2D.name} runs no groups or dilation")
+    nb, c, h, wd = conv.input
+    kk, _, r, s = conv.weight
+    stride, padding = conv.stride, conv.padding
+    _, _, ho, wo = conv.output
     dtype = _dtype(w)
     tol = TOLERANCE[str(dtype).removeprefix("torch.")]
     esize = torch.empty((), dtype=dtype).element_size()
@@ -241,7 +228,7 @@ def conv2d_family(w: Workload, session: DeviceSession) -> list[Candidate]:
     def cand(
         name: str, make: Callable[[], tuple[Inputs, torch.Tensor]], fn: Fn, **kw: Any
     ) -> TorchCpuCandidate:
-        return TorchCpuCandidate(name, "cpu.conv2d", make, fn, {"impl": name}, flops, ws, tol, **kw)
+        return TorchCpuCandidate(name, CONV2D.name, make, fn, {"impl": name}, flops, ws, tol, **kw)
 
     return [
         cand("conv2d", inputs, direct),

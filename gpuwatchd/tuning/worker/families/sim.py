@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwatchd.tuning.dtypes import DTYPES, ELEMENT_BYTES, canonical
+from gpuwatchd.tuning.families import specs_for
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
 
@@ -25,6 +26,10 @@ from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceS
 #: H200 dense bf16 tensor-core peak at max clock, and HBM3e bandwidth
 DEFAULT_PEAK_TFLOPS = 989.0
 DEFAULT_HBM_TBPS = 4.8
+
+
+#: The family this module implements (gpuwatchd/tuning/families/sim.py).
+(FAMILY,) = specs_for(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +114,7 @@ def sim_family(w: Workload, session: DeviceSession) -> list[Candidate]:
     ``params`` may set ``peak_tflops`` and ``hbm_tbps`` of the simulated GPU at max
     clock (defaults: H200 bf16 dense, HBM3e).
     """
-    if w.op not in ("gemm", "matmul"):
-        raise ValueError(f"workload {w.name}: family sim cannot run op {w.op!r}")
+    FAMILY.require_op(w.name, w.op)
     m, n, k = (_positive(w, f"shape.{key}", w.shape.get(key)) for key in ("m", "n", "k"))
     esize = ELEMENT_BYTES.get(canonical(w.dtype) or "")
     if esize is None:

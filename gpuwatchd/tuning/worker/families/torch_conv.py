@@ -51,6 +51,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from gpuwatchd.tuning.families import specs_for
+from gpuwatchd.tuning.ops import ConvShape, conv_shape
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.winners import JOB_DEFAULT
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
@@ -74,7 +76,8 @@ from gpuwatchd.tuning.worker.families.common import (
 if TYPE_CHECKING:
     import torch
 
-FAMILY = "torch.conv2d"
+(SPEC,) = specs_for(__name__)
+FAMILY = SPEC.name
 PICKS = ("heuristic", "benchmark")
 MEMORY_FORMATS = ("contiguous", "channels_last")
 #: The pick a job gets without gpuwatchd (torch's default ``cudnn.benchmark=False``).
@@ -91,29 +94,15 @@ _T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
-class ConvSpec:
-    """y = conv2d(x, w): x (N,C,H,W), w (K,C/groups,R,S)."""
+class ConvSpec(ConvShape):
+    """y = conv2d(x, w) of a :class:`ConvShape`, with the dtype and params it runs in."""
 
-    input: tuple[int, int, int, int]
-    weight: tuple[int, int, int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
-    groups: int
     dtype: str
     tf32: bool
     bias: bool
     seed: int
     input_layout: str = "contiguous"
     weight_layout: str = "contiguous"
-
-    @property
-    def output(self) -> tuple[int, int, int, int]:
-        n, _, h, w = self.input
-        k, _, r, s = self.weight
-        ho = (h + 2 * self.padding[0] - self.dilation[0] * (r - 1) - 1) // self.stride[0] + 1
-        wo = (w + 2 * self.padding[1] - self.dilation[1] * (s - 1) - 1) // self.stride[1] + 1
-        return (n, k, ho, wo)
 
     @property
     def flops(self) -> int:
@@ -146,36 +135,18 @@ class ConvSpec:
 def parse_conv(workload: Workload) -> ConvSpec:
     """Validate a conv2d workload; ValueError naming the bad field."""
     where = f"workload {workload.name!r}"
-    if workload.op not in ("conv2d", "conv"):
-        raise ValueError(f"{where}: op must be 'conv2d' for {FAMILY}, got {workload.op!r}")
-    shape = workload.shape
-    x = _dims(shape.get("input"), f"{where}: shape.input")
-    w = _dims(shape.get("weight"), f"{where}: shape.weight")
-    stride = _pair(shape.get("stride", 1), f"{where}: shape.stride", low=1)
-    padding = _pair(shape.get("padding", 0), f"{where}: shape.padding", low=0)
-    dilation = _pair(shape.get("dilation", 1), f"{where}: shape.dilation", low=1)
-    groups = shape.get("groups", 1)
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"{where}: shape.groups must be a positive integer, got {groups!r}")
-    if x[1] != w[1] * groups:
-        raise ValueError(
-            f"{where}: shape.weight has {w[1]} input channels per group, shape.input has "
-            f"{x[1]} channels in {groups} group(s)"
-        )
-    if w[0] % groups:
-        raise ValueError(f"{where}: shape.weight output channels {w[0]} not divisible by groups")
+    SPEC.require_op(repr(workload.name), workload.op)
+    c = conv_shape(workload.shape, f"{where}: shape")
     dtype = canonical_dtype(workload.dtype, tuple(_ELEM_BYTES), where)
     tf32 = bool_param(workload, "tf32", where)
     bias = bool_param(workload, "bias", where)
     seed = seed_param(workload, where)
     x_layout = _layout_param(workload, "input_layout", where)
     w_layout = _layout_param(workload, "weight_layout", where)
-    spec = ConvSpec(
-        x, w, stride, padding, dilation, groups, dtype, tf32, bias, seed, x_layout, w_layout
-    )
-    if min(spec.output[2:]) < 1:
-        raise ValueError(f"{where}: shape.weight (dilated) is larger than the padded input")
-    return spec
+    return ConvSpec(
+        c.input, c.weight, c.stride, c.padding, c.dilation, c.groups,
+        dtype, tf32, bias, seed, x_layout, w_layout,
+    )  # fmt: skip
 
 
 class _OwnThread:
@@ -447,24 +418,6 @@ def _layout_param(workload: Workload, key: str, where: str) -> str:
             f"{where}: params.{key} must be one of {', '.join(MEMORY_FORMATS)}, got {value!r}"
         )
     return str(value)
-
-
-def _dims(v: object, where: str) -> tuple[int, int, int, int]:
-    if (
-        not isinstance(v, list | tuple)
-        or len(v) != 4
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in v)
-    ):
-        raise ValueError(f"{where} must be a list of 4 positive integers, got {v!r}")
-    return (v[0], v[1], v[2], v[3])
-
-
-def _pair(v: object, where: str, low: int) -> tuple[int, int]:
-    items = list(v) if isinstance(v, list | tuple) else [v, v]
-    ints = [d for d in items if isinstance(d, int) and not isinstance(d, bool) and d >= low]
-    if len(items) != 2 or len(ints) != 2:
-        raise ValueError(f"{where} must be an integer >= {low} or a pair of them, got {v!r}")
-    return (ints[0], ints[1])
 
 
 def _prod(dims: tuple[int, ...]) -> int:

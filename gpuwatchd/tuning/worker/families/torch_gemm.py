@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwatchd.tuning.families import specs_for
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.cuda_session import (
@@ -36,7 +37,8 @@ from gpuwatchd.tuning.worker.families.torch_matmul import (
     available_libraries,
 )
 
-FAMILY = "torch.gemm"
+(SPEC,) = specs_for(__name__)
+FAMILY = SPEC.name
 LAYOUTS = ("nn", "nt", "tn", "tt")
 _ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -81,8 +83,7 @@ class StridedGemmSpec:
 def parse_strided_gemm(workload: Workload) -> StridedGemmSpec:
     """Validate a ``matmul`` or ``bmm`` workload with ``params.layout``; ValueError."""
     where = f"workload {workload.name!r}"
-    if workload.op not in ("matmul", "bmm"):
-        raise ValueError(f"{where}: op must be 'matmul' or 'bmm' for {FAMILY}, got {workload.op!r}")
+    SPEC.require_op(repr(workload.name), workload.op)
     keys = ("batch", "m", "n", "k") if workload.op == "bmm" else ("m", "n", "k")
     dims = {"batch": 1, **positive_dims(workload, keys, where)}
     layout = workload.params.get("layout", "nn")

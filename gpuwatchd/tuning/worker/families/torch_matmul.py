@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from gpuwatchd.tuning.families import FamilySpec, specs_for
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.winners import JOB_DEFAULT
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
@@ -39,7 +40,8 @@ from gpuwatchd.tuning.worker.families.common import (
 if TYPE_CHECKING:
     import torch
 
-FAMILY = "torch.matmul"
+(SPEC,) = specs_for(__name__)
+FAMILY = SPEC.name
 BLAS_LIBRARIES = ("cublas", "cublaslt")
 _ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 #: Rows of C checked against a float64 reference: spread over M so every tile-row and
@@ -80,11 +82,10 @@ class GemmSpec:
         return {"m": self.m, "n": self.n, "k": self.k, "dtype": self.dtype}
 
 
-def parse_gemm(workload: Workload, dtypes: tuple[str, ...]) -> GemmSpec:
-    """Validate a matmul workload; ValueError naming the bad field."""
+def parse_gemm(workload: Workload, dtypes: tuple[str, ...], family: FamilySpec = SPEC) -> GemmSpec:
+    """Validate a matmul workload for ``family``; ValueError naming the bad field."""
     where = f"workload {workload.name!r}"
-    if workload.op != "matmul":
-        raise ValueError(f"{where}: op must be 'matmul' for a GEMM family, got {workload.op!r}")
+    family.require_op(repr(workload.name), workload.op)
     dims = positive_dims(workload, ("m", "n", "k"), where)
     dtype = canonical_dtype(workload.dtype, dtypes, where)
     tf32 = bool_param(workload, "tf32", where)

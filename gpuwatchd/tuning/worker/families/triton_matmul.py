@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwatchd.tuning.families import specs_for
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.cuda_session import first_line, require_cuda_device
@@ -28,7 +29,8 @@ from gpuwatchd.tuning.worker.families.base import CandidateBase
 from gpuwatchd.tuning.worker.families.common import compiled_facts
 from gpuwatchd.tuning.worker.families.torch_matmul import GemmData, GemmSpec, parse_gemm
 
-FAMILY = "triton.matmul"
+(SPEC,) = specs_for(__name__)
+FAMILY = SPEC.name
 DTYPES = ("bfloat16", "float16")
 #: Opt-in shared memory per block on H100/H200 (227 KiB): the budget of the default grid.
 HOPPER_SMEM_BYTES = 232448
@@ -349,7 +351,7 @@ class TritonMatmul(CandidateBase):
 
 def build(workload: Workload, session: DeviceSession) -> list[TritonMatmul]:
     """One candidate per tile config of ``params.configs`` (default: the Hopper grid)."""
-    spec = parse_gemm(workload, DTYPES)
+    spec = parse_gemm(workload, DTYPES, SPEC)
     _check_indexing(workload.name, spec)
     configs = configs_for(workload)
     device = require_cuda_device(session, FAMILY)
@@ -384,7 +386,7 @@ def triton_autotune_pick(
     import torch
     import triton
 
-    spec = parse_gemm(workload, DTYPES)
+    spec = parse_gemm(workload, DTYPES, SPEC)
     _check_indexing(workload.name, spec)
     grid_cfgs = list(configs) if configs is not None else configs_for(workload)
     by_key = {_cfg_key(c): c for c in grid_cfgs}
