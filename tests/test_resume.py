@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from store_backends import KINDS, make_backend
 
-from gpuwatchd.drift.versions import changed_versions
 from gpuwatchd.sessions.resume import remaining_job
 from gpuwatchd.sessions.runner import SessionOutcome, TuneRunner
 from gpuwatchd.store import SqlStore, Store, StoreError
@@ -85,7 +84,7 @@ def same_stack(info: DeviceInfo) -> Versions:
 
 
 #: Lets a job whose every pair was measured complete without a worker, as the daemon does.
-CHECKS_STACK: dict[str, Any] = {"versions_now": same_stack, "changed_versions": changed_versions}
+CHECKS_STACK: dict[str, Any] = {"versions_now": same_stack}
 
 
 class Fake:
@@ -223,8 +222,8 @@ def _unreadable(info: DeviceInfo) -> Versions:
 @pytest.mark.parametrize(
     "checks",
     [
-        {"versions_now": _upgraded, "changed_versions": changed_versions},
-        {"versions_now": _unreadable, "changed_versions": changed_versions},
+        {"versions_now": _upgraded},
+        {"versions_now": _unreadable},
         {},  # a runner that cannot read the installed versions does not trust them
     ],
     ids=["stack-changed", "versions-unreadable", "no-check"],
@@ -495,3 +494,16 @@ def test_a_store_that_cannot_look_up_results_still_runs_the_whole_job(
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
     assert [a["pairs"] for a in fake.asked()] == [ALL_PAIRS, ALL_PAIRS]
     assert out.reused_from == {}
+
+
+def test_the_driver_rule_is_the_stack_rule() -> None:
+    """Resuming compares drivers as drift does: the same version however it is spelt."""
+    from gpuwatchd.sessions.resume import conditions_differ
+    from gpuwatchd.store import SessionMeta
+
+    def meta(driver: str | None) -> SessionMeta:
+        return SessionMeta("GPU-a", 0, "H200", "sim", (), (U,), Versions(driver=driver), "h")
+
+    assert conditions_differ(meta("580.1"), meta(" 580.1 ")) is None
+    assert conditions_differ(meta("590.2"), meta("580.1")) == "driver 580.1, now 590.2"
+    assert conditions_differ(meta(None), meta("580.1")) == "driver 580.1, now None"

@@ -23,7 +23,6 @@ from gpuwatchd.config import Config
 from gpuwatchd.config.loader import TuningConfig
 from gpuwatchd.daemon.added_workloads import AddedWorkloads
 from gpuwatchd.daemon.user_work import UserWork
-from gpuwatchd.drift.versions import changed_versions
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import PollHealth, StateBoard
 from gpuwatchd.sessions.events import SessionFinished, SessionListener, WorkSkipped
@@ -300,7 +299,6 @@ def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
             cfg,
             host=name,
             versions_now=versions_now,
-            changed=changed_versions,
             measure_anyway=measure_anyway,
             now=clock,
         )
@@ -475,7 +473,7 @@ def test_fleet_answer_needs_every_regime_and_takes_the_newest() -> None:
                          "GPU-b", at, host=host)  # fmt: skip
 
     kw: dict[str, Any] = dict(gpu_model=MODEL, versions=STACK,
-                              changed=changed_versions, now=NOW, max_age_s=HOUR)  # fmt: skip
+                              now=NOW, max_age_s=HOUR)  # fmt: skip
     rows = [row(U, NOW - 100), row(S, NOW - 50), row(S, NOW - 3000, "c")]
     assert fleet_answer(rows, "w", (U, S), **kw) == FleetAnswer("w", NOW - 50, ("b",))
     assert fleet_answer(rows[:1], "w", (U, S), **kw) is None
@@ -900,7 +898,7 @@ def test_a_failing_fleet_store_backs_off_and_keeps_the_work(fleet: Fleet, caplog
 
 def test_the_policy_exists_only_for_a_shared_store(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("GPUWATCHD_HOST", "node-7")
-    kw: dict[str, Any] = {"versions_now": versions_now, "changed": changed_versions}
+    kw: dict[str, Any] = {"versions_now": versions_now}
     with Store(tmp_path / "s.db") as local:
         assert fleet_policy(local, FleetConfig(), **kw) is None
 
@@ -918,7 +916,7 @@ def test_of_the_real_stores_only_postgresql_is_shared(fleet: Fleet) -> None:
     store = fleet.backing.store
     assert store.shared is (fleet.kind == "postgres")
     policy = fleet_policy(store, FleetConfig(), versions_now=versions_now,
-                          changed=changed_versions, host="h")  # fmt: skip
+                          host="h")  # fmt: skip
     assert (policy is not None) is store.shared
 
 

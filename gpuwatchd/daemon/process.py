@@ -53,7 +53,6 @@ from gpuwatchd.drift import (
     DriftJob,
     ReferenceSync,
     RetuneReason,
-    changed_versions,
     current_versions,
 )
 from gpuwatchd.drift.fleet import FleetSnapshot, clock_max_age_s
@@ -118,7 +117,6 @@ def runner_factory(cfg: Config) -> RunnerFactory:
         worker_user=cfg.tuning.worker_user,
         resume_max_age_s=cfg.tuning.resume_max_age_s,
         versions_now=current_versions,  # a job resumed whole: is its stack still installed?
-        changed_versions=changed_versions,
     )
 
 
@@ -228,7 +226,6 @@ class Daemon:
                 self.store,
                 cfg.fleet,
                 versions_now=current_versions,
-                changed=changed_versions,
                 measure_anyway=MEASURED_ANYWAY,
                 host=self.host,
             ),

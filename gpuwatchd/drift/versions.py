@@ -5,8 +5,7 @@ the installed distributions' metadata; the worker that runs the kernels uses the
 interpreter, so it loads exactly these. The worker reports versions differently
 (``torch.__version__`` carries a ``+cu128`` suffix that PyPI's metadata lacks, and
 ``torch.backends.cudnn.version()`` is an integer such as ``91900``), so versions are
-normalised before they are compared, and a field unknown on either side never counts
-as a change.
+normalised before they are compared (:mod:`gpuwatchd.tuning.versions`, the one rule).
 
 Which CUDA torch was built for decides the cuBLAS and cuDNN kernels on offer, and PyPI's
 metadata often does not say it: the CUDA version and torch's full version string are
@@ -24,9 +23,10 @@ from pathlib import Path
 
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Versions
+from gpuwatchd.tuning.versions import COMPARED_FIELDS, changed_versions, normalize
 
-#: Fields whose change makes the winners suspect: they decide which kernels exist.
-COMPARED_FIELDS: tuple[str, ...] = ("driver", "cuda", "torch", "triton", "cudnn")
+__all__ = ["COMPARED_FIELDS", "TorchBuild", "changed_versions", "current_versions", "normalize"]
+
 #: Distributions that ship cuDNN for torch's wheels, newest CUDA first.
 CUDNN_DISTRIBUTIONS: tuple[str, ...] = (
     "nvidia-cudnn-cu13",
@@ -126,48 +126,3 @@ def current_versions(
 def _public(version: str | None) -> str:
     """A version without its local part: ``2.13.0+cu128`` -> ``2.13.0``."""
     return (normalize("torch", version) or "").partition("+")[0]
-
-
-def _cudnn(text: str) -> str:
-    """``91900`` (cuDNN 9's integer) / ``8907`` (cuDNN 8's) / ``9.19.0.56`` -> ``9.19.0``."""
-    if text.isdigit():
-        n = int(text)
-        major, rest = (n // 10000, n % 10000) if n >= 90000 else (n // 1000, n % 1000)
-        return f"{major}.{rest // 100}.{rest % 100}"
-    parts = text.split(".")
-    return ".".join(parts[:3])
-
-
-def normalize(field: str, value: str | None) -> str | None:
-    """``value`` in a form both the worker's and the metadata's spelling map to."""
-    if value is None:
-        return None
-    value = value.strip()
-    if not value:
-        return None
-    if field == "cudnn":
-        return _cudnn(value)
-    return value
-
-
-def _same(field: str, a: str, b: str) -> bool:
-    a_norm, b_norm = normalize(field, a), normalize(field, b)
-    if field in ("torch", "triton"):
-        # PyPI's metadata drops the local part (+cu128) that torch.__version__ keeps:
-        # compare it only when both sides carry one (then +cu130 is not +cu128).
-        a_pub, _, a_local = (a_norm or "").partition("+")
-        b_pub, _, b_local = (b_norm or "").partition("+")
-        return a_pub == b_pub and (not a_local or not b_local or a_local == b_local)
-    return a_norm == b_norm
-
-
-def changed_versions(reference: Versions, current: Versions) -> tuple[str, ...]:
-    """The compared fields known on both sides whose versions differ."""
-    changed = []
-    for field in COMPARED_FIELDS:
-        a, b = getattr(reference, field), getattr(current, field)
-        if normalize(field, a) is None or normalize(field, b) is None:
-            continue
-        if not _same(field, a, b):
-            changed.append(field)
-    return tuple(changed)

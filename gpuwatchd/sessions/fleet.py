@@ -8,8 +8,8 @@ if the host dies), so hosts whose gates open at the same time do not all tune it
 
 The decisions are pure functions of what the store returned (:func:`fleet_answer`,
 :func:`plan_fleet`); :class:`FleetPolicy` adds the store calls. Library versions are
-compared by an injected function (the drift package's ``changed_versions``, which this
-layer may not import), against the versions installed now (``current_versions``).
+compared by :func:`~gpuwatchd.tuning.versions.changed_versions` against the versions
+installed now (an injected ``versions_now``: the drift package's ``current_versions``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.store.rows import WinnerRow, host_name
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Regime, Versions, Workload
+from gpuwatchd.tuning.versions import changed_versions
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,6 @@ MAX_RECHECK_S = 30.0
 
 #: The versions installed now for one GPU (its driver from the DeviceInfo).
 VersionsNow = Callable[[DeviceInfo], Versions]
-#: The compared fields that differ between a winner's versions and the current ones.
-ChangedVersions = Callable[[Versions, Versions], Sequence[str]]
 
 
 class FleetQueries(Protocol):
@@ -102,7 +101,6 @@ def fleet_answer(
     *,
     gpu_model: str,
     versions: Versions,
-    changed: ChangedVersions,
     now: float,
     max_age_s: float,
 ) -> FleetAnswer | None:
@@ -118,7 +116,7 @@ def fleet_answer(
             continue
         if row.gpu_model != gpu_model or row.host is None:
             continue
-        if now - row.measured_at > max_age_s or changed(row.versions, versions):
+        if now - row.measured_at > max_age_s or changed_versions(row.versions, versions):
             continue
         best = newest.get(row.regime)
         if best is None or row.measured_at > best.measured_at:
@@ -188,7 +186,6 @@ class FleetPolicy:
         *,
         host: str,
         versions_now: VersionsNow,
-        changed: ChangedVersions,
         measure_anyway: Collection[str] = (),
         now: Callable[[], float] = time.time,
     ) -> None:
@@ -196,7 +193,6 @@ class FleetPolicy:
         self.cfg = cfg
         self.host = host
         self._versions_now = versions_now
-        self._changed = changed
         self.measure_anyway = frozenset(str(r) for r in measure_anyway)
         self._now = now
 
@@ -229,7 +225,7 @@ class FleetPolicy:
         for w in workloads:
             found = fleet_answer(
                 rows, w.name, regimes, gpu_model=info.name, versions=versions,
-                changed=self._changed, now=now, max_age_s=cfg.max_winner_age_s,
+                now=now, max_age_s=cfg.max_winner_age_s,
             )  # fmt: skip
             if found is not None:
                 answers[w.name] = found
@@ -282,7 +278,6 @@ def fleet_policy(
     cfg: FleetConfig,
     *,
     versions_now: VersionsNow,
-    changed: ChangedVersions,
     measure_anyway: Collection[str] = (),
     host: str | None = None,
 ) -> FleetPolicy | None:
@@ -300,6 +295,5 @@ def fleet_policy(
         cfg,
         host=host if host is not None else host_name(),
         versions_now=versions_now,
-        changed=changed,
         measure_anyway=measure_anyway,
     )

@@ -32,6 +32,7 @@ from dataclasses import replace
 from gpuwatchd.store import SessionMeta, StoredResult, TuningStore
 from gpuwatchd.tuning.jobspec import JobSpec
 from gpuwatchd.tuning.types import Regime, Workload
+from gpuwatchd.tuning.versions import same_version
 
 log = logging.getLogger("gpuwatchd.sessions.resume")
 
@@ -61,7 +62,7 @@ def conditions_differ(meta: SessionMeta, source: SessionMeta) -> str | None:
     """Why results measured in session ``source`` do not hold for ``meta``, or None."""
     if meta.gpu_uuid != source.gpu_uuid:
         return f"GPU {source.gpu_uuid}, now {meta.gpu_uuid}"
-    if meta.versions.driver != source.versions.driver:
+    if not same_version("driver", meta.versions.driver, source.versions.driver):
         return f"driver {source.versions.driver}, now {meta.versions.driver}"
     if _differs(meta.power_limit_w, source.power_limit_w, POWER_LIMIT_TOLERANCE_W):
         return f"power limit {source.power_limit_w} W, now {meta.power_limit_w} W"

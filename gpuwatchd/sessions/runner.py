@@ -14,8 +14,9 @@ Sessions resume: results that preempted sessions of the same GPU recorded recent
 the same conditions and stack (:mod:`gpuwatchd.sessions.resume` has the rule), are
 copied into the new session, and the worker measures only the (workload, regime) pairs
 still missing; a regime interrupted half way is measured again from the start. With
-nothing left to measure no worker reports the stack, so the injected ``versions_now``
-and ``changed_versions`` compare the results' versions with those installed now.
+nothing left to measure no worker reports the stack, so the results' versions are
+compared (:func:`~gpuwatchd.tuning.versions.changed_versions`) with those installed now,
+as the injected ``versions_now`` reads them.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from gpuwatchd.tuning.jobspec import (
 )
 from gpuwatchd.tuning.settings import DEFAULT_RESUME_MAX_AGE_S
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
+from gpuwatchd.tuning.versions import changed_versions
 from gpuwatchd.tuning.worker_isolation import (
     PYTHON_FLAGS,
     WORKER_CWD,
@@ -83,9 +85,6 @@ ShouldPreempt = Callable[[], "str | None"]
 OnProgress = Callable[[dict[str, Any]], None]
 #: The versions installed now for one GPU (the drift package's ``current_versions``).
 VersionsNow = Callable[[DeviceInfo], Versions]
-#: The compared fields that differ between two stacks (the drift package's
-#: ``changed_versions``, which this layer may not import).
-ChangedVersions = Callable[[Versions, Versions], Sequence[str]]
 _T = TypeVar("_T")
 
 
@@ -296,8 +295,8 @@ class TuneRunner:
     its final status (the daemon passes :meth:`SessionEvents.notify`).
     ``resume_max_age_s`` is how old a preempted session's result may be and still be
     reused (0: never reuse, measure every pair); ``now`` is the clock it is judged on,
-    the store's (unix seconds). ``versions_now`` and ``changed_versions`` check the
-    stack of a job whose every pair was measured already; without them such a job is
+    the store's (unix seconds). ``versions_now`` reads the stack installed now, to
+    check a job whose every pair was measured already; without it such a job is
     measured again.
     """
 
@@ -316,14 +315,12 @@ class TuneRunner:
         resume_max_age_s: float = DEFAULT_RESUME_MAX_AGE_S,
         now: Callable[[], float] = time.time,
         versions_now: VersionsNow | None = None,
-        changed_versions: ChangedVersions | None = None,
         worker_user: str = "",
     ) -> None:
         self.resume_max_age_s = check_max_age(resume_max_age_s)
         self._user = switch_user(resolve_worker_user(worker_user))
         self._now = now
         self._versions_now = versions_now
-        self._changed_versions = changed_versions
         for name, value in (
             ("term_grace_s", term_grace_s),
             ("poll_s", poll_s),
@@ -387,10 +384,10 @@ class TuneRunner:
     def stack_now_differs(self, versions: Versions, info: DeviceInfo) -> str | None:
         """Why results measured on ``versions`` may not stand for the stack installed now
         for the GPU ``info``, or None when it is the same."""
-        if self._versions_now is None or self._changed_versions is None:
+        if self._versions_now is None:
             return "this runner cannot read the versions installed now"
         try:
-            changed = self._changed_versions(versions, self._versions_now(info))
+            changed = changed_versions(versions, self._versions_now(info))
         except Exception as e:  # a broken lookup: measure rather than trust
             return f"reading the versions installed now failed: {describe(e)}"
         return f"{', '.join(changed)} changed since" if changed else None
