@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pynvml  # type: ignore[import-untyped]
@@ -18,8 +19,8 @@ from fakes_nvml import FakeGpu, FakeNvml
 from gpuwatchd.gate import GateConfig
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
-from gpuwatchd.telemetry import nvml as nvml_module
 from gpuwatchd.telemetry import fields as fields_module
+from gpuwatchd.telemetry import nvml as nvml_module
 from gpuwatchd.telemetry import nvml_xid
 from gpuwatchd.telemetry.backend import Backend, BackendUnavailable, GpuLost, TelemetryError
 from gpuwatchd.telemetry.clocks import ManualClock
@@ -300,10 +301,13 @@ def test_field_failures_are_logged_once_per_streak(caplog: pytest.LogCaptureFixt
 
 def test_a_read_whose_every_field_fails_is_a_telemetry_error() -> None:
     backend, fake, _ = make([FakeGpu(temp=None, pids=None)])  # two fields unsupported
-    for func in ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetCurrentClocksEventReasons",
-                 "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPerformanceState"):  # fmt: skip
-        fake.fail(func, pynvml.NVML_ERROR_UNKNOWN, gpu=0, times=1)
-    fake.fail("nvmlDeviceGetClockInfo", pynvml.NVML_ERROR_UNKNOWN, gpu=0, times=2)  # SM, memory
+    calls = Counter(  # every other getter of the field table, once per call in a read
+        getter.functions[0]
+        for getter, _ in fields_module.getters()
+        if getter.key not in ("temp", "procs")
+    )
+    for func, times in calls.items():
+        fake.fail(func, pynvml.NVML_ERROR_UNKNOWN, gpu=0, times=times)
     with pytest.raises(TelemetryError, match=r"GPU 0: every NVML field failed, first power"):
         backend.read(0)
     assert backend.read(0).power_w == 125.0
