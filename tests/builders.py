@@ -114,6 +114,7 @@ def full_h200() -> GpuSnapshot:
         procs=(4242, 4243),
         mem_temp_c=55.0,
         pstate=0,
+        enc_util=0.25,
         **slow_fields(),
     )
     return judged(

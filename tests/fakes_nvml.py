@@ -149,6 +149,7 @@ class FakeGpu:
     util: tuple[int, int] | None = (0, 0)  # percent: gpu, memory
     pids: tuple[int, ...] | None = ()
     pstate: int | None = 0
+    enc_util: int | None = 12  # percent
     energy_mj: int | None = 1_000_000
     mem_temp: int | None = 35
     memory_used: int | None = 1_048_576_000  # with memory_total; free is the rest
@@ -511,6 +512,7 @@ class FakeNvml(ModuleType):
             "nvmlDeviceGetComputeRunningProcesses_v2": procs,
             "nvmlDeviceGetComputeRunningProcesses": procs,
             "nvmlDeviceGetPerformanceState": lambda h: v(gpu(h).pstate),
+            "nvmlDeviceGetEncoderUtilization": lambda h: [v(gpu(h).enc_util), 167000],
             "nvmlDeviceGetTotalEnergyConsumption": lambda h: v(gpu(h).energy_mj),
             "nvmlDeviceGetFieldValues": field_values,
             "nvmlDeviceGetRemappedRows": lambda h: v(gpu(h).remapped_rows),

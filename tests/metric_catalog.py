@@ -45,6 +45,7 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_gpu_memory_utilization_ratio": _GPU,
     "gpuwatchd_gpu_compute_processes": _GPU,
     "gpuwatchd_gpu_performance_state": _GPU,
+    "gpuwatchd_gpu_encoder_utilization_ratio": _GPU,
     "gpuwatchd_gpu_throttle_active": _m("reason"),
     # GPU health, read on the slow path (issue 12)
     "gpuwatchd_gpu_memory_used_bytes": _GPU,

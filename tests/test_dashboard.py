@@ -106,6 +106,7 @@ def test_generator_check_mode_reports_a_stale_file(
 NOT_ON_DASHBOARD: dict[str, str] = {
     "gpuwatchd_gate_state_duration_seconds": "the gate timeline shows how long each state held",
     "gpuwatchd_gpu_performance_state": "the SM clock panel shows what the P-state implies",
+    "gpuwatchd_gpu_encoder_utilization_ratio": "video encoding does not gate tuning",
     "gpuwatchd_gpu_shutdown_temperature_celsius": "slowdown comes first; it is the line drawn",
     "gpuwatchd_gpu_memory_clock_hertz": "memory clocks do not move with the power cap",
     "gpuwatchd_gpu_max_memory_clock_hertz": "as above",

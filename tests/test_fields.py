@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,14 @@ def test_every_field_has_help_and_a_base_unit(field: Any) -> None:
     assert field.metric.help.endswith(".")
     assert field.metric.unit in ("", "celsius", "watts", "hertz", "ratio", "bytes", "seconds")
     assert field.metric.name.endswith(f"_{field.metric.unit}") or not field.metric.unit
+
+
+def test_encoder_utilization_is_a_ratio_recorded_as_percent(tmp_path: Path) -> None:
+    sample = dataclasses.replace(_nvml_sample(), t=0.0, slow=None)
+    assert sample.enc_util == 0.12  # the fake's encoder is 12 % busy
+    path = tmp_path / "t.jsonl"
+    with TraceWriter(path, [h200()], 0.1) as writer:
+        writer.write(sample)
+    line = json.loads(path.read_text().splitlines()[1])
+    assert line["enc_util"] == 12.0
+    assert load_trace(path).samples[0][0].enc_util == 0.12

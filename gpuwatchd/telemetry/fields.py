@@ -329,6 +329,26 @@ FIELDS: tuple[Field, ...] = (
         sim=True,
         trace=TraceKey("pstate", "performance state (0 = fastest)", integer=True),
     ),
+    Field(
+        "enc_util",
+        Getter("enc_util", ("nvmlDeviceGetEncoderUtilization",)),
+        lambda u: u[0] / 100.0,  # [percent, sampling period in µs]
+        Metric(
+            "gpuwatchd_gpu_encoder_utilization_ratio",
+            "Fraction (0-1) of the encoder's last sampling period during which the GPU's video "
+            "encoder (NVENC) was busy.",
+            "ratio",
+        ),
+        sim=False,
+        trace=TraceKey(
+            "enc_util",
+            "video encoder utilization, percent",
+            minimum=0,
+            maximum=100,
+            encode=_ratio_to_percent,
+            decode=_percent_to_ratio,
+        ),
+    ),
 )
 
 #: The Sample attributes that hold field values, in Sample's order (gpu, t and the

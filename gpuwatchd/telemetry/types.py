@@ -166,6 +166,7 @@ class Sample:
     procs: tuple[int, ...] | None = None
     mem_temp_c: float | None = None
     pstate: int | None = None
+    enc_util: float | None = None  # ratio 0-1
     extra: dict[str, float] = field(default_factory=dict, compare=False)
     slow: SlowReading | None = field(default=None, compare=False)
     field_errors: Mapping[str, int] = field(default_factory=lambda: _NO_COUNTS, compare=False)
