@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from gpuwatchd.telemetry.types import ThrottleReason
+from gpuwatchd.tuning.ops import check_workload
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import Regime, Workload
 from gpuwatchd.tuning.worker import families
@@ -194,6 +196,19 @@ def test_cpu_conv2d_end_to_end() -> None:
     (r,) = tune(wl, cands, session, ["unthrottled"], CPU_CFG)
     assert all(c.samples >= CPU_CFG.min_rounds and c.median_s for c in r.candidates)
     assert r.candidates[0].meta["working_set_bytes"] == 4 * (2 * 3 * 144 + 4 * 27 + 2 * 4 * 144)
+
+
+def test_cpu_bmm_end_to_end_and_checked_against_its_spec() -> None:
+    wl = Workload("b", "bmm", {"batch": 3, "m": 24, "n": 20, "k": 40}, "float32", ("cpu.bmm",))
+    check_workload(wl, "workload[0]", frozenset())  # the daemon accepts it as the worker runs it
+    session = CpuSession(flush_bytes=0)
+    cands = families.candidates_for(wl, session)
+    assert [c.name for c in cands] == ["torch.bmm", "torch.bmm[out]", "einsum", "mm per entry"]
+    (r,) = tune(wl, cands, session, ["unthrottled"], CPU_CFG)
+    assert all(c.family == "cpu.bmm" and c.samples >= CPU_CFG.min_rounds for c in r.candidates)
+    assert r.candidates[0].meta["flops"] == 2 * 3 * 24 * 20 * 40
+    with pytest.raises(ValueError, match=r"family cpu.bmm runs bmm, got 'matmul'"):
+        check_workload(replace(wl, op="matmul"), "workload[0]", frozenset())
 
 
 def test_cpu_candidates_checked_against_float64_reference() -> None:

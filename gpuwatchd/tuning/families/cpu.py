@@ -9,4 +9,5 @@ SPECS = (
     FamilySpec(
         "cpu.conv2d", ("conv2d", "conv"), ("seed",), needs=("torch",), builder="conv2d_family"
     ),
+    FamilySpec("cpu.bmm", ("bmm",), ("seed",), needs=("torch",), builder="bmm_family"),
 )

@@ -1,8 +1,10 @@
-"""``cpu.matmul`` and ``cpu.conv2d``: real torch CPU ops, so the whole path runs without a GPU.
+"""``cpu.matmul``, ``cpu.conv2d`` and ``cpu.bmm``: real torch CPU ops, so the whole path runs
+without a GPU.
 
 Each candidate is a genuinely different way to compute the op (library call, einsum,
 k-blocked accumulation, transposed layout; direct conv with and without oneDNN,
-channels_last, im2col + GEMM), checked against a float64 reference in ``setup``.
+channels_last, im2col + GEMM; one batched call or one GEMM per batch entry), checked
+against a float64 reference in ``setup``.
 torch is imported inside the functions only: the daemon imports this registry module
 to list families and must stay torch-free.
 """
@@ -23,8 +25,8 @@ from gpuwatchd.validate import one_line
 if TYPE_CHECKING:
     import torch
 
-#: The two families this module implements (gpuwatchd/tuning/families/cpu.py).
-MATMUL, CONV2D = specs_for(__name__)
+#: The families this module implements (gpuwatchd/tuning/families/cpu.py).
+MATMUL, CONV2D, BMM = specs_for(__name__)
 
 #: Relative Frobenius error allowed against the float64 reference, per dtype.
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 5e-3}
@@ -169,6 +171,46 @@ def matmul_family(w: Workload, session: DeviceSession) -> list[Candidate]:
         if bk < k:
             cands.append(cand(f"blocked[k{bk}]", lambda: inputs(out=True), blocked(bk), bk=bk))
     return cands
+
+
+# -- cpu.bmm ----------------------------------------------------------------------------
+
+
+def bmm_family(w: Workload, session: DeviceSession) -> list[Candidate]:
+    """C[i] = A[i] @ B[i] for shape ``batch, m, n, k``: torch.bmm, bmm into a preallocated
+    output, einsum, and one mm per batch entry."""
+    import torch
+
+    BMM.require_op(w.name, w.op)
+    b, m, n, k = (_positive_int(w, key, w.shape.get(key)) for key in ("batch", "m", "n", "k"))
+    dtype = _dtype(w)
+    tol = TOLERANCE[str(dtype).removeprefix("torch.")]
+    esize = torch.empty((), dtype=dtype).element_size()
+    ws = b * (m * k + k * n + m * n) * esize
+    flops = 2.0 * b * m * n * k
+    seed = int(w.params.get("seed", 0))
+
+    def inputs(out: bool = False) -> tuple[Inputs, torch.Tensor]:
+        g = _seeded(seed)
+        x = torch.randn(b, m, k, generator=g, dtype=torch.float64)
+        y = torch.randn(b, k, n, generator=g, dtype=torch.float64)
+        extra = (torch.empty(b, m, n, dtype=dtype),) if out else ()
+        return (x.to(dtype), y.to(dtype), *extra), torch.bmm(x, y)
+
+    def per_entry(x: torch.Tensor, y: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        for i in range(b):
+            torch.mm(x[i], y[i], out=c[i])
+        return c
+
+    def cand(name: str, make: Callable[[], tuple[Inputs, torch.Tensor]], fn: Fn) -> Candidate:
+        return TorchCpuCandidate(name, BMM.name, make, fn, {"impl": name}, flops, ws, tol)
+
+    return [
+        cand("torch.bmm", inputs, torch.bmm),
+        cand("torch.bmm[out]", lambda: inputs(out=True), lambda x, y, c: torch.bmm(x, y, out=c)),
+        cand("einsum", inputs, lambda x, y: torch.einsum("bik,bkj->bij", x, y)),
+        cand("mm per entry", lambda: inputs(out=True), per_entry),
+    ]
 
 
 # -- cpu.conv2d -------------------------------------------------------------------------
