@@ -125,6 +125,13 @@ def _ratio_to_percent(value: float) -> float:
     return value * 100.0
 
 
+def _percent(key: str, doc: str) -> TraceKey:
+    """A ratio field written as a percent (0-100), as NVML reports it."""
+    return TraceKey(
+        key, doc, minimum=0, maximum=100, encode=_ratio_to_percent, decode=_percent_to_ratio
+    )
+
+
 def _pstate(value: int) -> int | None:
     return None if value == _PSTATE_UNKNOWN else int(value)
 
@@ -263,14 +270,7 @@ FIELDS: tuple[Field, ...] = (
             "ratio",
         ),
         sim=True,
-        trace=TraceKey(
-            "util",
-            "GPU utilization, percent",
-            minimum=0,
-            maximum=100,
-            encode=_ratio_to_percent,
-            decode=_percent_to_ratio,
-        ),
+        trace=_percent("util", "GPU utilization, percent"),
     ),
     Field(
         "util_mem",
@@ -283,14 +283,7 @@ FIELDS: tuple[Field, ...] = (
             "ratio",
         ),
         sim=True,
-        trace=TraceKey(
-            "mem_util",
-            "memory controller utilization, percent",
-            minimum=0,
-            maximum=100,
-            encode=_ratio_to_percent,
-            decode=_percent_to_ratio,
-        ),
+        trace=_percent("mem_util", "memory controller utilization, percent"),
     ),
     Field(
         "procs",
@@ -340,14 +333,7 @@ FIELDS: tuple[Field, ...] = (
             "ratio",
         ),
         sim=False,
-        trace=TraceKey(
-            "enc_util",
-            "video encoder utilization, percent",
-            minimum=0,
-            maximum=100,
-            encode=_ratio_to_percent,
-            decode=_percent_to_ratio,
-        ),
+        trace=_percent("enc_util", "video encoder utilization, percent"),
     ),
 )
 
