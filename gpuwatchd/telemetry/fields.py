@@ -358,6 +358,14 @@ def getters() -> tuple[tuple[Getter, tuple[Field, ...]], ...]:
     return tuple((getter, tuple(fields)) for getter, fields in out.items())
 
 
+def getter_of(attr: str) -> Getter:
+    """The NVML getter of the fast field ``attr``."""
+    read = BY_ATTR[attr].read
+    if not isinstance(read, Getter):
+        raise TypeError(f"{attr} is not read by a getter")
+    return read
+
+
 def field_values() -> tuple[tuple[FieldValue, Field], ...]:
     """Each slow field value with its field, in table order."""
     return tuple((f.read, f) for f in FIELDS if isinstance(f.read, FieldValue))

@@ -61,7 +61,13 @@ from gpuwatchd.telemetry.backend import (
     MonotonicClock,
     TelemetryError,
 )
-from gpuwatchd.telemetry.fields import SAMPLE_FIELD_ATTRS, field_values, getters, sample_slot
+from gpuwatchd.telemetry.fields import (
+    SAMPLE_FIELD_ATTRS,
+    field_values,
+    getter_of,
+    getters,
+    sample_slot,
+)
 from gpuwatchd.telemetry.nvml_read import FastCall, compile_read
 from gpuwatchd.telemetry.nvml_slow import (
     FAN,
@@ -328,11 +334,7 @@ class NvmlBackend:
             )
             for getter, fields in getters()
         )
-        procs = fn(
-            "nvmlDeviceGetComputeRunningProcesses_v3",
-            "nvmlDeviceGetComputeRunningProcesses_v2",
-            "nvmlDeviceGetComputeRunningProcesses",
-        )
+        procs = fn(*getter_of("procs").functions)  # the slow path lists their memory
         pcie = fn("nvmlDeviceGetPcieThroughput")
         tx = getattr(nv, "NVML_PCIE_UTIL_TX_BYTES", 0)
         rx = getattr(nv, "NVML_PCIE_UTIL_RX_BYTES", 1)
