@@ -2,7 +2,8 @@
 
 A scrape reads only immutable snapshots (``StateBoard.all()`` is lock-free), so it never
 calls NVML and never waits behind a slow GPU read. Every series carries the ``gpu``
-index and ``uuid`` labels.
+index and ``uuid`` labels. The per-field series are those of the telemetry field table
+(:data:`~gpuwatchd.telemetry.fields.FIELDS`), in its order.
 """
 
 from __future__ import annotations
