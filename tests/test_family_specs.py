@@ -97,3 +97,10 @@ def test_reading_the_specs_imports_neither_torch_nor_the_worker() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("spec", SPECS.values(), ids=lambda s: s.name)
+def test_a_family_that_imports_user_code_takes_the_allowed_modules(spec: FamilySpec) -> None:
+    tree = ast.parse((WORKER_DIR / f"{spec.module}.py").read_text())
+    (builder,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == spec.builder]
+    assert (len(builder.args.args) == 3) == spec.user_code, spec.name
