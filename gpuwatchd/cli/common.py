@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
+#: stdout's reader went away (``| head``): the status a shell gives a process killed by SIGPIPE.
+EXIT_BROKEN_PIPE = 141
 
 #: What ``argparse.ArgumentParser.add_subparsers`` returns.
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

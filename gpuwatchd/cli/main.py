@@ -4,12 +4,14 @@ Each command is a module of this package exposing ``add_parser(subparsers)`` and
 ``run(args) -> int`` (see :class:`~gpuwatchd.cli.common.Command`); what they share is
 in ``cli.common``, which never imports this module. A :class:`CliError` is printed here
 as one line on stderr and becomes the exit status (2 bad configuration or arguments,
-1 runtime failure); Ctrl-C exits 130.
+1 runtime failure); Ctrl-C exits 130. A reader that leaves early (``| head``) ends the
+command quietly with 141, as a shell reports a process killed by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -26,7 +28,7 @@ from gpuwatchd.cli import (
     tune,
     workloads,
 )
-from gpuwatchd.cli.common import CliError, Command
+from gpuwatchd.cli.common import EXIT_BROKEN_PIPE, CliError, Command
 
 #: The subcommands in the order ``gpuwatchd --help`` lists them.
 COMMANDS: tuple[Command, ...] = (
@@ -60,6 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _dispatch(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        # Nobody reads the rest: point stdout at /dev/null so the exit's flush is quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

@@ -28,7 +28,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "config. systemd runs it as Type=notify.",
         (
             "gpuwatchd run",
-            "gpuwatchd run --backend sim --scenario power-cap --gpus 2 --speed 10",
+            "gpuwatchd run --backend sim --scenario power-cap --gpus 2 --speed 10"
+            " --poll-interval 0.1",
             "gpuwatchd run --backend replay --trace tests/data/h200-matmul-burn.jsonl",
         ),
     )
@@ -69,14 +70,21 @@ def run(args: argparse.Namespace) -> int:
     except (BackendUnavailable, StoreError, ControlError) as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
-        where = exc.filename or cfg.daemon.listen
-        raise CliError(f"{where}: {exc.strerror or exc}") from None
+        raise CliError(_os_error_line(exc)) from None
     daemon.install_signal_handlers()
     try:
         daemon.run()
     except (ControlError, StoreError) as exc:  # a twin took the host name, say
         raise CliError(str(exc)) from None
     except OSError as exc:
-        where = exc.filename or f"cannot listen on {cfg.daemon.listen}"
-        raise CliError(f"{where}: {exc.strerror or exc}") from None
+        raise CliError(_os_error_line(exc)) from None
     return 0
+
+
+def _os_error_line(exc: OSError) -> str:
+    """One line for a file or socket the daemon could not use, its name said once."""
+    from gpuwatchd.exporter.http import ListenError
+
+    if isinstance(exc, ListenError):  # its message names the address
+        return exc.strerror or str(exc)
+    return f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc)

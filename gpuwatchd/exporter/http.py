@@ -104,6 +104,10 @@ def format_listen(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+class ListenError(OSError):
+    """The HTTP address cannot be bound; its message names the address and the reason."""
+
+
 def _bind_family(host: str) -> tuple[socket.AddressFamily, str]:
     if host == "":
         return (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "0.0.0.0")
@@ -112,12 +116,12 @@ def _bind_family(host: str) -> tuple[socket.AddressFamily, str]:
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise OSError(f"listen address {host!r}: cannot resolve host: {exc.strerror}") from None
+        raise ListenError(f"listen address {host!r}: cannot resolve host: {exc.strerror}") from None
     return infos[0][0], host
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    """A listening socket for ``host:port``; OSError naming the address on failure."""
+    """A listening socket for ``host:port``; :class:`ListenError` on failure."""
     family, bind_host = _bind_family(host)
     try:
         return _listen(family, bind_host, port)
@@ -129,7 +133,7 @@ def _bind(host: str, port: int) -> socket.socket:
             return _listen(socket.AF_INET, "0.0.0.0", port)
         except OSError as exc:
             error = exc
-    raise OSError(
+    raise ListenError(
         error.errno, f"cannot listen on {format_listen(host, port)}: {error.strerror or error}"
     ) from None
 
@@ -214,7 +218,7 @@ class HttpServer:
         return self._security is not None and self._security.ssl_context is not None
 
     def start(self) -> None:
-        """Bind and serve in the background; raises OSError naming the address on failure."""
+        """Bind and serve in the background; raises :class:`ListenError` on failure."""
         if self._server is not None:
             raise RuntimeError("HttpServer already started")
         server = LoopServer(_bind(*self._listen), self.routes, lambda: self._security, self._limits)
