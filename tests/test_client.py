@@ -490,7 +490,9 @@ def test_module_shortcuts_use_the_environment(
     monkeypatch.setenv("GPUWATCHD_URL", fake.url)
     monkeypatch.setenv("GPUWATCHD_STORE", str(make_store(tmp_path / "w.db")))
     assert client_mod.state(0).open
-    assert client_mod.wait_until_stable(0, 1).open
+    seen: list[str] = []
+    assert client_mod.wait_until_stable(0, 1, on_poll=lambda s: seen.append(s.state)).open
+    assert seen == ["cool_stable"]
     w = client_mod.winner("gemm", "sustained")
     assert w is not None and w.candidate == "cublas"
     assert not any(r.startswith("/api/v1/winners") for r in fake.requests)  # store was given

@@ -295,9 +295,16 @@ def state(gpu: int | str) -> GpuState:
     return Client().state(gpu)
 
 
-def wait_until_stable(gpu: int | str, timeout: float = 600.0, poll_s: float = 0.5) -> GpuState:
-    """:meth:`Client.wait_until_stable` with the default daemon."""
-    return Client().wait_until_stable(gpu, timeout, poll_s)
+def wait_until_stable(
+    gpu: int | str,
+    timeout: float = 600.0,
+    poll_s: float = 0.5,
+    *,
+    own_pids: Iterable[int] | None = None,
+    on_poll: Callable[[GpuState], None] | None = None,
+) -> GpuState:
+    """:meth:`Client.wait_until_stable` with the default daemon (the same arguments)."""
+    return Client().wait_until_stable(gpu, timeout, poll_s, own_pids=own_pids, on_poll=on_poll)
 
 
 def winner(workload: str, regime: Regime | str, gpu_model: str | None = None) -> Winner | None:
