@@ -47,7 +47,7 @@ def test_a_real_job_keeps_the_gate_busy_and_it_reopens_only_after_settling():
     assert not [t for t in opened if first_proc <= t < exit_t]
     reopened = next(t for t, st, _ in states if t > exit_t and st is GateState.COOL_STABLE)
     assert reopened - exit_t >= cfg.settle_s
-    # The die needs ~3 s to cool back (DESIGN.md), then the window must forget the spread.
+    # The die needs ~3 s to cool back (docs/design.md), then the window must forget the spread.
     assert reopened - exit_t <= cfg.settle_s + cfg.window_s + 4.0
     # Open before the job: idle at 345 MHz with GPU_IDLE is not a throttle.
     assert any(st is GateState.COOL_STABLE for t, st, _ in states if t < first_proc)

@@ -1,6 +1,6 @@
 """The package layout is the architecture: imports flow one way, torch stays in the worker.
 
-DESIGN.md's data flow, lowest layer first. A module may import its own layer and the
+docs/design.md's data flow, lowest layer first. A module may import its own layer and the
 layers below it, never one above; so a new upward import or a new import cycle fails
 here, and so does torch or Triton imported anywhere but the worker package and the
 modules a job imports. Imports are read from the source (``ast``), function-level

@@ -33,7 +33,7 @@ class ProtocolConfig:
     but the clock threshold is 0.9 rather than 0.75: an H200 at its power cap runs at
     ~0.73 of max, which a 0.75 threshold would wave through as "unthrottled". Short
     batches at a 29% duty cycle keep a heavy kernel inside the ~0.2 s the H200's power
-    limiter takes to engage (DESIGN.md trace), so it is timed at full clock.
+    limiter takes to engage (docs/design.md), so it is timed at full clock.
     """
 
     #: One timed batch lasts about this long: short, so that a power-hungry kernel finishes
@@ -58,7 +58,7 @@ class ProtocolConfig:
     #: a pause then protects nothing.
     unpaused_when_unlimited: bool = True
     #: Unthrottled: recovery pause after a rejected batch. On an H200 the clock is back
-    #: the moment the load stops (DESIGN.md), so a quarter second is plenty.
+    #: the moment the load stops (docs/design.md), so a quarter second is plenty.
     cool_pause_s: float = 0.25
     max_retries: int = 5  # unthrottled: retries of one rejected batch before skipping it
     clock_ratio_min: float = 0.9  # unthrottled: reject a batch under this fraction of max

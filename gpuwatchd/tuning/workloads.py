@@ -1,6 +1,6 @@
 """The workloads gpuwatchd ships, and parsing of ``[[workload]]`` tables from the config.
 
-Shipped examples: the bf16 8192^3 GEMM of DESIGN.md (Triton tile configs and cuBLAS),
+Shipped examples: the bf16 8192^3 GEMM of docs/design.md (Triton tile configs and cuBLAS),
 a tall bf16 GEMM, the cuDNN conv of the public L4 report, an fp16 channels_last conv,
 ``sim-gemm`` for the simulated GPU (its winner flips between regimes, as on the H200)
 and two CPU workloads so the whole path runs on a machine without a GPU.

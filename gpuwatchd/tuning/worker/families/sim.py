@@ -6,7 +6,7 @@ do not overlap. Running a kernel loads the simulated GPU with its own dynamic po
 so back-to-back runs hit the power cap and the clock falls: a kernel that spends more
 of its time on memory and draws less power loses less to the cap.
 
-The ``sim-gemm`` candidates mirror the H200 measurement in DESIGN.md: a Triton-like
+The ``sim-gemm`` candidates mirror the H200 measurement in docs/design.md: a Triton-like
 compute-bound tile config wins by ~1.6% at full clock, a cuBLAS-like kernel (more
 efficient MMA, but it re-reads operands from HBM without overlapping them) wins by ~4%
 under the power cap; three more configs lose in both regimes.
