@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -496,3 +497,9 @@ def test_module_shortcuts_use_the_environment(
     w = client_mod.winner("gemm", "sustained")
     assert w is not None and w.candidate == "cublas"
     assert not any(r.startswith("/api/v1/winners") for r in fake.requests)  # store was given
+
+
+@pytest.mark.parametrize("name", ["state", "wait_until_stable", "winner"])
+def test_module_shortcuts_take_exactly_the_methods_arguments(name: str) -> None:
+    method = list(inspect.signature(getattr(Client, name)).parameters.values())[1:]
+    assert list(inspect.signature(getattr(client_mod, name)).parameters.values()) == method

@@ -12,12 +12,14 @@ uses; the defaults come from :mod:`gpuwatchd.client.discovery`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from gpuwatchd.api.fetch import HttpStatusError, UnreachableError, get_json, is_base_url
 from gpuwatchd.api.gpu_state import GpuState
@@ -289,24 +291,26 @@ def _opt_name(value: str | None, name: str) -> str | None:
 
 # -- module-level shortcuts ------------------------------------------------------------------
 
-
-def state(gpu: int | str) -> GpuState:
-    """:meth:`Client.state` with the default daemon."""
-    return Client().state(gpu)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
-def wait_until_stable(
-    gpu: int | str,
-    timeout: float = 600.0,
-    poll_s: float = 0.5,
-    *,
-    own_pids: Iterable[int] | None = None,
-    on_poll: Callable[[GpuState], None] | None = None,
-) -> GpuState:
-    """:meth:`Client.wait_until_stable` with the default daemon (the same arguments)."""
-    return Client().wait_until_stable(gpu, timeout, poll_s, own_pids=own_pids, on_poll=on_poll)
+def _with_default_client(method: Callable[Concatenate[Client, _P], _R]) -> Callable[_P, _R]:
+    """``method`` called on a :class:`Client` with the default daemon and store, made at
+    each call (so the environment is read then). The shortcut takes exactly the method's
+    arguments: it is the method, not a second copy of its signature."""
+
+    @functools.wraps(method)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return method(Client(), *args, **kwargs)
+
+    sig = inspect.signature(method)  # help() shows the arguments, without ``self``
+    call.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=list(sig.parameters.values())[1:]
+    )
+    return call
 
 
-def winner(workload: str, regime: Regime | str, gpu_model: str | None = None) -> Winner | None:
-    """:meth:`Client.winner` with the default daemon and store."""
-    return Client().winner(workload, regime, gpu_model)
+state = _with_default_client(Client.state)
+wait_until_stable = _with_default_client(Client.wait_until_stable)
+winner = _with_default_client(Client.winner)
