@@ -126,3 +126,13 @@ def test_every_run_example_on_the_simulated_gpu_opens_its_gate() -> None:
         finally:
             proc.terminate()
             proc.communicate(timeout=10)
+
+
+def test_the_scenario_help_names_every_scenario() -> None:
+    from gpuwatchd.telemetry.sim.scenarios import SCENARIOS
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    run_parser = sub.choices["run"]  # type: ignore[index]
+    (scenario,) = [a for a in run_parser._actions if "--scenario" in a.option_strings]
+    named = {s.strip().removesuffix(" (default)") for s in scenario.help.split(":")[1].split(",")}
+    assert named == set(SCENARIOS)

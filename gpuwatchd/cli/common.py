@@ -100,8 +100,8 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--scenario",
-        help="sim scenario: idle (default), power-cap, heat-soak, fan-failure, busy, gpu-lost, "
-        "ecc-error",
+        help="sim scenario: idle (default), power-cap, heat-soak, fan-failure, periodic-job, "
+        "busy, gpu-lost, ecc-error",
     )
     g.add_argument("--gpus", type=int, metavar="N", help="number of simulated GPUs")
     g.add_argument("--seed", type=int, help="sim random seed")
