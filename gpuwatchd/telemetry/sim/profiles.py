@@ -90,7 +90,8 @@ class GpuPreset:
         return self.die_r_c_per_w + self.sink_r_c_per_w
 
 
-#: NVIDIA H200 SXM (141 GB HBM3e). Static facts from the trace header (tests/data/h200-matmul-burn.jsonl).
+#: NVIDIA H200 SXM (141 GB HBM3e). Static facts from the header of
+#: tests/data/h200-matmul-burn.jsonl.
 #: Fit to the recorded bf16 matmul burn: total R = (60.4-40 °C)/(692-125 W) = 0.0359 °C/W,
 #: 80 % of it in a 0.3 s die stage and 20 % in a 2.5 s cold-plate stage (least squares on
 #: the rise and the fall); inlet 35.5 °C puts idle at 40 °C and 125 W; leakage 1.1 W/°C
