@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,14 @@ from gpuwatchd.exporter import HttpServer, build_registry
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.sessions import readiness
 from gpuwatchd.store import Store
+
+# Daemons and commands the tests start keep their default state and control socket in a
+# folder of this run (systemd's variables, which the defaults honour), never in the
+# host's /var/lib/gpuwatchd or /run/gpuwatchd: a store left there by another version
+# would otherwise decide whether a test's daemon starts.
+_RUN_DIR = Path(tempfile.mkdtemp(prefix="gpuwatchd-tests-"))
+os.environ.setdefault("STATE_DIRECTORY", str(_RUN_DIR / "state"))
+os.environ.setdefault("RUNTIME_DIRECTORY", str(_RUN_DIR / "run"))
 
 
 @pytest.fixture
