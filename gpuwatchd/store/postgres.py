@@ -30,7 +30,6 @@ import logging
 import math
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -234,8 +233,6 @@ class PostgresEngine(Engine):
         self._connect_wait_s = max(
             _MIN_CONNECT_TIMEOUT_S, math.ceil(min(connect_s, self.call_timeout_s))
         )
-        self._outage_lock = threading.Lock()
-        self._outage_since: float | None = None
 
     def connect(self, *, readonly: bool) -> Conn:
         extra: dict[str, Any] = {
@@ -257,8 +254,6 @@ class PostgresEngine(Engine):
                 **extra,
             )
         except psycopg.Error as e:
-            if isinstance(e, pg_errors.ConnectionTimeout):
-                self._overran(self._connect_wait_s)
             raise self._cannot_open(e) from None
         conn = Conn(raw, translate=translate, ddl=postgres_ddl, in_transaction=_in_transaction)
         try:
@@ -285,36 +280,7 @@ class PostgresEngine(Engine):
             raise
         finally:
             if WATCHDOG.disarm(alarm):
-                conn.broken = True
-                self._overran(self.call_timeout_s)
-        if not conn.broken:
-            self._answered()
-
-    def _overran(self, waited_s: float) -> None:
-        """A call passed its bound after ``waited_s``: one WARNING when an outage starts,
-        none per call."""
-        with self._outage_lock:
-            first = self._outage_since is None
-            if first:
-                self._outage_since = time.monotonic() - waited_s
-        if first:
-            log.warning(
-                "store %s: no answer within %g s (the server is stopped or unreachable);"
-                " each store call fails after at most %g s until it answers",
-                self.where,
-                waited_s,
-                self.call_timeout_s,
-            )
-
-    def _answered(self) -> None:
-        with self._outage_lock:
-            since, self._outage_since = self._outage_since, None
-        if since is not None:
-            log.warning(
-                "store %s answers again, %.0f s after a call first went unanswered",
-                self.where,
-                time.monotonic() - since,
-            )
+                conn.broken = True  # the store logs the outage once (core.StoreCore)
 
     def begin(self, conn: Conn, *, write: bool) -> None:
         conn.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
