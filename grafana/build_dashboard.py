@@ -527,6 +527,19 @@ def tuning_panels() -> list[tuple[Panel, int, int]]:
             6,
             8,
         ),
+        (
+            stat(
+                "Tuning store up",
+                "1 when the tuning store answered the daemon's last call. At 0 monitoring goes "
+                "on, tuning waits, and /api/v1/winners serves its last known winners, marked "
+                "stale.",
+                [target(inst("gpuwatchd_store_up"), "{{instance}}", instant=True)],
+                "short",
+                [("red", None), ("green", 1)],
+            ),
+            6,
+            8,
+        ),
         (_winners_table(), 24, 9),
     ]
 

@@ -117,7 +117,12 @@ SOURCE: dict[str, str] = {
         in {"gpuwatchd_clock_drift_ratio", "gpuwatchd_retune_pending", "gpuwatchd_tune_running"}
         else "tuning"
         if name.startswith(("gpuwatchd_tune_", "gpuwatchd_winner_", "gpuwatchd_regime_"))
-        or name in {"gpuwatchd_last_tune_timestamp_seconds", "gpuwatchd_tuning_ready"}
+        or name
+        in {
+            "gpuwatchd_last_tune_timestamp_seconds",
+            "gpuwatchd_tuning_ready",
+            "gpuwatchd_store_up",
+        }
         else "exporter"
     )
     for name in KNOWN_METRICS
