@@ -112,7 +112,8 @@ def test_attribution_reads_the_fake_kubelet_and_keeps_the_last_map(
         with caplog.at_level("WARNING", logger="gpuwatchd.telemetry.pod_resources"):
             assert not attribution.refresh()
             assert not attribution.refresh()
-        assert len(caplog.records) == 1 and "kubelet pod-resources at" in caplog.text
+        warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and "kubelet pod-resources at" in warnings[0].getMessage()
         assert attribution.lookup("GPU-aaa") == TRAINER  # the last answer stays
     finally:
         attribution.close()
