@@ -3,8 +3,8 @@
 The dashboard and alert tests check every query against this catalogue, so a renamed
 metric or a misspelt label fails a test instead of leaving a blank panel or an alert
 that can never fire. ``SOURCE`` says where each name comes from: ``exporter`` names
-are cross-checked against the real exporter's output; ``tuning`` (issue 3), ``drift``
-(issue 4), ``fleet`` (issue 10, checked against its collector in test_fleet_views.py)
+are cross-checked against the real exporter's output; ``tuning``, ``drift``,
+``fleet`` (checked against its collector in test_fleet_views.py)
 and ``prometheus`` names are taken from their specification.
 """
 
@@ -47,7 +47,7 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_gpu_performance_state": _GPU,
     "gpuwatchd_gpu_encoder_utilization_ratio": _GPU,
     "gpuwatchd_gpu_throttle_active": _m("reason"),
-    # GPU health, read on the slow path (issue 12)
+    # GPU health, read on the slow path
     "gpuwatchd_gpu_memory_used_bytes": _GPU,
     "gpuwatchd_gpu_memory_free_bytes": _GPU,
     "gpuwatchd_gpu_memory_total_bytes": _GPU,
@@ -76,7 +76,7 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_last_poll_timestamp_seconds": _GPU,
     "gpuwatchd_scrape_collector_success": _m("collector", base=_NONE),
     "gpuwatchd_scrape_collector_duration_seconds": _m("collector", base=_NONE),
-    # tuning (issue 3)
+    # tuning
     "gpuwatchd_tune_sessions_total": _m("status", base=_NONE),
     "gpuwatchd_tune_deferred_total": _m("reason", base=_NONE),
     "gpuwatchd_tuning_ready": _m("reason", base=_NONE),
@@ -85,11 +85,11 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_regime_winners_differ": _m("gpu_model", "workload", base=_NONE),
     "gpuwatchd_tune_pending_workloads": _GPU,
     "gpuwatchd_last_tune_timestamp_seconds": _GPU,
-    # drift and tuning state per GPU (issue 4)
+    # drift and tuning state per GPU
     "gpuwatchd_clock_drift_ratio": _GPU,
     "gpuwatchd_retune_pending": _m("reason"),
     "gpuwatchd_tune_running": _GPU,
-    # fleet views over a shared store (issue 10)
+    # fleet views over a shared store
     "gpuwatchd_fleet_sustained_clock_hertz": _m("gpu_model", "power_limit_watts"),
     "gpuwatchd_fleet_median_sustained_clock_hertz": _m("gpu_model", "power_limit_watts"),
     "gpuwatchd_fleet_peers": _m("gpu_model", "power_limit_watts", base=_NONE),

@@ -81,7 +81,7 @@ def test_workload_tables_replace_and_add():
         ({"tuning": {"protocol": {"spread_target": 0}}}, "tuning.protocol.spread_target"),
         ({"tuning": {"protocol": 3}}, "tuning.protocol: expected a [tuning.protocol] table"),
         ({"daemon": {"listen": "host:notaport"}}, "daemon.listen"),
-        # A scheduler or drift tick faster than 10 Hz would only spin (issue 11).
+        # A scheduler or drift tick faster than 10 Hz would only spin.
         ({"tuning": {"check_interval_s": 1e-9}}, "tuning.check_interval_s: must be >= 0.1"),
         ({"drift": {"check_interval_s": 0.05}}, "drift.check_interval_s: must be >= 0.1"),
         ({"tuning": {"resume_max_age_s": -1.0}}, "tuning.resume_max_age_s: must be >= 0"),

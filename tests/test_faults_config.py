@@ -1,4 +1,4 @@
-"""Fault injection: generated bad configs, and the config faults of issue 11 (items 1-4).
+"""Fault injection: generated bad configs, and config faults found by fault testing.
 
 Every generated config (a key of every section times the values it must refuse, broken
 TOML, bad ``[[workload]]`` tables) either gives one line on stderr and exit 2 from

@@ -1,4 +1,4 @@
-"""Issue 11 item 12: an outage is a disturbance, never quiet time.
+"""An outage is a disturbance, never quiet time.
 
 A GPU that falls off the bus (or whose reads stall or fail) for 30 s and comes back
 must wait the whole ``settle_s`` from its return before the gate opens; before the fix

@@ -1,9 +1,9 @@
 """Fault injection on the store: kills during writes, a full disk, a read-only store.
 
-Issue 11 items 5 (sessions of a killed process stay ``running``) and 6 (``gpuwatchd
-tune`` on a full disk or a read-only store: a traceback), and the minor item (a
-directory as ``--store``; missing parent directories: gpuwatchd creates them and says so
-in one line). ``bench/faults_store.py`` repeats the kills 50+ times.
+Sessions of a killed process must not stay ``running``; ``gpuwatchd tune`` on a full disk
+or a read-only store is one line, not a traceback; a directory as ``--store`` is refused,
+and missing parent directories are created and said so in one line.
+``bench/faults_store.py`` repeats the kills 50+ times.
 """
 
 from __future__ import annotations

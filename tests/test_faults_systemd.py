@@ -1,4 +1,4 @@
-"""Issue 11 item 14: the unit does not restart a daemon that exits 2 (bad configuration).
+"""The unit does not restart a daemon that exits 2 (bad configuration).
 
 ``gpuwatchd run`` exits 2 for a bad config or command line (tests/test_faults_config.py
 checks that), which no restart can fix; 1 (no driver yet, a port in use) may clear up.

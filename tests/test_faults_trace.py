@@ -1,4 +1,4 @@
-"""Fault injection: malformed traces (issue 11 item 7 and the suite's trace faults).
+"""Fault injection: malformed traces (the suite's trace faults).
 
 Every generated trace is refused by the replay reader with one :class:`TraceError` line
 naming the file (and the line where there is one); a sample goes through ``gpuwatchd run

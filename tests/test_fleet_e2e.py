@@ -1,5 +1,5 @@
 """A fleet on one machine: four daemons share a real PostgreSQL store, a real Prometheus
-scrapes them all (issue 10, "Done when": the fleet test).
+scrapes them all: the fleet, end to end.
 
 The hosts are identical (the same simulated H200, same versions) and run the same
 production job: three with working fans (``periodic-job``) and one whose fans are failing

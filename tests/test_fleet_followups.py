@@ -1,4 +1,4 @@
-"""Fleet follow-ups (issue 10): a host served by the fleet gets a drift reference from the
+"""Fleet follow-ups: a host served by the fleet gets a drift reference from the
 fleet's winners, and a job on it reads its own host's winners first without a daemon.
 
 A fleet-served host never completes a session of its own, so nothing it does itself

@@ -1,4 +1,4 @@
-"""A throttle event shows in /metrics within two polls (issue 13, part 1).
+"""A throttle event shows in /metrics within two polls.
 
 The real NVML backend reads a fake pynvml; the poller publishes to the board; the HTTP
 server renders /metrics with its render cache on. A throttle reason that appears (or

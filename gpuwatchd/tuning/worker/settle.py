@@ -11,7 +11,7 @@ Two rules over the samples read after each settling batch:
   still shows the idle time before the load, and the candidates' power would read low).
   A power cap engages within a quarter second of a heavy load and the die's time
   constant is ~0.3 s (H200 fit), so a flat trend comes long before a fixed 3 s window;
-- the half-window rule (``settle_horizon_s == 0``, the protocol before issue 13): the
+- the half-window rule (``settle_horizon_s == 0``, the earlier protocol's rule): the
   means of the two halves of the window agree within the same limits.
 
 Candidates alternate round-robin while settling, and each runs at its own clock under
