@@ -1,22 +1,32 @@
 """Mutation test of the core logic: gate, statistics, drift detector, winner decision.
 
-Run: ``nice -n 10 python3 bench/mutation_test.py [--module gate] [--before] [-v]``.
+Run: ``nice -n 10 python3 bench/mutation_test.py [--module gate] [--before REV] [-v]``.
 
-Why not mutmut: it is not installable here (no index entry), and its ``mutants/`` copy of
-the tree fights the editable install; this small AST runner does the same job in-process.
+Why this runner and not mutmut: mutants run in forked children of one warm process (a
+mutant costs about a second of the guarding tests), every mutant is checked to have
+reached the code the tests run before its outcome counts, and ``--before`` scores the
+tests of an earlier revision against the same mutants in the same run. Its known
+survivors, each with the reason it is equivalent, are kept below (``EQUIVALENT``).
 
 How: each mutant is one AST edit of the module (operator swap, comparison flip, and/or,
-``not`` dropped, number + 1, bool negated, ``return x`` -> ``return None``, statement
-deleted). A forked child compiles the mutated module, transplants its function code and
-defaults into the live module (so every importer sees the mutant, as a file edit would)
-and runs the module's own tests with ``-x``; any failure or a timeout kills the mutant.
+``not`` dropped, number + 1, bool negated, ``return x`` -> ``return None``, a variable
+passed to a call -> ``None``, statement deleted). A forked child compiles the mutated
+module, transplants its function code and defaults into the live module (so every
+importer sees the mutant, as a file edit would), checks that the edit is now in the live
+code, and runs the module's own tests with ``-x``.
+
+Outcomes: *killed* (a test failed or could not be collected, the mutated module does not
+import, the child crashed), *timeout* (killed, listed apart: a loaded machine can cause
+one), *survived*, *not applied* (the edit never reached the code under test, e.g. a
+method's code that needs other closure cells, or a value held in a closure: excluded
+from the score and listed) and *error* (pytest itself failed: excluded and listed).
+Killed% = killed / (mutants - not applied - equivalent - errors).
+
 Not mutated: annotations (never evaluated under ``from __future__ import annotations``),
 docstrings, string constants and f-strings (message text), ``assert`` statements (type
 narrowing), log calls' arguments, and decorators and class-body assignments (a class is
 built once, so an edit to ``@dataclass(frozen=True)`` or an enum member cannot be
-transplanted; dataclass field defaults can, through ``__init__``'s defaults). Survivors
-listed in ``EQUIVALENT`` are counted as equivalent, each with the reason no test can
-tell them apart; anything else surviving is listed.
+transplanted; dataclass field defaults can, through ``__init__``'s defaults).
 """
 
 from __future__ import annotations
@@ -27,9 +37,13 @@ import builtins
 import contextlib
 import copy
 import importlib
+import io
 import os
 import signal
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import types
 from collections.abc import Iterator
@@ -46,7 +60,6 @@ class Target:
     name: str
     files: tuple[tuple[str, str, frozenset[str] | None], ...]  # (path, module, scopes)
     tests: tuple[str, ...]  # pytest arguments: pinned tests first, so kills are fast
-    before: tuple[str, ...]  # the tests that existed before the pinned ones
 
 
 _KEEP_SLOW = "not a_day_of_a_stable"  # two 2 s day-long replays; the rest covers them
@@ -55,19 +68,16 @@ TARGETS = {
         "gate",
         (("gpuwatchd/gate.py", "gpuwatchd.gate", None),),
         ("tests/test_gate_pinned.py", "tests/test_gate.py", "tests/test_faults_gate.py"),
-        ("tests/test_gate.py", "tests/test_faults_gate.py"),
     ),
     "stats": Target(
         "stats",
         (("gpuwatchd/tuning/worker/stats.py", "gpuwatchd.tuning.worker.stats", None),),
         ("tests/test_stats_pinned.py", "tests/test_decision_pinned.py", "tests/test_protocol.py"),
-        ("tests/test_protocol.py",),
     ),
     "drift": Target(
         "drift",
         (("gpuwatchd/drift/detector.py", "gpuwatchd.drift.detector", None),),
         ("tests/test_drift_pinned.py", "tests/test_drift.py", "-k", _KEEP_SLOW),
-        ("tests/test_drift.py", "-k", _KEEP_SLOW),
     ),
     "decision": Target(
         "decision",
@@ -85,7 +95,6 @@ TARGETS = {
             ),
         ),
         ("tests/test_decision_pinned.py", "tests/test_protocol.py", "tests/test_store.py"),
-        ("tests/test_protocol.py", "tests/test_store.py"),
     ),
 }
 
@@ -324,7 +333,7 @@ def _scopes(tree: ast.Module) -> dict[int, str]:
     return out
 
 
-def _edits(node: ast.AST) -> Iterator[str]:
+def _edits(node: ast.AST, skip: set[int]) -> Iterator[str]:
     if isinstance(node, ast.BinOp | ast.AugAssign) and type(node.op) in _BINOPS:
         yield f"BinOp {_SYM[type(node.op)]} -> {_SYM[_BINOPS[type(node.op)]]}"
     elif isinstance(node, ast.Compare):
@@ -339,6 +348,13 @@ def _edits(node: ast.AST) -> Iterator[str]:
             yield "Constant negate"
         elif isinstance(node.value, int | float):
             yield "Constant + 1"
+    elif isinstance(node, ast.Call):
+        for i, arg in enumerate(node.args):
+            if isinstance(arg, ast.Name) and id(arg) not in skip:
+                yield f"Argument {arg.id} -> None@{i}"
+        for kw in node.keywords:
+            if kw.arg is not None and isinstance(kw.value, ast.Name) and id(kw.value) not in skip:
+                yield f"Argument {kw.arg}={kw.value.id} -> None@{kw.arg}"
     elif isinstance(node, ast.Return) and not (
         node.value is None or (isinstance(node.value, ast.Constant) and node.value.value is None)
     ):
@@ -371,6 +387,14 @@ def _apply(node: ast.AST, edit: str) -> ast.AST:
     elif kind == "Constant + 1":
         assert isinstance(node, ast.Constant)
         node.value = node.value + 1  # type: ignore[operator]
+    elif kind.startswith("Argument"):
+        assert isinstance(node, ast.Call)
+        where = edit.split("@")[1]
+        none = ast.copy_location(ast.Constant(None), node)
+        if where.isdigit():
+            node.args[int(where)] = none
+        else:
+            next(kw for kw in node.keywords if kw.arg == where).value = none
     elif kind == "Return -> None":
         assert isinstance(node, ast.Return)
         node.value = ast.Constant(None)
@@ -408,7 +432,7 @@ def mutants(target: Target) -> list[Mutant]:
             stripped = line.rstrip()  # indented: the inner of two same lines differs
             if isinstance(node, ast.Constant):  # a line may hold the same constant twice
                 text = f"{text}@{node.col_offset - (len(line) - len(line.lstrip()))}"
-            for edit in _edits(node):
+            for edit in _edits(node, skip):
                 out.append(Mutant(path, module, index, edit, scope, node.lineno, text, stripped))
     return out
 
@@ -439,39 +463,138 @@ def _copy_function(old: object, new: object) -> None:
     f_old.__kwdefaults__ = f_new.__kwdefaults__
 
 
+class NotApplied(Exception):
+    """The mutated code could not be put where the tests run it."""
+
+
+def _top_statement(m: Mutant) -> ast.stmt:
+    """The module-level statement that holds the mutated node."""
+    tree = ast.parse((ROOT / m.file).read_text())
+    node = next(n for i, n in enumerate(ast.walk(tree)) if i == m.index)
+    for stmt in tree.body:
+        if any(n is node for n in ast.walk(stmt)):
+            return stmt
+    raise NotApplied("the node is in no module-level statement")
+
+
+def _bound_names(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return [stmt.name]
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+    return [n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)]
+
+
+def _codes(obj: object) -> list[tuple[str, object]]:
+    """(where, code and defaults) of a function, or of every function of a class."""
+    f = _function(obj)
+    if f is not None:
+        return [("", (f.__code__, f.__defaults__, f.__kwdefaults__))]
+    if isinstance(obj, type):
+        return [
+            (attr, (g.__code__, g.__defaults__, g.__kwdefaults__))
+            for attr, value in sorted(obj.__dict__.items())
+            if (g := _function(value)) is not None
+        ]
+    return []
+
+
+def _check_applied(m: Mutant, live: types.ModuleType, ns: dict[str, object]) -> None:
+    """Raise NotApplied unless the live module now runs the mutated statement.
+
+    The statement's functions (a class's methods, a dataclass field default through
+    ``__init__``) must differ from the unmutated file's, by value, and the live ones must
+    be the mutated ones; a module-level value must be the mutated value (or be gone).
+    """
+    stmt = _top_statement(m)
+    names = _bound_names(stmt)
+    if not names:
+        raise NotApplied(f"a module-level {type(stmt).__name__} binds no name")
+    if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.AugAssign):
+        for name in names:
+            if name in ns and live.__dict__.get(name) is not ns[name]:
+                raise NotApplied(f"{name} was not replaced")
+            if name not in ns and name in live.__dict__:
+                raise NotApplied(f"{name} was not removed")
+        return
+    original: dict[str, object] = {"__name__": m.module, "__builtins__": builtins}
+    exec(compile((ROOT / m.file).read_text(), str(ROOT / m.file), "exec"), original)
+    for name in names:
+        mutated, before = dict(_codes(ns[name])), dict(_codes(original[name]))
+        if mutated == before:  # code objects compare by value
+            raise NotApplied(f"{name}: the edit reaches no function's code")
+        now = dict(_codes(live.__dict__[name]))
+        for where, (code, defaults, kwdefaults) in mutated.items():
+            got = now.get(where)
+            if got is None or got[0] is not code or got[1:] != (defaults, kwdefaults):
+                raise NotApplied(f"{name}.{where} was not replaced")
+
+
 def transplant(m: Mutant) -> None:
-    """Make the live module behave as the mutated file would, for every importer."""
+    """Make the live module behave as the mutated file would, for every importer.
+
+    Raises NotApplied when it cannot (a code object that will not fit its function, an
+    edit no function or module value carries); an exception from running the mutated
+    module itself propagates: the file would not import.
+    """
     live = importlib.import_module(m.module)
     ns: dict[str, object] = {"__name__": m.module, "__builtins__": builtins}
     exec(mutated_code(m), ns)  # the point of a mutation test
-    assigned = {
-        t.id
-        for stmt in ast.parse((ROOT / m.file).read_text()).body
-        if isinstance(stmt, ast.Assign | ast.AnnAssign)
-        for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
-        if isinstance(t, ast.Name)
-    }
-    for name in assigned - ns.keys():  # a deleted top-level assignment: gone, as on import
-        live.__dict__.pop(name, None)
-    for name, new in ns.items():
-        old = live.__dict__.get(name)
-        if old is None:
+    try:
+        assigned = {
+            t.id
+            for stmt in ast.parse((ROOT / m.file).read_text()).body
+            if isinstance(stmt, ast.Assign | ast.AnnAssign)
+            for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+            if isinstance(t, ast.Name)
+        }
+        for name in assigned - ns.keys():  # a deleted top-level assignment: gone, as on import
+            live.__dict__.pop(name, None)
+        for name, new in ns.items():
+            old = live.__dict__.get(name)
+            if old is None:
+                continue
+            if isinstance(old, type) and isinstance(new, type):
+                for attr, value in new.__dict__.items():
+                    if attr in old.__dict__:
+                        _copy_function(old.__dict__[attr], value)
+            elif _function(old) is not None:
+                _copy_function(old, new)
+            elif name in assigned and new is not old:
+                live.__dict__[name] = new
+                _rebind_importers(m.module, name, old, new)
+    except ValueError as e:  # e.g. a code object with other free variables
+        raise NotApplied(str(e)) from e
+    _check_applied(m, live, ns)
+
+
+def _rebind_importers(module: str, name: str, old: object, new: object) -> None:
+    """``from module import name`` elsewhere in the package: rebind it as an import would."""
+    for other in list(sys.modules.values()):
+        mod_name = getattr(other, "__name__", "")
+        if mod_name == module or not mod_name.startswith("gpuwatchd"):
             continue
-        if isinstance(old, type) and isinstance(new, type):
-            for attr, value in new.__dict__.items():
-                if attr in old.__dict__:
-                    _copy_function(old.__dict__[attr], value)
-        elif _function(old) is not None:
-            _copy_function(old, new)
-        elif name in assigned:
-            live.__dict__[name] = new
+        if getattr(other, name, None) is old and isinstance(other, types.ModuleType):
+            setattr(other, name, new)
+
+
+#: Child exit statuses that are not pytest's.
+_NOT_APPLIED, _NO_LOAD = 70, 71
+#: pytest's: tests failed, or collection broke (a test module importing the mutant).
+_FAILED = (1, 2)
 
 
 def run_child(m: Mutant | None, args: list[str], timeout: float) -> tuple[str, float]:
-    """Run the tests against mutant ``m`` (None: the unmutated code) in a forked child."""
+    """Run the tests against mutant ``m`` (None: the unmutated code) in a forked child.
+
+    Outcomes: ``killed`` (a test failed, collection broke, the mutated module does not
+    import, or the child crashed), ``timeout`` (counted as killed, listed apart),
+    ``survived``, ``not applied`` (the mutant never reached the code under test) and
+    ``error`` (pytest itself failed: no tests, usage or internal error; not a kill).
+    """
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:  # child
+        code = 99
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
@@ -480,18 +603,25 @@ def run_child(m: Mutant | None, args: list[str], timeout: float) -> tuple[str, f
             if m is not None:
                 try:
                     transplant(m)
+                except NotApplied:
+                    os._exit(_NOT_APPLIED)
                 except Exception:
-                    os._exit(3)  # the mutated module does not even load: killed
+                    os._exit(_NO_LOAD)  # the mutated module does not even import
             import pytest
 
-            os._exit(int(pytest.main([*args, "-x", "-q", "-p", "no:cacheprovider"])))
+            code = int(pytest.main([*args, "-x", "-q", "-p", "no:cacheprovider"]))
         finally:
-            os._exit(99)
+            os._exit(code)
     _, status = os.waitpid(pid, 0)
     took = time.monotonic() - start
     if os.WIFSIGNALED(status):
-        return "timeout", took
-    return ("survived" if os.WEXITSTATUS(status) == 0 else "killed"), took
+        return ("timeout" if os.WTERMSIG(status) == signal.SIGALRM else "killed"), took
+    code = os.WEXITSTATUS(status)
+    if code == 0:
+        return "survived", took
+    if code in _FAILED or code == _NO_LOAD:
+        return "killed", took
+    return ("not applied" if code == _NOT_APPLIED else "error"), took
 
 
 def _preload(tests: tuple[str, ...]) -> None:
@@ -512,65 +642,131 @@ def _preload(tests: tuple[str, ...]) -> None:
                         importlib.import_module(name)
 
 
+def _tests_at(rev: str, into: Path) -> Path:
+    """The ``tests/`` folder as it was at git revision ``rev``, extracted under ``into``."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "tests"], capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def _args(tests: tuple[str, ...], root: Path) -> list[str]:
+    """pytest arguments: test paths under ``root``, the project's pytest settings."""
+    out = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(root)]
+    for t in tests:
+        if t.startswith("tests/"):
+            if (root / t).is_file():
+                out.append(str(root / t))
+        else:
+            out.append(t)
+    return out
+
+
+@dataclass
+class Tally:
+    """Outcomes of one target's mutants, with the tests of ``--before`` and with today's."""
+
+    total: int = 0
+    not_applied: int = 0
+    equivalent: int = 0
+    errors: int = 0
+    killed_before: int = 0
+    killed: int = 0
+    timeouts: int = 0
+    survived: int = 0
+
+    def rate(self, killed: int) -> float:
+        return killed / max(1, self.total - self.not_applied - self.equivalent - self.errors)
+
+
 def run_target(
-    target: Target, before: bool, verbose: bool, lines: list[int] | None = None
-) -> tuple[int, int, int, int]:
-    tests = target.before if before else target.tests
-    args = [t if t.startswith("-") or not t.startswith("tests/") else str(ROOT / t) for t in tests]
-    _preload(tests)
-    outcome, base = run_child(None, args, 600)
-    if outcome != "survived":
-        sys.exit(f"{target.name}: the tests fail without any mutant ({outcome})")
-    timeout = max(10.0, 5 * base)
-    killed = survived = equivalent = 0
-    ms = [m for m in mutants(target) if not lines or m.line in lines]
-    for m in ms:
-        outcome, _ = run_child(m, args, timeout)
+    target: Target, before: Path | None, verbose: bool, lines: list[int] | None = None
+) -> Tally:
+    """Run every mutant of ``target``; with ``before`` (a tests/ copy) first against those.
+
+    Today's tests hold the earlier ones, so a mutant the earlier tests kill is killed by
+    today's too, and only the earlier survivors run again.
+    """
+    now_args = _args(target.tests, ROOT)
+    before_args = _args(target.tests, before) if before is not None else None
+    _preload(target.tests)
+    timeouts = []
+    for args in filter(None, (before_args, now_args)):
+        outcome, base = run_child(None, args, 600)
         if outcome != "survived":
-            killed += 1
-            continue
-        why = EQUIVALENT.get(m.key())
-        if why is not None:
-            equivalent += 1
+            sys.exit(f"{target.name}: the tests fail without any mutant ({outcome}): {args}")
+        timeouts.append(max(10.0, 5 * base))
+    tally = Tally()
+    ms = [m for m in mutants(target) if not lines or m.line in lines]
+    tally.total = len(ms)
+    for m in ms:
+        where = f"{m.file}:{m.line} {m.scope}: {m.edit}: {m.src}"
+        outcome = "survived"
+        if before_args is not None:
+            outcome, _ = run_child(m, before_args, timeouts[0])
+            if outcome in ("killed", "timeout"):
+                tally.killed_before += 1
+        if outcome in ("survived", "error"):
+            outcome, _ = run_child(m, now_args, timeouts[-1])
+        if outcome == "not applied":
+            tally.not_applied += 1
+            print(f"  NOT APPLIED {where}", flush=True)
+        elif outcome == "error":
+            tally.errors += 1
+            print(f"  ERROR      {where}", flush=True)
+        elif outcome in ("killed", "timeout"):
+            tally.killed += 1
+            if outcome == "timeout":
+                tally.timeouts += 1
+                print(f"  TIMEOUT    {where}", flush=True)
+        elif (why := EQUIVALENT.get(m.key())) is not None:
+            tally.equivalent += 1
             if verbose:
-                print(f"  equivalent {m.file}:{m.line} {m.scope}: {m.edit}: {m.src}  ({why})")
-            continue
-        survived += 1
-        print(f"  SURVIVED   {m.file}:{m.line} {m.scope}: {m.edit}: {m.src}", flush=True)
-    return len(ms), killed, survived, equivalent
+                print(f"  equivalent {where}  ({why})")
+        else:
+            tally.survived += 1
+            print(f"  SURVIVED   {where}", flush=True)
+    return tally
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--module", choices=sorted(TARGETS), action="append")
-    ap.add_argument("--before", action="store_true", help="only the tests before pinning")
+    ap.add_argument(
+        "--before",
+        metavar="REV",
+        help="also score the tests as they were at this git revision, in the same run",
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="list equivalents too")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     ap.add_argument("--line", type=int, action="append", help="only the mutants on this line")
     opts = ap.parse_args()
     rows = []
-    for name in opts.module or list(TARGETS):
-        target = TARGETS[name]
-        if opts.list:
-            for m in mutants(target):
-                print(f"{m.file}:{m.line} {m.scope}: {m.edit}: {m.src}")
-            continue
-        print(f"== {name}", flush=True)
-        t0 = time.monotonic()
-        total, killed, survived, equivalent = run_target(
-            target, opts.before, opts.verbose, opts.line
-        )
-        rate = killed / max(1, total - equivalent)
-        rows.append((name, total, killed, survived, equivalent, rate, time.monotonic() - t0))
+    with tempfile.TemporaryDirectory(prefix="mutation-before-") as tmp:
+        before = _tests_at(opts.before, Path(tmp)) if opts.before else None
+        for name in opts.module or list(TARGETS):
+            target = TARGETS[name]
+            if opts.list:
+                for m in mutants(target):
+                    print(f"{m.file}:{m.line} {m.scope}: {m.edit}: {m.src}")
+                continue
+            print(f"== {name}", flush=True)
+            t0 = time.monotonic()
+            tally = run_target(target, before, opts.verbose, opts.line)
+            rows.append((name, tally, time.monotonic() - t0))
     if rows:
         print(
-            f"{'module':10} {'mutants':>7} {'killed':>7} {'survived':>8} {'equivalent':>10}"
-            f" {'killed%':>8} {'time':>6}"
+            f"{'module':9} {'mutants':>7} {'not_appl':>8} {'equiv':>5} {'errors':>6} {'before%':>7}"
+            f" {'killed':>6} {'timeout':>7} {'survived':>8} {'killed%':>7} {'time':>5}"
         )
-        for name, total, killed, survived, equivalent, rate, took in rows:
+        for name, t, took in rows:
+            was = f"{t.rate(t.killed_before):7.1%}" if opts.before else f"{'-':>7}"
             print(
-                f"{name:10} {total:7d} {killed:7d} {survived:8d} {equivalent:10d}"
-                f" {rate:8.1%} {took:5.0f}s"
+                f"{name:9} {t.total:7d} {t.not_applied:8d} {t.equivalent:5d} {t.errors:6d}"
+                f" {was} {t.killed:6d} {t.timeouts:7d} {t.survived:8d}"
+                f" {t.rate(t.killed):7.1%} {took:4.0f}s"
             )
 
 
