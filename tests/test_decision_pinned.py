@@ -6,6 +6,7 @@ half-widths, on how the two combine, or on the config reaching :func:`stats.deci
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -174,6 +175,18 @@ def test_pick_winner_on_a_tie_records_the_fastest_measured() -> None:
     assert pick_winner(_result(None, True, *cands)) is cands[2]  # 0.0 s is a time too
     three = (_cand("slow", 0.5), _cand("none", None), _cand("fast", 0.1))
     assert pick_winner(_result(None, True, *three)) is three[2]
+
+
+def test_pick_winner_on_a_tie_puts_a_zero_median_before_any_positive_one() -> None:
+    cands = (_cand("five_us", 5e-6), _cand("zero", 0.0), _cand("one_ns", 1e-9))
+    assert pick_winner(_result(None, True, *cands)) is cands[1]
+
+
+def test_a_decision_is_frozen() -> None:
+    d = stats.decide({"fast": WIDE, "slow": [x * 2 for x in WIDE]})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.winner = "slow"  # type: ignore[misc]
+    assert d.winner == "fast"
 
 
 def test_pick_winner_without_a_result_is_none() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 from typing import Any
 
 import pytest
@@ -257,6 +257,19 @@ def test_the_view_and_its_accessors() -> None:
     pending = det.pending(2)
     pending.add(R.NO_WINNERS)  # a copy: the detector's own set is untouched
     assert det.pending(2) == set()
+
+
+def test_a_reference_and_a_published_view_are_frozen() -> None:
+    det = DriftDetector(DriftConfig(), same_stack)
+    reference(det, gpu=0)
+    view = det.view()[0]
+    with pytest.raises(FrozenInstanceError):
+        view.pending = frozenset({R.NO_WINNERS})  # type: ignore[misc]
+    ref = det._tracks[0].reference
+    assert ref is not None
+    with pytest.raises(FrozenInstanceError):
+        ref.power_limit_w = 1.0  # type: ignore[misc]
+    assert ref.power_limit_w == 700.0 and det.view()[0].pending == frozenset()
 
 
 def test_no_winners_needs_a_known_gpu_and_is_logged_once_for_all(

@@ -367,6 +367,134 @@ def test_without_device_info_the_fixed_temperature_limit_applies() -> None:
     assert d.reasons == ("temp 76C > 75C (max_temp 75C)",)
 
 
+# -- "in this state since": carried across polls while the state holds --------------------
+
+SETTLING = GateDecision(S.WARMING, ("settling",), t=-0.1, since=-20.0, disturbed_at=0.0)
+SINCE = [
+    # (case, the window's changes, the first poll's previous decision, the state both polls give)
+    ("busy: a foreign process", {"procs": (999,)}, OPEN, S.BUSY),
+    ("busy: utilisation inside the band", {"util_gpu": 0.045}, SHUT, S.BUSY),
+    ("busy: throttled inside the utilisation band",
+     {"util_gpu": 0.045, "reasons": R.SW_POWER_CAP}, SHUT, S.BUSY),
+    ("throttled", {"reasons": R.SW_POWER_CAP}, OPEN, S.THROTTLED),
+    ("warming: too hot", {"temp_c": 80.0}, OPEN, S.WARMING),
+    ("warming: too few samples", {"n": 3}, None, S.WARMING),
+    ("warming: settling", {}, SETTLING, S.WARMING),
+    ("cool_stable", {}, SHUT, S.COOL_STABLE),
+    ("unavailable: no temperature", {"temp_c": None}, OPEN, S.UNAVAILABLE),
+    ("unavailable: no SM clock", {"sm_clock_mhz": None}, OPEN, S.UNAVAILABLE),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kw", "prev", "state"), [c[1:] for c in SINCE], ids=[c[0] for c in SINCE])
+def test_since_is_when_the_state_began_across_polls(
+    kw: dict[str, Any], prev: GateDecision | None, state: GateState
+) -> None:
+    samples = window(**kw)
+    first = judge(samples[:-1], prev)
+    second = judge(samples, first)
+    assert (first.state, second.state) == (state, state), (first.reasons, second.reasons)
+    assert first.since == (prev.since if prev is not None and prev.state is state else first.t)
+    assert second.t > first.t and second.since == first.since
+
+
+@pytest.mark.parametrize(
+    ("kw", "now"),
+    [({"lost": True}, None), ({"lost": True}, 9.0), ({}, 9.0)],  # 9.0: the window is stale
+    ids=["lost", "lost, with now", "stale"],
+)
+def test_an_unavailable_spell_keeps_its_since_across_polls(
+    kw: dict[str, Any], now: float | None
+) -> None:
+    first = evaluate(window(), H200, CFG, OPEN, now=now, **kw)
+    later = None if now is None else now + 1.0
+    second = evaluate(window(), H200, CFG, first, now=later, **kw)
+    assert (first.state, second.state) == (S.UNAVAILABLE, S.UNAVAILABLE)
+    assert first.since == first.t and second.since == first.t
+
+
+def test_a_new_state_starts_its_own_since() -> None:
+    samples = window()
+    first = judge(samples[:-1], OPEN)
+    assert first.open and first.since == OPEN.since
+    hot = judge([*samples[:-1], idle(samples[-1].t, temp_c=80.0)], first)
+    assert hot.state is S.WARMING and hot.since == hot.t
+
+
+# -- an unavailable decision is always stamped -------------------------------------------------
+
+
+@pytest.mark.parametrize("prev", [None, OPEN, SHUT], ids=["cold start", "open", "shut"])
+@pytest.mark.parametrize(
+    ("samples", "kw", "now"),
+    [
+        ([], {}, None),
+        ([], {}, 9.0),
+        (window(), {"lost": True}, None),
+        (window(), {"lost": True}, 9.0),
+        (window(), {}, 9.0),  # the latest sample is 4.1 s old
+        (window(temp_c=None), {}, None),
+        (window(sm_clock_mhz=None), {}, 5.0),
+    ],
+    ids=["no samples", "no samples, now", "lost", "lost, now", "stale", "no temp", "no clock"],
+)
+def test_an_unavailable_decision_carries_its_time_and_a_disturbance(
+    samples: list[Sample], kw: dict[str, Any], now: float | None, prev: GateDecision | None
+) -> None:
+    d = evaluate(samples, H200, CFG, prev, now=now, **kw)
+    if now is not None:
+        t = now
+    elif samples and not kw:
+        t = samples[-1].t
+    else:
+        t = prev.t if prev is not None else 0.0
+    assert d.state is S.UNAVAILABLE
+    assert isinstance(d.t, float) and isinstance(d.since, float)
+    assert (d.t, d.since, d.disturbed_at) == (t, t, t)  # a new spell: it began, and disturbs, now
+
+
+# -- a zero reading is a reading: spreads still count it, nothing divides by it --------------
+
+
+@pytest.mark.parametrize(
+    "info",
+    [H200, None, dataclasses.replace(H200, power_limit_w=None)],
+    ids=["h200", "no device info", "no power limit"],
+)
+@pytest.mark.parametrize("at", [10, 48], ids=["early", "one before the latest"])
+def test_one_zero_mhz_reading_is_a_clock_spread(info: DeviceInfo | None, at: int) -> None:
+    samples = window()
+    samples[at] = idle(samples[at].t, sm_clock_mhz=0.0)
+    d = judge(samples, OPEN, info=info)
+    assert d.state is S.WARMING
+    assert d.reasons == ("SM spread 0-1980MHz (100.0% > 2.0%) (clock_jitter_max)",)
+    assert d.disturbed_at == d.t
+
+
+@pytest.mark.parametrize(
+    ("info", "allowed"),
+    [(H200, "35W"), (None, "6W"), (dataclasses.replace(H200, power_limit_w=None), "6W")],
+    ids=["h200: 5% of the limit", "no device info: 5% of the peak", "no power limit"],
+)
+@pytest.mark.parametrize("at", [10, 49], ids=["early", "latest"])
+def test_one_zero_watt_reading_is_a_power_spread(
+    info: DeviceInfo | None, allowed: str, at: int
+) -> None:
+    samples = window()
+    samples[at] = idle(samples[at].t, power_w=0.0)
+    d = judge(samples, OPEN, info=info)
+    assert d.state is S.WARMING
+    assert d.reasons == (f"power spread 0-125W > {allowed} (power_jitter_max)",)
+
+
+@pytest.mark.parametrize("info", [H200, None], ids=["h200", "no device info"])
+def test_all_zero_readings_divide_by_nothing(info: DeviceInfo | None) -> None:
+    d = judge(window(sm_clock_mhz=0.0, power_w=0.0), OPEN, info=info)
+    assert all("spread" not in r for r in d.reasons)
+    if info is not None:  # a known max clock: 0 MHz is far under it
+        assert d.reasons == ("SM 0MHz is 0% of max 1980MHz (< 95%) (clock_ratio_min)",)
+
+
 # -- config -----------------------------------------------------------------------------------
 
 # name -> (lowest allowed or None, is the lowest itself allowed, highest, is it allowed)
