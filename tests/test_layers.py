@@ -1,16 +1,28 @@
 """The package layout is the architecture: imports flow one way, torch stays in the worker.
 
-docs/design.md's data flow, lowest layer first. A module may import its own layer and the
-layers below it, never one above; so a new upward import or a new import cycle fails
-here, and so does torch or Triton imported anywhere but the worker package and the
-modules a job imports. Imports are read from the source (``ast``), function-level
-and ``TYPE_CHECKING`` ones included: a lazy import is still a dependency.
+The layers follow the data flow (docs/design.md), lowest first (``LAYERS``): validation,
+the control socket's wire, telemetry (NVML, sim, traces), the gate, the monitor that
+polls and keeps windows, the tuning vocabulary, the worker process, the store, the
+sessions that run tuning, drift detection, the JSON API, the exporter, config, the
+daemon, reports and the command line. A module may import
+its own layer and the layers below it, never one above; so a new upward import or a new
+import cycle fails here. Three process boundaries are checked on top of the order:
+
+* the worker package (``tuning.worker``) runs in its own process: nothing but the worker
+  and the job side imports it, so no daemon module can pull its code (and torch) in;
+* the job side (``JOB_SIDE``: what a job's process imports) never imports the daemon,
+  its command line, its exporter or its store (``JOB_SIDE_FORBIDDEN``);
+* torch and Triton are imported only by the worker package and the job side.
+
+Imports are read from the source (``ast``), function-level and ``TYPE_CHECKING`` ones
+included (a lazy import is still a dependency), and so are ``importlib.import_module``
+and ``__import__`` calls with a literal name.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,8 +50,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 #: What a job imports. It may use any daemon-free layer; nothing in the daemon uses it.
 JOB_SIDE = ("client", "jobside", "torch", "triton", "triton_configs")
-#: Layers the job side may not import: the daemon's process and command line.
-JOB_SIDE_FORBIDDEN = ("daemon", "cli", "__main__")
+#: Layers the job side may not import: the daemon's process, command line, exporter, store.
+JOB_SIDE_FORBIDDEN = ("daemon", "cli", "__main__", "exporter", "store")
+#: Job-side imports of a forbidden layer that stay, each with the reason.
+JOB_SIDE_EXCEPTIONS = {
+    ("client.client", "store"): "the client reads winners from the store, read-only, "
+    "when no daemon serves them",
+    ("client.client", "store.rows"): "the store's host name, to prefer this host's winners",
+}
+#: The worker process's package: only it and the job side import it.
+WORKER = "tuning.worker"
 #: The command line sits above everything: it is a client of the daemon like a job is.
 TOP = ("cli", "__main__")
 #: Modules allowed to import torch or triton.
@@ -60,22 +80,56 @@ def _imports(path: Path, module: str) -> Iterator[str]:
     """Absolute dotted names this file imports (relative imports resolved)."""
     tree = ast.parse(path.read_text(), str(path))
     is_pkg = path.name == "__init__.py"
+    base = module.split(".") if module else []
+    package = ".".join(["gpuwatchd", *(base if is_pkg else base[:-1])])
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".") if module else []
-                base = base if is_pkg else base[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                prefix = ".".join(["gpuwatchd", *base])
-                target = f"{prefix}.{node.module}" if node.module else prefix
-            else:
-                target = node.module or ""
+            target = _resolve("." * node.level + (node.module or ""), package)
             yield target
             for alias in node.names:  # `from gpuwatchd.x import submodule`
                 yield f"{target}.{alias.name}"
+        elif isinstance(node, ast.Call):
+            yield from _dynamic_import(node, package)
+
+
+def _resolve(name: str, package: str) -> str:
+    """``name`` made absolute, as ``importlib.import_module(name, package)`` would."""
+    level = len(name) - len(name.lstrip("."))
+    if not level:
+        return name
+    parts = package.split(".")
+    prefix = ".".join(parts[: len(parts) - (level - 1)])
+    rest = name[level:]
+    return f"{prefix}.{rest}" if rest else prefix
+
+
+def _literal(node: ast.expr | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _dynamic_import(call: ast.Call, package: str) -> Iterator[str]:
+    """The module an ``importlib.import_module`` or ``__import__`` call names literally."""
+    func = call.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if called not in ("import_module", "__import__") or not call.args:
+        return
+    name = _literal(call.args[0])
+    if name is None:  # a name computed at run time: no source check can follow it
+        return
+    keywords = {k.arg: k.value for k in call.keywords}
+    if called == "import_module":
+        given = call.args[1] if len(call.args) > 1 else keywords.get("package")
+        yield _resolve(name, _literal(given) or package)
+        return
+    yield name
+    fromlist = call.args[3] if len(call.args) > 3 else keywords.get("fromlist")
+    if isinstance(fromlist, ast.List | ast.Tuple):
+        for item in fromlist.elts:
+            if (sub := _literal(item)) is not None:
+                yield f"{name}.{sub}"
 
 
 def _owner(name: str, units: tuple[str, ...]) -> str | None:
@@ -96,19 +150,50 @@ MODULES = dict(_modules())
 
 def _internal_edges() -> list[tuple[str, str]]:
     """(importer, imported) pairs of gpuwatchd modules, names relative to gpuwatchd."""
-    return sorted(set(_edges()))
+    return sorted({e for module, path in MODULES.items() for e in _edges(module, path)})
 
 
-def _edges() -> Iterator[tuple[str, str]]:
-    for module, path in MODULES.items():
-        for target in _imports(path, module):
-            if target != "gpuwatchd" and not target.startswith("gpuwatchd."):
-                continue
-            rel = target.removeprefix("gpuwatchd").removeprefix(".")
-            while rel and rel not in MODULES:  # `from pkg.mod import name`: keep the module
-                rel = rel.rpartition(".")[0]
-            if rel != module:
-                yield module, rel
+def _edges(module: str, path: Path) -> Iterator[tuple[str, str]]:
+    """The gpuwatchd modules the file at ``path`` (module ``module``) imports."""
+    for target in _imports(path, module):
+        if target != "gpuwatchd" and not target.startswith("gpuwatchd."):
+            continue
+        rel = target.removeprefix("gpuwatchd").removeprefix(".")
+        while rel and rel not in MODULES:  # `from pkg.mod import name`: keep the module
+            rel = rel.rpartition(".")[0]
+        if rel != module:
+            yield module, rel
+
+
+def _violations(edges: Iterable[tuple[str, str]]) -> list[str]:
+    """Every import among ``edges`` that breaks the layer order or a process boundary."""
+    out = []
+    for src, dst in edges:
+        s, d = _owner(src, ALL_UNITS), _owner(dst, ALL_UNITS)
+        if s is None or d is None:
+            continue
+        if _owner(dst, (WORKER,)) and s not in JOB_SIDE and not _owner(src, (WORKER,)):
+            out.append(f"{src} -> {dst} (imports the tuning worker, which runs apart)")
+        elif s in JOB_SIDE:
+            if d in JOB_SIDE_FORBIDDEN and (src, dst) not in JOB_SIDE_EXCEPTIONS:
+                out.append(f"{src} -> {dst} (job side imports the daemon's {d})")
+        elif d in JOB_SIDE:
+            if s not in TOP:
+                out.append(f"{src} -> {dst} (daemon side imports the job side)")
+        elif RANK[d] > RANK[s]:
+            out.append(f"{src} ({s}) -> {dst} ({d})")
+    return out
+
+
+def _heavy_imports(module: str, path: Path, heavy: str) -> list[str]:
+    """``module imports torch...`` for each import of ``heavy`` where it is not allowed."""
+    if _owner(module, HEAVY_OK) is not None:
+        return []
+    return [
+        f"{module} imports {target}"
+        for target in _imports(path, module)
+        if target == heavy or target.startswith(heavy + ".")
+    ]
 
 
 def test_every_module_belongs_to_a_layer() -> None:
@@ -116,22 +201,14 @@ def test_every_module_belongs_to_a_layer() -> None:
     assert loose == [], f"modules outside every layer (add them to LAYERS or JOB_SIDE): {loose}"
 
 
-def test_no_import_points_up_a_layer() -> None:
-    upward = []
-    for src, dst in _internal_edges():
-        s, d = _owner(src, ALL_UNITS), _owner(dst, ALL_UNITS)
-        if s is None or d is None:
-            continue
-        if s in JOB_SIDE:
-            if d in JOB_SIDE_FORBIDDEN:
-                upward.append(f"{src} -> {dst} (job side imports the daemon)")
-            continue
-        if d in JOB_SIDE:
-            if s not in TOP:
-                upward.append(f"{src} -> {dst} (daemon side imports the job side)")
-        elif RANK[d] > RANK[s]:
-            upward.append(f"{src} ({s}) -> {dst} ({d})")
-    assert upward == [], "imports from a lower layer to a higher one:\n" + "\n".join(upward)
+def test_no_import_points_up_a_layer_or_crosses_a_process_boundary() -> None:
+    bad = _violations(_internal_edges())
+    assert bad == [], "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_each_job_side_exception_is_still_an_import() -> None:
+    edges = set(_internal_edges())
+    assert [e for e in JOB_SIDE_EXCEPTIONS if e not in edges] == []
 
 
 def test_import_graph_has_no_cycle() -> None:
@@ -148,13 +225,7 @@ def test_import_graph_has_no_cycle() -> None:
 
 @pytest.mark.parametrize("heavy", HEAVY)
 def test_torch_and_triton_only_in_the_worker_and_job_side(heavy: str) -> None:
-    offenders = []
-    for module, path in MODULES.items():
-        if _owner(module, HEAVY_OK) is not None:
-            continue
-        for target in _imports(path, module):
-            if target == heavy or target.startswith(heavy + "."):
-                offenders.append(f"{module} imports {target}")
+    offenders = [o for module, path in MODULES.items() for o in _heavy_imports(module, path, heavy)]
     assert offenders == [], "\n".join(offenders)
 
 
@@ -167,6 +238,61 @@ def test_the_checks_see_a_planted_upward_import_and_cycle(tmp_path: Path) -> Non
     assert (s, d) == ("telemetry", "daemon") and RANK[d] > RANK[s]
     comps = _strongly_connected({"a": {"b"}, "b": {"a"}, "c": {"a"}})
     assert sorted(sorted(c) for c in comps) == [["a", "b"], ["c"]]
+
+
+PLANTED = [
+    # (the planted module, its source, what the check must say)
+    ("daemon.planted", "from gpuwatchd.tuning.worker import stats\n", "imports the tuning worker"),
+    ("sessions.planted", "def f():\n    import gpuwatchd.tuning.worker.protocol\n",
+     "imports the tuning worker"),
+    ("exporter.planted", "from ..tuning.worker.stats import median\n", "imports the tuning worker"),
+    ("tuning.planted", "from .worker import stats\n", "imports the tuning worker"),
+    ("jobside.planted", "from gpuwatchd.exporter import metrics\n", "daemon's exporter"),
+    ("torch", "from gpuwatchd.store import open_store\n", "daemon's store"),
+    ("triton", "import gpuwatchd.store.rows\n", "daemon's store"),
+    ("client.planted", "from ..store.rows import host_name\n", "daemon's store"),
+    ("daemon.planted", "import importlib\n"
+     "importlib.import_module('gpuwatchd.tuning.worker.stats')\n", "imports the tuning worker"),
+    ("daemon.planted", "from importlib import import_module\n"
+     "import_module('.tuning.worker', 'gpuwatchd')\n", "imports the tuning worker"),
+    ("api.planted", "import importlib\n"
+     "importlib.import_module('..tuning.worker', package=__package__)\n",
+     "imports the tuning worker"),
+    ("jobside.planted", "__import__('gpuwatchd.exporter')\n", "daemon's exporter"),
+    ("jobside.planted", "__import__('gpuwatchd', fromlist=['store'])\n", "daemon's store"),
+    ("telemetry.planted", "importlib.import_module('gpuwatchd.daemon.process')\n",
+     "(telemetry) -> daemon.process (daemon)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("module", "source", "said"), PLANTED)
+def test_the_checks_see_each_planted_violation(
+    tmp_path: Path, module: str, source: str, said: str
+) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text(source)
+    bad = _violations(_edges(module, planted))
+    assert bad and all(said in b for b in bad), bad
+
+
+def test_the_checks_see_torch_imported_by_name(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("import importlib\ntorch = importlib.import_module('torch.cuda')\n")
+    assert _heavy_imports("daemon.planted", planted, "torch") == [
+        "daemon.planted imports torch.cuda"
+    ]
+    assert _heavy_imports("jobside.planted", planted, "torch") == []
+
+
+def test_a_name_computed_at_run_time_is_not_guessed(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("import importlib\nname = 'x'\nimportlib.import_module(name)\n")
+    assert list(_imports(planted, "daemon.planted")) == ["importlib"]
+
+
+def test_the_job_side_may_import_the_worker() -> None:
+    assert _violations([("jobside.inductor", "tuning.worker.inductor")]) == []
+    assert _violations([("tuning.worker.stats", "tuning.worker.protocol")]) == []
 
 
 def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
