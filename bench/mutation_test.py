@@ -67,12 +67,22 @@ TARGETS = {
     "gate": Target(
         "gate",
         (("gpuwatchd/gate.py", "gpuwatchd.gate", None),),
-        ("tests/test_gate_pinned.py", "tests/test_gate.py", "tests/test_faults_gate.py"),
+        (
+            "tests/test_gate_pinned.py",
+            "tests/test_gate.py",
+            "tests/test_gate_window.py",  # SampleWindow, and every gate test over one
+            "tests/test_faults_gate.py",
+        ),
     ),
     "stats": Target(
         "stats",
         (("gpuwatchd/tuning/worker/stats.py", "gpuwatchd.tuning.worker.stats", None),),
-        ("tests/test_stats_pinned.py", "tests/test_decision_pinned.py", "tests/test_protocol.py"),
+        (
+            "tests/test_stats_pinned.py",
+            "tests/test_decision_pinned.py",
+            "tests/test_protocol.py",
+            "tests/test_deciding_faster.py",  # racing's use of the medians and CIs
+        ),
     ),
     "drift": Target(
         "drift",
