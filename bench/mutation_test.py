@@ -206,6 +206,61 @@ for _line in (
     '"settle_s": (0, False, None, False),',
 ):
     _equivalent(_G, "<module>", _line, f"False@{_line.rindex('False')}", "Constant negate", _NO_HI)
+for _arg in ("field", "window"):
+    _equivalent(
+        _G,
+        "_span",
+        " " * 8 + "ordered: list[float] = sorted(map(field, window))  # type: ignore[arg-type]",
+        "map(field, window)",
+        f"Argument {_arg} -> None",
+        "map() over None raises TypeError, the very exception that sends a window with a None "
+        "to the slow path, which computes the same span",
+    )
+_equivalent(
+    _G,
+    "advance",
+    " " * 8 + "if self[0].t < horizon:  # more than one leaves: a gap in the readings",
+    "self[0].t < horizon",
+    "Compare < -> <=",
+    "a sample exactly at the horizon then takes the general path (enter, leave, trim with "
+    "the unmutated test), which keeps it and yields the same orders",
+)
+_equivalent(
+    _G,
+    "evaluate",
+    "if kept is not None and window[0].t >= cutoff:",
+    "window[0].t >= cutoff",
+    "Compare >= -> >",
+    "a first sample exactly at the cutoff then takes the sorting path, whose _recent keeps "
+    "it: the same spans",
+)
+_equivalent(
+    _G,
+    "advance",
+    " " * 8 + "if w0 != w1 or (w0 and c0 != c1):",
+    "w0 and c0 != c1",
+    "BoolOp and -> or",
+    "the extra moves it makes are no-ops: both sides None (neither sample counts), or the "
+    "same clock removed and inserted again",
+)
+_equivalent(
+    _G,
+    "evaluate",
+    "kept = window if isinstance(window, SampleWindow) and not window._nans else None",
+    "isinstance(window, SampleWindow)",
+    "Argument window -> None",
+    "every window then takes the sorting path, which gives the same decision by design "
+    "(the kept orders are only a faster way to the same spans)",
+)
+_equivalent(
+    "gpuwatchd/tuning/worker/protocol.py",
+    "_result",
+    " " * 16 + "s.name: list(zip(s.rounds, (r.seconds_per_call for r in s.accepted), strict=True))",
+    "True@76",
+    "Constant negate",
+    "a slot's rounds and accepted batches are appended and cleared together, so the two "
+    "are always the same length: strict only guards that",
+)
 _HELD = "held_s: float = 0.0  # evidence-backed seconds beyond the threshold, this episode"
 _equivalent(
     _D,

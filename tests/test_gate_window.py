@@ -116,6 +116,14 @@ def test_spans_follow_samples_in_and_out_and_a_nan_turns_them_off() -> None:
         w.popleft()
 
 
+def test_a_gap_keeps_the_sample_exactly_at_the_horizon() -> None:
+    """Several samples leave at once; one exactly ``window_s`` old stays, as in evaluate."""
+    w = SampleWindow([idle(0.0), idle(0.5), idle(1.0, temp_c=45.0), idle(1.5)])
+    w.advance(idle(3.0), horizon=1.0)
+    assert [s.t for s in w] == [1.0, 1.5, 3.0]
+    assert w.temp_span() == (40.0, 45.0)
+
+
 def test_a_window_not_trimmed_to_window_s_is_judged_on_its_recent_part() -> None:
     """A reload that shrinks window_s leaves older samples in: the gate must ignore them."""
     old = [idle(t / 10, temp_c=60.0) for t in range(0, 20)]

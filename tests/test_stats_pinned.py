@@ -128,3 +128,11 @@ def test_relative_ci_halfwidth(xs: list[float], confidence: float, want: float) 
 def test_relative_ci_halfwidth_default_confidence_is_95_percent() -> None:
     assert stats.relative_ci_halfwidth(TWENTY) == stats.relative_ci_halfwidth(TWENTY, 0.95)
     assert stats.relative_ci_halfwidth(TWENTY) != stats.relative_ci_halfwidth(TWENTY, 0.5)
+
+
+def test_versus_without_options_weighs_as_decide_does_without_them() -> None:
+    best = [100.0 + i for i in range(20)]  # a 95% CI half-width of 4.1% of the median
+    other = [x * 1.05 for x in best]
+    d = stats.decide({"best": best, "other": other})
+    assert stats.versus(best, other) == (d.margin, d.noise)
+    assert d.noise is not None and d.noise > 0.005  # the CIs decide, not the floor
