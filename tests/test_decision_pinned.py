@@ -152,6 +152,17 @@ def test_candidates_are_reported_fastest_first_and_the_failed_last() -> None:
     assert res.margin == pytest.approx(0.2, abs=0.01) and res.noise is not None
 
 
+def test_candidates_that_failed_while_timed_follow_the_others_by_median() -> None:
+    cands = [FakeCandidate("slow_fails", 2.0e-3), FakeCandidate("fast_fails", 1.5e-3)]
+    for c in cands:
+        c.fail_run_after = 8  # after some of its batches were timed
+    cands.append(FakeCandidate("ok", 1.0e-3))
+    res = protocol.measure(WL, cands, FakeSession(), Regime.UNTHROTTLED, CFG)
+    assert [c.name for c in res.candidates] == ["ok", "fast_fails", "slow_fails"]
+    assert all(c.samples > 0 for c in res.candidates)
+    assert [("error" in c.meta) for c in res.candidates] == [False, True, True]
+
+
 # -- the winner rules ------------------------------------------------------------------------
 
 
