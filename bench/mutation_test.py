@@ -16,10 +16,11 @@ importer sees the mutant, as a file edit would), checks that the edit is now in 
 code, and runs the module's own tests with ``-x``.
 
 Outcomes: *killed* (a test failed or could not be collected, the mutated module does not
-import, the child crashed), *timeout* (killed, listed apart: a loaded machine can cause
-one), *survived*, *not applied* (the edit never reached the code under test, e.g. a
-method's code that needs other closure cells, or a value held in a closure: excluded
-from the score and listed) and *error* (pytest itself failed: excluded and listed).
+import or no longer defines a name another module imports, the child crashed),
+*timeout* (killed, listed apart: a loaded machine can cause one), *survived*, *not
+applied* (the edit never reached the code under test, e.g. a method's code that needs
+other closure cells, or a value held in a closure: excluded from the score and listed)
+and *error* (pytest itself failed: excluded and listed).
 Killed% = killed / (mutants - not applied - equivalent - errors).
 
 Not mutated: annotations (never evaluated under ``from __future__ import annotations``),
@@ -104,7 +105,12 @@ TARGETS = {
                 frozenset({"_RegimeRun._result"}),
             ),
         ),
-        ("tests/test_decision_pinned.py", "tests/test_protocol.py", "tests/test_store.py"),
+        (
+            "tests/test_decision_pinned.py",
+            "tests/test_protocol.py",
+            "tests/test_job_default.py",  # the job's default kept on a tie
+            "tests/test_store.py",
+        ),
     ),
 }
 
@@ -613,7 +619,10 @@ def transplant(m: Mutant) -> None:
             if isinstance(t, ast.Name)
         }
         for name in assigned - ns.keys():  # a deleted top-level assignment: gone, as on import
-            live.__dict__.pop(name, None)
+            gone = live.__dict__.pop(name, None)
+            if gone is not None and (users := _importers(m.module, name, gone)):
+                # ``from module import name`` in these fails on the edited file
+                raise ImportError(f"{name} is imported by {', '.join(users)}")
         for name, new in ns.items():
             old = live.__dict__.get(name)
             if old is None:
@@ -632,14 +641,22 @@ def transplant(m: Mutant) -> None:
     _check_applied(m, live, ns)
 
 
+def _importers(module: str, name: str, value: object) -> list[str]:
+    """The package's other modules that hold ``value`` as ``name``: they imported it."""
+    return [
+        other.__name__
+        for other in list(sys.modules.values())
+        if isinstance(other, types.ModuleType)
+        and other.__name__.startswith("gpuwatchd")
+        and other.__name__ != module
+        and getattr(other, name, None) is value
+    ]
+
+
 def _rebind_importers(module: str, name: str, old: object, new: object) -> None:
     """``from module import name`` elsewhere in the package: rebind it as an import would."""
-    for other in list(sys.modules.values()):
-        mod_name = getattr(other, "__name__", "")
-        if mod_name == module or not mod_name.startswith("gpuwatchd"):
-            continue
-        if getattr(other, name, None) is old and isinstance(other, types.ModuleType):
-            setattr(other, name, new)
+    for other in _importers(module, name, old):
+        setattr(sys.modules[other], name, new)
 
 
 #: Child exit statuses that are not pytest's.
