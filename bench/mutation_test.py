@@ -837,19 +837,23 @@ def main() -> None:
             print(f"== {name}", flush=True)
             t0 = time.monotonic()
             tally = run_target(target, before, opts.verbose, opts.line)
-            rows.append((name, tally, time.monotonic() - t0))
+            rows.append(_row(name, tally, time.monotonic() - t0, before is not None))
+            print(rows[-1], flush=True)  # a long run's finished targets are not lost
     if rows:
         print(
             f"{'module':9} {'mutants':>7} {'not_appl':>8} {'equiv':>5} {'errors':>6} {'before%':>7}"
             f" {'killed':>6} {'timeout':>7} {'survived':>8} {'killed%':>7} {'time':>5}"
         )
-        for name, t, took in rows:
-            was = f"{t.rate(t.killed_before):7.1%}" if opts.before else f"{'-':>7}"
-            print(
-                f"{name:9} {t.total:7d} {t.not_applied:8d} {t.equivalent:5d} {t.errors:6d}"
-                f" {was} {t.killed:6d} {t.timeouts:7d} {t.survived:8d}"
-                f" {t.rate(t.killed):7.1%} {took:4.0f}s"
-            )
+        print("\n".join(rows))
+
+
+def _row(name: str, t: Tally, took: float, before: bool) -> str:
+    was = f"{t.rate(t.killed_before):7.1%}" if before else f"{'-':>7}"
+    return (
+        f"{name:9} {t.total:7d} {t.not_applied:8d} {t.equivalent:5d} {t.errors:6d}"
+        f" {was} {t.killed:6d} {t.timeouts:7d} {t.survived:8d}"
+        f" {t.rate(t.killed):7.1%} {took:4.0f}s"
+    )
 
 
 if __name__ == "__main__":
