@@ -267,6 +267,15 @@ _equivalent(
     "a slot's rounds and accepted batches are appended and cleared together, so the two "
     "are always the same length: strict only guards that",
 )
+_equivalent(
+    "gpuwatchd/tuning/worker/protocol.py",
+    "_result",
+    " " * 8 + "pick = winner or (decision.ranking[0] if tie and decision.ranking else None)",
+    "tie and decision.ranking",
+    "BoolOp and -> or",
+    "decide and decide_race leave both winner and tie unset only with an empty ranking "
+    "(nothing usable), where `tie or ranking` is false too",
+)
 _HELD = "held_s: float = 0.0  # evidence-backed seconds beyond the threshold, this episode"
 _equivalent(
     _D,
