@@ -53,6 +53,35 @@ def test_a_winner_far_ahead_of_the_default_replaces_it() -> None:
     assert KEPT_DEFAULT not in fast.meta
 
 
+class NoisyDefaultSession(FakeSession):
+    """The job's default times with a wide spread of its own; the others barely vary."""
+
+    def time_batch(self, cand: Any, calls: int) -> float:
+        dt = super().time_batch(cand, calls)
+        if cand.meta().get(JOB_DEFAULT):
+            dt *= max(0.3, 1.0 + self.rng.gauss(0.0, 0.3))
+        return dt
+
+
+def test_a_declared_winner_the_noisy_default_is_not_beaten_by_keeps_the_default() -> None:
+    """The winner beats the runner-up beyond the noise, but not the default further down."""
+    cands = [
+        FakeCandidate("fast", 1.00e-3),
+        FakeCandidate("next", 1.10e-3),
+        default("job", 1.12e-3),
+    ]
+    res = measure(WL, cands, NoisyDefaultSession(noise=0.001, seed=8), Regime.SUSTAINED, CFG)
+    assert [c.name for c in res.candidates] == ["fast", "next", "job"]
+    assert res.margin is not None and res.noise is not None
+    assert res.margin > res.noise  # the plain decision: fast beats the runner-up
+    verdict = next(c for c in res.candidates if c.name == "fast").meta[VS_DEFAULT]
+    assert verdict["beats"] is False and verdict["margin"] > 0.05  # faster, within its noise
+    assert (res.winner, res.tie) == (None, True)
+    picked = pick_winner(res)
+    assert picked is not None and picked.name == "job"
+    assert picked.meta["tie_reason"] == "no candidate beats the job's default beyond the noise"
+
+
 def test_a_tie_between_two_candidates_that_both_beat_the_default_is_not_the_default() -> None:
     cands = [
         default("job", 1.0e-3),
