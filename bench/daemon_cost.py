@@ -15,6 +15,11 @@ Phases, subjects of one phase running side by side (16 cores: they do not compet
   scrape every tree, the fake GPUs at 10 Hz: 10 scrapers each once a second (client
          processes), the daemon's CPU meanwhile, then 10 scrapers back to back
          (saturation); one subject is scraped at a time
+  startup every tree, ``--backend sim``: 1 GPU at 1 Hz, 1 GPU at 10 Hz and 8 GPUs at
+         10 Hz, each scraped once a second from its first answer, beside a bare sleeper
+         process measured the same way; CPU (utime + stime) window by window from start,
+         summed from the first answer to ``STARTUP_S`` after start (start-up) and from
+         there on for ``--seconds`` (steady state); RSS after the third scrape
 CPU is summed over threads from /proc/PID/task/*/schedstat (ns) and named through the
 thread map daemon_under_test writes on SIGUSR1; wake-ups are voluntary context
 switches. ``--profile`` runs py-spy (non-blocking, idle samples dropped) on the subjects
@@ -23,7 +28,7 @@ samples fell.
 
 Usage: python3 bench/daemon_cost.py --out DIR [--real] [--fake-gpus 8] [--baseline DIR]
            [--nvitop] [--pace] [--arena-variant] [--profile] [--seconds 40]
-           [--phases 10hz,1hz,scrape]
+           [--phases 10hz,1hz,scrape,startup]
 """
 
 from __future__ import annotations
@@ -53,7 +58,9 @@ from scrape_latency import Load, percentile, scrape_concurrently  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SETTLE_S = 6.0  # after /metrics first answers: imports done, first slow reads in
-PHASES = ("10hz", "1hz", "scrape")
+PHASES = ("10hz", "1hz", "scrape", "startup")
+STARTUP_S = 15.0  # start-up is judged from the first answer to this long after start
+STARTUP_S_WINDOWS = 20  # per-second windows printed
 
 
 def free_port() -> int:
@@ -114,6 +121,23 @@ def gpuwatchd_subject(
     ]  # fmt: skip
     path = os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p)
     return Subject(name, argv, {"PYTHONPATH": path, **(env or {})}, port, threads)
+
+
+def sim_subject(name: str, tree: str, scratch: Path, interval: float, gpus: int) -> Subject:
+    """``gpuwatchd run --backend sim --gpus N`` from ``tree``: tuning and drift off."""
+    subject = gpuwatchd_subject(name, tree, scratch, interval, 0)
+    split = subject.argv.index("--")
+    rest = subject.argv[split + 1 :]
+    rest[rest.index("nvml")] = "sim"
+    subject.argv = [sys.executable, "-m", "gpuwatchd", *rest, "--gpus", str(gpus)]
+    subject.threads_file = None
+    return subject
+
+
+def sleeper_subject() -> Subject:
+    """A bare Python process that only sleeps: the floor every figure is read against."""
+    argv = [sys.executable, "-c", "import time\nwhile True: time.sleep(3600)"]
+    return Subject("bare sleeper", argv, {}, 0)
 
 
 def nvitop_subject(interval: float) -> Subject:
@@ -342,6 +366,83 @@ def scrape_phase(subject: Subject, seconds: float, saturation_s: float) -> dict[
     }
 
 
+def windows_from_start(subject: Subject, t_start: float, seconds: float) -> None:
+    """Scrape once a second from the first answer (a sleeper: from start), reading the
+    process's CPU ticks at every scrape: per-second windows, start-up and steady state."""
+    pid, tck = subject.pid, CLK_TCK
+    first = t_start
+    if subject.port:
+        while True:
+            try:
+                urllib.request.urlopen(subject.url, timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() - t_start > 60:
+                    raise RuntimeError(f"{subject.name}: /metrics never answered") from None
+                time.sleep(0.02)
+        first = time.monotonic()
+    ticks_first = process_ticks(pid)
+    windows: list[tuple[float, float]] = []  # (seconds after start, CPU s in the window)
+    prev, n, at_startup, rss_after_3 = ticks_first, 0, None, None
+    while True:
+        n += 1
+        target = first + n
+        if target - t_start > STARTUP_S + seconds:
+            break
+        if at_startup is None and target - t_start > STARTUP_S:
+            time.sleep(max(0.0, t_start + STARTUP_S - time.monotonic()))
+            at_startup = (process_ticks(pid), time.monotonic(), task_stats(pid))
+        time.sleep(max(0.0, target - time.monotonic()))
+        if subject.port:
+            urllib.request.urlopen(subject.url, timeout=5).read()
+        ticks = process_ticks(pid)
+        windows.append((round(time.monotonic() - t_start, 2), (ticks - prev) / tck))
+        prev = ticks
+        if n == 3:
+            rss_after_3 = memory_kib(pid).get("VmRSS", 0)
+    end_ticks, end_t, end_tasks = process_ticks(pid), time.monotonic(), task_stats(pid)
+    assert at_startup is not None
+    ticks_15, t_15, tasks_15 = at_startup
+    ns = sum(c - tasks_15.get(tid, (0, 0, 0))[0] for tid, (c, _, _) in end_tasks.items())
+    subject.result.update(
+        first_answer_s=first - t_start,
+        cpu_before_first_answer_s=ticks_first / tck,
+        startup_cpu_s=(ticks_15 - ticks_first) / tck,
+        steady_seconds=end_t - t_15,
+        steady_cpu_pct_ticks=100 * (end_ticks - ticks_15) / tck / (end_t - t_15),
+        steady_cpu_pct=100 * ns / 1e9 / (end_t - t_15),
+        rss_after_3_scrapes_mib=(rss_after_3 or 0) / 1024,
+        memory_kib=memory_kib(pid),
+        windows=windows,
+    )
+
+
+def startup_phase(subjects: list[Subject], seconds: float, out: Path) -> None:
+    """Start every subject at once and follow each on its own thread from its start."""
+    import threading
+
+    errors: list[str] = []
+
+    def follow(s: Subject, t_start: float) -> None:
+        try:
+            windows_from_start(s, t_start, seconds)
+        except (OSError, RuntimeError) as exc:
+            errors.append(f"{s.name}: {exc}")
+
+    threads = []
+    for s in subjects:
+        s.log = open(out / f"{s.name.replace(' ', '_')}.log", "wb")  # noqa: SIM115
+        s.proc = subprocess.Popen(
+            s.argv, env={**os.environ, **s.env}, stdout=s.log, stderr=subprocess.STDOUT, cwd=ROOT
+        )
+        threads.append(threading.Thread(target=follow, args=(s, time.monotonic())))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError("; ".join(errors))
+
+
 # -- the plan -----------------------------------------------------------------------------
 
 
@@ -355,6 +456,9 @@ def trees(args: argparse.Namespace) -> list[tuple[str, str]]:
 def run_phase(name: str, subjects: list[Subject], args: argparse.Namespace, out: Path) -> None:
     print(f"## phase {name}: {', '.join(s.name for s in subjects)}", flush=True)
     try:
+        if name == "startup":
+            startup_phase(subjects, args.seconds, out)
+            return
         start(subjects, out)
         rate = args.profile_rate if args.profile and name != "scrape" else 0
         if name == "scrape":
@@ -366,7 +470,30 @@ def run_phase(name: str, subjects: list[Subject], args: argparse.Namespace, out:
         stop(subjects)
 
 
+def print_startup(subjects: list[Subject]) -> None:
+    sleeper = next((s.result for s in subjects if not s.port), None)
+    print(
+        f"\n| subject (scraped 1/s) | first answer s | CPU s from it to {STARTUP_S:g} s "
+        "| steady % of a core (ticks) | above the sleeper | RSS MiB after 3 scrapes |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for s in subjects:
+        r = s.result
+        if "steady_cpu_pct" not in r:
+            continue
+        above = r["steady_cpu_pct"] - sleeper["steady_cpu_pct"] if sleeper else float("nan")
+        print(f"| {s.name} | {r['first_answer_s']:.2f} | {r['startup_cpu_s']:.2f} | "
+              f"{r['steady_cpu_pct']:.3f} ({r['steady_cpu_pct_ticks']:.2f}) | {above:+.3f} | "
+              f"{r['rss_after_3_scrapes_mib']:.1f} |")  # fmt: skip
+    for s in subjects:
+        w = s.result.get("windows", [])[:STARTUP_S_WINDOWS]
+        print(f"{s.name}: first windows (s after start: CPU s) "
+              + " ".join(f"{t:.0f}:{c:.2f}" for t, c in w))  # fmt: skip
+
+
 def print_tables(phases: dict[str, list[Subject]]) -> None:
+    if "startup" in phases:
+        print_startup(phases["startup"])
     print("\n| phase | subject | CPU % of a core | (ticks) | wake-ups/s | RSS MiB | threads |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for phase, subjects in phases.items():
@@ -467,6 +594,14 @@ def main() -> int:
                     f"{tree_name} fake{args.fake_gpus} scraped", tree, scratch, 0.1, args.fake_gpus
                 )
             )
+    if "startup" in wanted:
+        for tree_name, tree in trees(args):
+            for gpus, interval in ((1, 1.0), (1, 0.1), (8, 0.1)):
+                name = f"{tree_name} sim{gpus} {1 / interval:g}Hz"
+                plan.setdefault("startup", []).append(
+                    sim_subject(name, tree, scratch, interval, gpus)
+                )
+        plan["startup"].append(sleeper_subject())
     if args.nvitop and "1hz" in plan:
         plan["1hz"].append(nvitop_subject(1.0))
     for phase, subjects in plan.items():
