@@ -126,11 +126,9 @@ def gpuwatchd_subject(
 def sim_subject(name: str, tree: str, scratch: Path, interval: float, gpus: int) -> Subject:
     """``gpuwatchd run --backend sim --gpus N`` from ``tree``: tuning and drift off."""
     subject = gpuwatchd_subject(name, tree, scratch, interval, 0)
-    split = subject.argv.index("--")
-    rest = subject.argv[split + 1 :]
-    rest[rest.index("nvml")] = "sim"
-    subject.argv = [sys.executable, "-m", "gpuwatchd", *rest, "--gpus", str(gpus)]
-    subject.threads_file = None
+    # through daemon_under_test.py, whose path holds no gpuwatchd: PYTHONPATH picks the tree
+    subject.argv[subject.argv.index("nvml")] = "sim"
+    subject.argv += ["--gpus", str(gpus)]
     return subject
 
 

@@ -9,6 +9,7 @@ process replaces every GPU snapshot at --poll-hz, as the daemon's poller does.
     python bench/scrape_latency.py                 # 1, 8 and 64 GPUs, 10 clients, 5 s each
     python bench/scrape_latency.py --gpus 8 --interval-ms 10 --client-procs
     python bench/scrape_latency.py --gpus 8 --path /healthz   # the HTTP stack's own floor
+    python bench/scrape_latency.py --gpus 1,8 --render-only   # CPU per render, no HTTP
 
 Target: p99 under 5 ms with 8 GPUs. Measured on a 16-CPU H200 host (gVisor, Python
 3.12), board updated at 10 Hz, 8 GPUs, 10 clients: back to back (~3500 scrapes/s)
@@ -33,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure this tree's code
 
 from gpuwatchd.exporter import DaemonInfo, HttpServer, build_registry
-from gpuwatchd.exporter.render import DEFAULT_MAX_AGE_S
+from gpuwatchd.exporter.render import DEFAULT_MAX_AGE_S, MetricsRenderer
 from gpuwatchd.gate import GateDecision, GateState
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
@@ -215,6 +216,33 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank]
 
 
+def render_cost(n_gpus: int, renders: int) -> None:
+    """CPU per /metrics render in this process (no HTTP), the renderer as the daemon
+    builds it: the board unchanged, one GPU's sample changed, every GPU's changed."""
+    board = make_board(n_gpus)
+    renderer = MetricsRenderer(build_registry(board, DaemonInfo.current("bench")), board.all)
+    tick = [0]
+
+    def change(gpus: int) -> None:
+        tick[0] += 1
+        for snap in board.all()[:gpus]:
+            sample = snap.sample
+            assert sample is not None
+            fresh = replace(sample, t=sample.t + tick[0], temp_c=60.0 + tick[0] % 7)
+            board.put(replace(snap, sample=fresh))
+
+    for label, gpus in (("unchanged", 0), ("one GPU changed", 1), ("every GPU changed", n_gpus)):
+        for _ in range(20):  # warm: label texts remembered, encoders built
+            change(gpus)
+            renderer.render("", "")
+        start = time.process_time()
+        for _ in range(renders):
+            change(gpus)
+            renderer.render("", "")
+        per = (time.process_time() - start) / renders
+        print(f"{n_gpus:>4} GPUs  {label:>18}: {per * 1e6:7.1f} us CPU per render")
+
+
 def run(n_gpus: int, args: argparse.Namespace) -> float:
     """Print one result line; return p99 in ms."""
     clients, seconds = args.clients, args.seconds
@@ -280,6 +308,12 @@ def main() -> int:
     parser.add_argument(
         "--max-age", type=float, default=DEFAULT_MAX_AGE_S, help="metrics_max_age_s (0: no reuse)"
     )
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="CPU per render in this process (board unchanged, one GPU or all changed)",
+    )
+    parser.add_argument("--renders", type=int, default=2000, help="renders per --render-only case")
     args = parser.parse_args()
     try:
         counts = [int(x) for x in args.gpus.split(",")]
@@ -289,6 +323,12 @@ def main() -> int:
         parser.error("--gpus must be >= 0, --clients >= 1 and --seconds > 0")
     if args.poll_hz < 0 or args.max_age < 0 or args.interval_ms < 0:
         parser.error("--poll-hz, --max-age and --interval-ms must be >= 0")
+    if args.render_only:
+        if args.renders < 1:
+            parser.error("--renders must be >= 1")
+        for n in counts:
+            render_cost(n, args.renders)
+        return 0
     pacing = f"every {args.interval_ms:g} ms" if args.interval_ms else "back to back"
     print(
         f"GET {args.path} {pacing}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
