@@ -10,7 +10,6 @@ numbers out.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 
@@ -106,6 +105,10 @@ def group_clocks(rows: Iterable[HostClock]) -> dict[ClockGroup, GroupClocks]:
     by_group: dict[ClockGroup, list[HostClock]] = {}
     for row in rows:
         by_group.setdefault(ClockGroup.of(row.gpu_model, row.power_limit_w), []).append(row)
+    if not by_group:
+        return {}
+    import statistics  # loaded once a fleet shows clocks (a lone host never pays its memory)
+
     return {
         group: GroupClocks(
             group,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -66,7 +65,17 @@ def sustained_clock_hz(results: Iterable[StoredResult]) -> float | None:
         pick = pick_winner(stored.result)
         if pick is not None and pick.sm_clock_hz is not None and pick.sm_clock_hz > 0:
             clocks.append(pick.sm_clock_hz)
-    return statistics.median(clocks) if clocks else None
+    return median_or_none(clocks)
+
+
+def median_or_none(values: Sequence[float]) -> float | None:
+    """The median, or None for no values; ``statistics`` is loaded only once there is a
+    reference to read (a monitoring-only daemon never pays its memory)."""
+    if not values:
+        return None
+    import statistics
+
+    return statistics.median(values)
 
 
 def _same_limits(a: SessionRow, b: SessionRow) -> bool:
@@ -163,7 +172,7 @@ def served_reference(
             and r.sm_clock_hz is not None
             and r.sm_clock_hz > 0
         ]
-        clock = statistics.median(clocks) if clocks else None
+        clock = median_or_none(clocks)
     return Reference(
         uuid=info.uuid,
         sustained_clock_hz=clock,

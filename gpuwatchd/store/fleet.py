@@ -7,7 +7,6 @@ correctly: a host's own winners are the fleet's and claims never contend.
 from __future__ import annotations
 
 import os
-import statistics
 from typing import Any
 
 from gpuwatchd.store import claims as claim_sql
@@ -258,6 +257,10 @@ def _medians(clocks: list[HostClock]) -> list[ClockMedian]:
         groups.setdefault((c.gpu_model, whole_watts(c.power_limit_w)), []).append(
             c.sustained_clock_hz
         )
+    if not groups:
+        return []
+    import statistics  # loaded once a fleet shows clocks (a lone host never pays its memory)
+
     # ordered as PostgreSQL orders them: by model, then watts, an unknown limit last
     ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] is None, kv[0][1] or 0))
     return [

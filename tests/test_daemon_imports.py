@@ -1,0 +1,67 @@
+"""What a monitoring daemon imports: nothing that only tuning, a fleet, TLS users or the
+CLI's display need (each import is memory every host pays)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from builders import free_port, wait_until
+from daemon_helpers import http_get, wait_http
+
+#: Loaded only when used: ``statistics`` (a reference or a fleet to take a median of), a
+#: web config's YAML and password hashes, the CLI's tables, and torch (the worker's).
+NOT_IMPORTED = ("statistics", "yaml", "bcrypt", "rich", "torch")
+
+#: Runs ``gpuwatchd run`` and writes the process's module names to a file on SIGUSR1.
+WRAPPER = """
+import json, os, signal, sys
+out = sys.argv[1]
+def dump(_signum, _frame):
+    with open(out + ".tmp", "w") as f:
+        json.dump(sorted(sys.modules), f)
+    os.replace(out + ".tmp", out)
+signal.signal(signal.SIGUSR1, dump)
+from gpuwatchd.cli.main import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_scraped_monitoring_daemon_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("[tuning]\nenabled = false\n\n[drift]\nenabled = false\n")
+    port = free_port()
+    modules = tmp_path / "modules.json"
+    argv = [
+        sys.executable, "-c", WRAPPER, str(modules),
+        "run", "--config", str(config), "--backend", "sim", "--gpus", "1",
+        "--poll-interval", "0.2", "--listen", f"127.0.0.1:{port}", "--log-level", "warning",
+        "--state-dir", str(tmp_path), "--control-socket", str(tmp_path / "c.sock"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        wait_http(url)
+        for _ in range(3):
+            http_get(url)
+        # the fleet sync's first run (3 s after start) is part of what a daemon does
+        wait_until(
+            lambda: "\ngpuwatchd_fleet_sync_success " in http_get(url) or proc.poll() is not None,
+            20,
+            "the first fleet sync",
+        )
+        os.kill(proc.pid, signal.SIGUSR1)
+        wait_until(modules.exists, 10, "the module list")
+        loaded = set(json.loads(modules.read_text()))
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    assert "gpuwatchd.daemon.process" in loaded, out
+    heavy = sorted(m for m in loaded if m.split(".")[0] in NOT_IMPORTED)
+    assert heavy == [], heavy
