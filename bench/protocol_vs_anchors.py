@@ -25,6 +25,7 @@ time the protocol held the GPU, the time the GPU ran kernels, and the energy dra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -87,8 +88,31 @@ def anchor_runner(pick: Callable[[NoisySession, list[BenchKernel]], str]) -> Run
 QUEUED = ("gpuwatchd.queued",)
 
 
+#: ``--variant NAME:KEY=VALUE,...``: today's defaults with some knobs changed, run as
+#: protocol ``gpuwatchd.NAME`` beside the others (set in :func:`main`, read by workers).
+VARIANTS: dict[str, ProtocolConfig] = {}
+
+
+def parse_variant(text: str) -> tuple[str, ProtocolConfig]:
+    """``NAME:KEY=VALUE,...`` -> (name, ProtocolConfig); each value parsed as its default's
+    type. ValueError names what is wrong."""
+    name, sep, knobs = text.partition(":")
+    if not sep or not name or not knobs:
+        raise ValueError(f"{text!r}: expected NAME:KEY=VALUE[,KEY=VALUE...]")
+    defaults = ProtocolConfig()
+    changes: dict[str, Any] = {}
+    for item in knobs.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or not hasattr(defaults, key):
+            raise ValueError(f"{item!r}: expected KEY=VALUE with a ProtocolConfig field")
+        kind = type(getattr(defaults, key))
+        changes[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return name, dataclasses.replace(defaults, **changes)
+
+
 def protocols() -> dict[str, Runner]:
     return {
+        **{f"gpuwatchd.{n}": gpuwatchd_runner(c) for n, c in VARIANTS.items()},
         "gpuwatchd": gpuwatchd_runner(ProtocolConfig()),
         "gpuwatchd.queued": gpuwatchd_runner(ProtocolConfig()),
         "gpuwatchd.round1": gpuwatchd_runner(ROUND_1),
@@ -211,7 +235,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--protocols", nargs="*", help="a subset of the protocols, by name")
     ap.add_argument("--out", type=Path, help="write the summary and every row as JSON here")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE,...",
+        help="also today's protocol with these ProtocolConfig knobs, as gpuwatchd.NAME",
+    )
     args = ap.parse_args(argv)
+    for text in args.variant:
+        try:
+            name, cfg = parse_variant(text)
+        except (ValueError, TypeError) as exc:
+            ap.error(f"--variant {exc}")
+        VARIANTS[name] = cfg
     names = list(args.protocols or protocols())
     unknown = sorted(set(names) - set(protocols()))
     if unknown:
