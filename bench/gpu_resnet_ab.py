@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from gpu_daemon_user_kernels import control  # noqa: E402  # the control socket, one request
+
 PORT = 9878
 VARIANTS = ("nchw-fp16", "cl-fp16", "nchw-fp32", "cl-fp32")
 BATCH = 32
@@ -402,21 +403,6 @@ def ab_main(args: argparse.Namespace) -> None:
 def http_json(path: str) -> Any:
     with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{path}", timeout=5) as r:
         return json.loads(r.read().decode())
-
-
-def control(sock: Path, doc: dict[str, Any]) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(5)
-        s.connect(str(sock))
-        s.sendall(json.dumps(doc).encode() + b"\n")
-        buf = b""
-        while b"\n" not in buf:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    answer: dict[str, Any] = json.loads(buf.split(b"\n")[0])
-    return answer
 
 
 def wait_tuned(sock: Path, timeout_s: float) -> float:
