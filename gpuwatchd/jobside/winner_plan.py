@@ -30,15 +30,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwatchd.client import RankedCandidate, Winner
+from gpuwatchd.tuning.captured import CONV_LAYOUTS as _LAYOUTS
 from gpuwatchd.tuning.captured import CapturedCall, workload_for
+from gpuwatchd.tuning.families.torch_conv import DEFAULT_PICK
 from gpuwatchd.tuning.winners import JOB_DEFAULT, VS_DEFAULT
 
 MEMORY_FORMATS = ("keep", "winner")
 #: The library torch prefers in a process that never chose one.
 DEFAULT_BLAS = "cublas"
-#: The pick a job's convs get without gpuwatchd (``cudnn.benchmark=False``).
-DEFAULT_PICK = "heuristic"
-_LAYOUTS = ("contiguous", "channels_last")
 _CUDNN_NAME = re.compile(
     r"^cudnn\[(?P<pick>heuristic|benchmark),"
     r"(?:(?P<fmt>contiguous|channels_last)|x:(?P<x>contiguous|channels_last)"

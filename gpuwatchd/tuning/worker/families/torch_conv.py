@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuwatchd.tuning.families import specs_for
+from gpuwatchd.tuning.families.torch_conv import DEFAULT_PICK, MEMORY_FORMATS, PICKS
 from gpuwatchd.tuning.ops import ConvShape, conv_shape
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.winners import JOB_DEFAULT
@@ -78,10 +79,6 @@ if TYPE_CHECKING:
 
 (SPEC,) = specs_for(__name__)
 FAMILY = SPEC.name
-PICKS = ("heuristic", "benchmark")
-MEMORY_FORMATS = ("contiguous", "channels_last")
-#: The pick a job gets without gpuwatchd (torch's default ``cudnn.benchmark=False``).
-DEFAULT_PICK = "heuristic"
 _ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 #: Images of the batch checked against a float64 CPU reference (convs are per image).
 _CHECK_IMAGES = 2
