@@ -144,6 +144,14 @@ class Arm:
     def call(self, fn: Any, *args: Any) -> Any:
         return self.pool.submit(fn, *args).result()
 
+    def first_steps(self, benchmark: bool) -> None:
+        """The arm's first training steps, where cuDNN picks (and caches) its plans."""
+        import torch
+
+        self.call(_flag, benchmark)
+        self.call(lambda: [step(self.model, self.x) for _ in range(3)])
+        torch.cuda.synchronize()
+
     def capture_step(self) -> str:
         """A CUDA graph of one training step, captured on this arm's thread after its
         first steps (its cuDNN plans cached): replays time the GPU work alone."""
@@ -316,23 +324,14 @@ def ab_main(args: argparse.Namespace) -> None:
     # first steps: default(s) and gpuwatchd as they are, bench_cool on an idle GPU,
     # bench_loaded beside a neighbour's GEMM loop
     for name in ("gpuwatchd", "default", "default_again"):
-        arm = arms[name]
-        arm.call(_flag, False)
-        arm.call(lambda a=arm: [step(a.model, a.x) for _ in range(3)])
-        torch.cuda.synchronize()
+        arms[name].first_steps(benchmark=False)
     time.sleep(8)
     doc["bench_cool_start"] = _nvml_state()
-    cool = arms["bench_cool"]
-    cool.call(_flag, True)
-    cool.call(lambda: [step(cool.model, cool.x) for _ in range(3)])
-    torch.cuda.synchronize()
+    arms["bench_cool"].first_steps(benchmark=True)
     neighbour = _neighbour()
     time.sleep(4)
     doc["bench_loaded_start"] = _nvml_state()
-    loaded = arms["bench_loaded"]
-    loaded.call(_flag, True)
-    loaded.call(lambda: [step(loaded.model, loaded.x) for _ in range(3)])
-    torch.cuda.synchronize()
+    arms["bench_loaded"].first_steps(benchmark=True)
     neighbour.send_signal(signal.SIGTERM)
     neighbour.wait(30)
     _flag(False)
