@@ -24,13 +24,16 @@ Route = Callable[[BaseHTTPRequestHandler], tuple[int, Any]]
 
 
 class JsonServer:
-    """Serves ``routes`` by path (404 for the rest) on 127.0.0.1; https with ``tls``.
+    """Serves ``routes`` by path (404 for the rest) on 127.0.0.1 (``port``, else a free
+    one); https with ``tls``.
 
     A route is looked up by the request's path without its query (see :meth:`route`);
     ``requests`` records each request's full path, ``headers`` its headers.
     """
 
-    def __init__(self, routes: dict[str, Route], tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self, routes: dict[str, Route], tls: ssl.SSLContext | None = None, port: int = 0
+    ) -> None:
         self.routes = routes
         self.headers: list[dict[str, str]] = []
         self.requests: list[str] = []
@@ -54,7 +57,7 @@ class JsonServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         scheme = "https" if tls is not None else "http"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from json_server import JsonServer, make_scratch_ca
 
 from gpuwatchd.api.state import build_state_json
 from gpuwatchd.cli.common import EXIT_CONFIG, EXIT_RUNTIME, CliError
+from gpuwatchd.cli.main import main
 from gpuwatchd.cli.status import PASSWORD_ENV, fetch_state, format_status
 from gpuwatchd.exporter import DaemonInfo
 from gpuwatchd.gate import GateState
@@ -133,6 +135,37 @@ def test_fetch_errors_name_the_flag_or_the_url(
     down = _cli_error(base_url=url, timeout=0.5)
     assert str(down).startswith(f"cannot reach gpuwatchd at {url}/api/v1/state: ")
     assert str(down).endswith(" (is the daemon running?)")
+
+
+def test_wait_keeps_trying_until_a_starting_daemon_serves() -> None:
+    doc = state_doc()
+    url = closed_url()
+    port = int(url.rsplit(":", 1)[1])
+    servers: list[JsonServer] = []
+    later = threading.Timer(
+        0.5, lambda: servers.append(JsonServer({"/api/v1/state": lambda h: (200, doc)}, port=port))
+    )
+    later.start()
+    try:
+        got = fetch_state(url, timeout=1, wait=30)
+    finally:
+        later.join()
+        for srv in servers:
+            srv.__exit__()
+    assert got == doc
+    gave_up = _cli_error(base_url=closed_url(), timeout=0.5, wait=0.5)
+    assert " after 0.5 s: " in str(gave_up) and str(gave_up).endswith("(is the daemon running?)")
+
+
+@pytest.mark.parametrize("wait", ["-1", "nan", "601"])
+def test_wait_out_of_range_is_refused_before_any_request(
+    wait: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["status", "--url", closed_url(), "--wait", wait])
+    assert (code, capsys.readouterr().err) == (
+        EXIT_CONFIG,
+        f"gpuwatchd: --wait {float(wait)}: must be 0 to 600 seconds\n",
+    )
 
 
 def test_fetch_rejects_a_document_that_is_not_the_state() -> None:

@@ -30,6 +30,10 @@ PASSWORD_ENV = "GPUWATCHD_PASSWORD"
 #: How often ``--watch`` refetches the state, and the least it may be asked to.
 DEFAULT_INTERVAL_S = 2.0
 MIN_INTERVAL_S = 0.1
+#: The longest ``--wait``; a daemon that does not serve within it is not starting.
+MAX_WAIT_S = 600.0
+#: Between tries while ``--wait`` runs: a started daemon serves within a second or two.
+WAIT_RETRY_S = 0.2
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -46,6 +50,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         (
             "gpuwatchd status",
             "gpuwatchd status --watch --interval 2",
+            "gpuwatchd run --backend sim & gpuwatchd status --wait 30",
             "gpuwatchd status --url https://gpu-host:9844 --cacert ca.pem --user admin",
             "gpuwatchd status --json | jq '.gpus[0].gate'",
         ),
@@ -64,6 +69,13 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout", type=float, default=3.0, metavar="S", help="seconds to wait for the daemon"
     )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="keep trying up to S seconds while nothing listens yet (a daemon just started)",
+    )
     p.add_argument("--cacert", metavar="FILE", help="CA certificate of an https daemon")
     p.add_argument("--user", help="basic-auth user (password in $GPUWATCHD_PASSWORD)")
     p.set_defaults(func=run)
@@ -75,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--interval {args.interval}: must be >= {MIN_INTERVAL_S:g}", EXIT_CONFIG)
     if args.watch and args.json:
         raise CliError("--watch and --json: choose one", EXIT_CONFIG)
+    if not (0 <= args.wait <= MAX_WAIT_S):  # NaN fails too
+        raise CliError(f"--wait {args.wait}: must be 0 to {MAX_WAIT_S:g} seconds", EXIT_CONFIG)
     url = args.url
     if url is None:
         from gpuwatchd.config import ConfigError
@@ -93,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
             lambda: fetch_state(url, timeout=args.timeout, cacert=args.cacert, user=args.user),
             args.interval,
         )
-    state = fetch_state(url, timeout=args.timeout, cacert=args.cacert, user=args.user)
+    state = fetch_state(
+        url, timeout=args.timeout, cacert=args.cacert, user=args.user, wait=args.wait
+    )
     if args.json:
         print(json.dumps(state, indent=2, sort_keys=True))
     else:
@@ -119,12 +135,17 @@ def fetch_state(
     *,
     cacert: str | None = None,
     user: str | None = None,
+    wait: float = 0.0,
 ) -> dict[str, Any]:
     """GET the state document; one-line CliError when the daemon can't be reached.
 
     For a daemon behind a web config: an https URL, ``cacert`` (the CA that signed its
-    certificate) and ``user`` for basic auth (password from $GPUWATCHD_PASSWORD).
+    certificate) and ``user`` for basic auth (password from $GPUWATCHD_PASSWORD). With
+    ``wait`` > 0, an unreachable daemon is tried again until ``wait`` seconds have passed
+    (scripts that start one and read it; any other error fails at once).
     """
+    import time
+
     from gpuwatchd.api.errors import GpuwatchdError
     from gpuwatchd.api.fetch import CaFileError, FetchError, UnreachableError, get_json, is_base_url
     from gpuwatchd.api.state import STATE_PATH, parse_state
@@ -140,14 +161,22 @@ def fetch_state(
         if password is None:
             raise CliError(f"--user {user}: set the password in ${PASSWORD_ENV}")
         auth = (user, password)
+    deadline = time.monotonic() + wait
     try:
-        doc: dict[str, Any] = get_json(url, timeout=timeout, cafile=cacert, auth=auth)
+        while True:
+            try:
+                doc: dict[str, Any] = get_json(url, timeout=timeout, cafile=cacert, auth=auth)
+                break
+            except UnreachableError as exc:
+                if time.monotonic() + WAIT_RETRY_S > deadline:
+                    waited = f" after {wait:g} s" if wait > 0 else ""
+                    raise CliError(
+                        f"cannot reach gpuwatchd at {url}{waited}: {exc.detail}"
+                        " (is the daemon running?)"
+                    ) from None
+                time.sleep(WAIT_RETRY_S)
     except CaFileError as exc:
         raise CliError(f"--cacert {exc}") from None
-    except UnreachableError as exc:
-        raise CliError(
-            f"cannot reach gpuwatchd at {url}: {exc.detail} (is the daemon running?)"
-        ) from None
     except FetchError as exc:
         raise CliError(str(exc)) from None
     try:
