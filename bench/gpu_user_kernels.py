@@ -117,7 +117,7 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
     from gpuwatchd.sessions.runner import TuneRunner
     from gpuwatchd.store import Store
     from gpuwatchd.telemetry.nvml import NvmlBackend
-    from gpuwatchd.tuning.jobspec import JobSpec
+    from gpuwatchd.tuning.session_spec import SessionSpec
     from gpuwatchd.tuning.settings import ProtocolConfig
     from gpuwatchd.tuning.spool import read_spool, remove_entry
     from gpuwatchd.tuning.types import Regime
@@ -131,7 +131,7 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
     protocol = ProtocolConfig(
         time_budget_s=budget_s, min_rounds=3, warmup_s=0.1, settle_timeout_s=3.0
     )
-    job = JobSpec(
+    spec = SessionSpec(
         gpu_index=0,
         gpu_uuid=info.uuid,
         device="cuda",
@@ -147,7 +147,7 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
     with Store(db) as store:
         runner = TuneRunner(store, env=env)
         outcome = runner.run_session(
-            job, info, "nvml", should_preempt=lambda: None, timeout_s=600, sample=sample
+            spec, info, "nvml", should_preempt=lambda: None, timeout_s=600, sample=sample
         )
     for e in scan.entries:
         remove_entry(e)

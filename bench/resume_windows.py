@@ -55,7 +55,7 @@ from gpuwatchd.sessions.runner import TuneRunner  # noqa: E402
 from gpuwatchd.store import Store  # noqa: E402
 from gpuwatchd.telemetry.sim import SimBackend  # noqa: E402
 from gpuwatchd.telemetry.types import DeviceInfo  # noqa: E402
-from gpuwatchd.tuning.jobspec import JobSpec, SimSpec  # noqa: E402
+from gpuwatchd.tuning.session_spec import SessionSpec, SimSpec  # noqa: E402
 from gpuwatchd.tuning.settings import DEFAULT_RESUME_MAX_AGE_S, ProtocolConfig  # noqa: E402
 from gpuwatchd.tuning.types import Regime, SessionStatus, Workload  # noqa: E402
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS, device_kind  # noqa: E402
@@ -141,12 +141,12 @@ class Run:
     windows: list[Window] = field(default_factory=list)
 
 
-def plan_job(
+def plan_spec(
     info: DeviceInfo, workloads: tuple[Workload, ...], start_t: float, speed: float
-) -> JobSpec:
+) -> SessionSpec:
     """The job the daemon's planner builds for these workloads (``sessions.plan``)."""
     protocol = ProtocolConfig()
-    return JobSpec(
+    return SessionSpec(
         gpu_index=info.index,
         gpu_uuid=info.uuid,
         device="sim",
@@ -192,9 +192,9 @@ def run_window(
     def gate() -> str | None:
         return "window closed: a job took the GPU" if clock.now() >= closes else None
 
-    job = plan_job(info, workloads, opens, clock.speed)
+    spec = plan_spec(info, workloads, opens, clock.speed)
     timeout = (length if math.isfinite(length) else 3600.0) / clock.speed + 60.0
-    out = runner.run_session(job, info, "sim", gate, progress, timeout)
+    out = runner.run_session(spec, info, "sim", gate, progress, timeout)
     if out.status is SessionStatus.FAILED:
         raise RuntimeError(f"session {out.session_id} failed: {out.why}")
     ended = clock.now()

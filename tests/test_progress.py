@@ -222,7 +222,7 @@ def test_record_prints_while_it_records() -> None:
 
 
 def test_worker_reports_candidates_round_and_budget() -> None:
-    from gpuwatchd.tuning.jobspec import Progress, decode_message, encode_message
+    from gpuwatchd.tuning.session_spec import Progress, decode_message, encode_message
     from gpuwatchd.tuning.types import BatchRecord, Regime, Workload
     from gpuwatchd.tuning.worker.main import ProgressReporter
 

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 from store_backends import KINDS, make_backend
 
-from gpuwatchd.sessions.resume import remaining_job
+from gpuwatchd.sessions.resume import remaining_spec
 from gpuwatchd.sessions.runner import SessionOutcome, TuneRunner
 from gpuwatchd.store import SqlStore, Store, StoreError
 from gpuwatchd.telemetry.sim import SimBackend
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.jobspec import JobSpec, JobSpecError, SimSpec
+from gpuwatchd.tuning.session_spec import SessionSpec, SessionSpecError, SimSpec
 from gpuwatchd.tuning.settings import DEFAULT_RESUME_MAX_AGE_S, ProtocolConfig
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
@@ -42,7 +42,7 @@ INFO = DeviceInfo(
 )
 W1 = Workload("w1", "matmul", {"m": 64, "n": 64, "k": 64}, "fp32", ("fam",))
 W2 = Workload("w2", "matmul", {"m": 32, "n": 32, "k": 32}, "fp32", ("fam",))
-JOB = JobSpec(0, INFO.uuid, "cpu", (W1, W2), BOTH, time_budget_s=400.0)
+SPEC = SessionSpec(0, INFO.uuid, "cpu", (W1, W2), BOTH, time_budget_s=400.0)
 ALL_PAIRS = [("w1", U), ("w1", S), ("w2", U), ("w2", S)]
 
 #: Logs the pairs it is asked for, sends a result for each (its own PID in every
@@ -97,7 +97,7 @@ class Fake:
 
     def run(
         self,
-        job: JobSpec = JOB,
+        spec: SessionSpec = SPEC,
         info: DeviceInfo = INFO,
         *,
         hang_after: int = -1,
@@ -121,7 +121,7 @@ class Fake:
         def preempt() -> str | None:
             return "a job wants the GPU" if self.hung.exists() else None
 
-        return runner.run_session(job, info, "sim", preempt, None, 20, fresh_after=fresh_after)
+        return runner.run_session(spec, info, "sim", preempt, None, 20, fresh_after=fresh_after)
 
     def preempted_after(self, n: int, **kw: Any) -> SessionOutcome:
         out = self.run(hang_after=n, **kw)
@@ -252,7 +252,7 @@ def test_progress_counts_the_reused_pairs(fake: Fake, tmp_path: Path) -> None:
     )
     env = {**os.environ, "JOB_LOG": str(fake.log), "HANG_AFTER": "-1", "FAKE_TORCH": "fake-1.0"}
     runner = TuneRunner(fake.store, env=env, worker_cmd=[sys.executable, "-c", body])
-    out = runner.run_session(JOB, INFO, "sim", lambda: None, progress.append, 20)
+    out = runner.run_session(SPEC, INFO, "sim", lambda: None, progress.append, 20)
     assert out.status is SessionStatus.COMPLETED
     assert [(p["done"], p["total"]) for p in progress] == [(3, 4)]
 
@@ -278,8 +278,8 @@ def test_results_that_no_longer_hold_are_measured_again(
 ) -> None:
     fake.preempted_after(3)
     info = change.pop("info", INFO)
-    job = replace(JOB, gpu_uuid=info.uuid)
-    out = fake.run(job, info, **change)
+    spec = replace(SPEC, gpu_uuid=info.uuid)
+    out = fake.run(spec, info, **change)
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
     assert [a["pairs"] for a in fake.asked()] == [ALL_PAIRS, ALL_PAIRS]
     assert out.reused_from == {}
@@ -361,7 +361,7 @@ def test_what_was_preempted_after_the_last_completed_session_is_reused(either: F
 def test_a_workload_redefined_under_its_name_is_measured_again(either: Fake) -> None:
     either.preempted_after(3)  # w1 in both regimes, w2 unthrottled, all at 64^3 / 32^3
     w1_big = Workload("w1", "matmul", {"m": 8192, "n": 8192, "k": 8192}, "fp16", ("fam",))
-    out = either.run(replace(JOB, workloads=(w1_big, W2)))
+    out = either.run(replace(SPEC, workloads=(w1_big, W2)))
     assert list(out.reused_from) == [("w2", U)]  # w2 is what it was
     assert either.asked()[-1]["pairs"] == [("w1", U), ("w1", S), ("w2", S)]
 
@@ -369,9 +369,9 @@ def test_a_workload_redefined_under_its_name_is_measured_again(either: Fake) -> 
 def test_a_workload_stored_as_json_is_still_the_same_workload(either: Fake) -> None:
     """Tuples in a shape come back from the store as lists: the same definition."""
     conv = Workload("w1", "conv2d", {"input": (8, 64, 56, 56), "stride": (1, 1)}, "fp16", ("f",))
-    job = replace(JOB, workloads=(conv, W2))
-    either.run(job, hang_after=2)
-    out = either.run(job)
+    spec = replace(SPEC, workloads=(conv, W2))
+    either.run(spec, hang_after=2)
+    out = either.run(spec)
     assert set(out.reused_from) == {("w1", U), ("w1", S)}
 
 
@@ -404,7 +404,7 @@ def test_work_asked_for_afresh_reuses_only_what_was_measured_since(either: Fake)
 def test_bad_fresh_after_is_refused_in_one_line(store: Store, fresh: Any, needle: str) -> None:
     runner = TuneRunner(store)
     with pytest.raises(ValueError) as err:
-        runner.run_session(JOB, INFO, "sim", lambda: None, None, 20, fresh_after=fresh)
+        runner.run_session(SPEC, INFO, "sim", lambda: None, None, 20, fresh_after=fresh)
     assert needle in str(err.value) and "\n" not in str(err.value)
     assert store.sessions() == []  # refused before a session was started
 
@@ -418,34 +418,34 @@ def test_bad_resume_max_age_is_refused(store: Store) -> None:
 # -- the job left ----------------------------------------------------------------------------
 
 
-def test_remaining_job_drops_finished_workloads_and_regimes() -> None:
-    assert remaining_job(JOB, []) is JOB
-    assert remaining_job(JOB, ALL_PAIRS) is None
-    left = remaining_job(JOB, [("w1", U), ("w1", S), ("w2", U)])
+def test_remaining_spec_drops_finished_workloads_and_regimes() -> None:
+    assert remaining_spec(SPEC, []) is SPEC
+    assert remaining_spec(SPEC, ALL_PAIRS) is None
+    left = remaining_spec(SPEC, [("w1", U), ("w1", S), ("w2", U)])
     assert left is not None
     assert [w.name for w in left.workloads] == ["w2"]
     assert left.workload_regimes == {"w2": (S,)}
     assert left.pairs() == [("w2", S)] and left.time_budget_s == pytest.approx(100.0)
-    assert JobSpec.loads(left.dumps()) == left
-    again = remaining_job(left, [("w2", S)])
+    assert SessionSpec.loads(left.dumps()) == left
+    again = remaining_spec(left, [("w2", S)])
     assert again is None
 
 
 @pytest.mark.parametrize(
     ("by", "needle"),
     [
-        ({"w3": (S,)}, "job.workload_regimes: expected names of the job's workloads, got 'w3'"),
-        ({"w1": ()}, "job.workload_regimes.w1: expected a non-empty tuple of regimes"),
+        ({"w3": (S,)}, "spec.workload_regimes: expected names of the spec's workloads, got 'w3'"),
+        ({"w1": ()}, "spec.workload_regimes.w1: expected a non-empty tuple of regimes"),
         ({"w1": (S, U)}, "expected some of ['unthrottled', 'sustained'], each once, in that order"),
         ({"w1": (S, S)}, "each once, in that order"),
     ],
 )
 def test_bad_workload_regimes_name_the_field(by: dict[str, Any], needle: str) -> None:
-    with pytest.raises(JobSpecError) as err:
-        replace(JOB, workload_regimes=by)
+    with pytest.raises(SessionSpecError) as err:
+        replace(SPEC, workload_regimes=by)
     assert needle in str(err.value)
-    with pytest.raises(JobSpecError, match=r"job.workload_regimes.w1\[0\]: expected one of"):
-        JobSpec.loads(JOB.dumps()[:-1] + ',"workload_regimes":{"w1":["lukewarm"]}}')
+    with pytest.raises(SessionSpecError, match=r"spec.workload_regimes.w1\[0\]: expected one of"):
+        SessionSpec.loads(SPEC.dumps()[:-1] + ',"workload_regimes":{"w1":["lukewarm"]}}')
 
 
 # -- the real sim worker ---------------------------------------------------------------------
@@ -458,7 +458,7 @@ def test_the_sim_worker_keeps_a_finished_regime_when_preempted_in_the_next(store
     info = SimBackend(gpus=1, scenario="power-cap", seed=3).device_info(0)
     protocol = ProtocolConfig(time_budget_s=20.0)
     sim = SimSpec("power-cap", 3, 1, speed=4.0)  # paced: the sustained regime lasts ~0.3 s
-    job = JobSpec(0, info.uuid, "sim", (sim_gemm,), BOTH, protocol, 40.0, sim)
+    spec = SessionSpec(0, info.uuid, "sim", (sim_gemm,), BOTH, protocol, 40.0, sim)
     in_sustained: list[bool] = []
 
     def progress(p: dict[str, Any]) -> None:
@@ -468,12 +468,12 @@ def test_the_sim_worker_keeps_a_finished_regime_when_preempted_in_the_next(store
         return "a job wants the GPU" if any(in_sustained) else None
 
     runner = TuneRunner(store)
-    first = runner.run_session(job, info, "sim", preempt, progress, 60)
+    first = runner.run_session(spec, info, "sim", preempt, progress, 60)
     assert first.status is SessionStatus.PREEMPTED
     assert [(r.workload, r.regime) for r in first.results] == [("sim-gemm", U)]
     assert [s.result.regime for s in store.results(first.session_id)] == [U]
     progress_seen: list[dict[str, Any]] = []
-    second = runner.run_session(job, info, "sim", lambda: None, progress_seen.append, 60)
+    second = runner.run_session(spec, info, "sim", lambda: None, progress_seen.append, 60)
     assert (second.status, second.why) == (SessionStatus.COMPLETED, None)
     assert second.reused_from == {("sim-gemm", U): first.session_id}
     assert {p["regime"] for p in progress_seen} == {"sustained"}  # only it was measured

@@ -69,8 +69,8 @@ class FakeRunner:
         self.release.set()
         return True
 
-    def run_session(self, job, info, backend_name, should_preempt, **kw) -> SessionOutcome:
-        self.job = job
+    def run_session(self, spec, info, backend_name, should_preempt, **kw) -> SessionOutcome:
+        self.spec = spec
         self.started.set()
         why = None
         while not self.release.wait(0.01):
@@ -116,7 +116,7 @@ def test_shut_gate_defers_with_the_state_as_reason_then_open_gate_starts(setup):
     sched.tick()
     runner = FakeRunner.instances[0]
     assert runner.started.wait(2)
-    assert runner.job.workloads == (SIM_GEMM,)
+    assert runner.spec.workloads == (SIM_GEMM,)
     assert sched.own_pids() == frozenset({4321})
     runner.release.set()
     assert wait_until(lambda: not sched.pending())

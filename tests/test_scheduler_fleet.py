@@ -209,7 +209,7 @@ class FakeRunner:
         self.status = SessionStatus.COMPLETED
         self.release = threading.Event()
         self.started = threading.Event()
-        self.jobs: list[Any] = []
+        self.specs: list[Any] = []
         self.kw: list[dict[str, Any]] = []  # each run_session's keyword arguments
 
     def pids(self) -> frozenset[int]:
@@ -219,10 +219,10 @@ class FakeRunner:
         self.release.set()
         return True
 
-    def run_session(self, job, info, backend_name, should_preempt, **kw) -> SessionOutcome:
-        self.jobs.append(job)
+    def run_session(self, spec, info, backend_name, should_preempt, **kw) -> SessionOutcome:
+        self.specs.append(spec)
         self.kw.append(kw)
-        self.host.started.extend(w.name for w in job.workloads)
+        self.host.started.extend(w.name for w in spec.workloads)
         self.started.set()
         why = None
         while not self.release.wait(0.01):
@@ -232,7 +232,7 @@ class FakeRunner:
         if self.host.raises is not None:
             raise self.host.raises
         status = SessionStatus.PREEMPTED if why else self.status
-        names = tuple(w.name for w in job.workloads)
+        names = tuple(w.name for w in spec.workloads)
         self.on_finished(SessionFinished(1, info.index, info.uuid, info.name, status, why, names))
         return SessionOutcome(status, why, 1, ())
 
@@ -346,7 +346,7 @@ def test_work_with_fresh_fleet_winners_in_every_regime_is_skipped(fleet: Fleet, 
     caplog.set_level(logging.INFO, logger="gpuwatchd.sessions.scheduler")
     a.ask()
     runner = a.runner()
-    assert [w.name for w in runner.jobs[0].workloads] == ["sim-2", "sim-3"]
+    assert [w.name for w in runner.specs[0].workloads] == ["sim-2", "sim-3"]
     assert a.sched.snapshot.fleet_skipped_total == {SKIP_REASON: 2}
     assert a.sched.pending() == {0: ("sim-2", "sim-3")}
     assert "GPU 0: sim-0 skipped (fresh_fleet_winner): every regime has a winner measured by b" in (
@@ -385,7 +385,7 @@ def test_winners_that_do_not_answer_for_this_host_are_not_used(fleet: Fleet, see
     a = fleet.make("a")
     a.ask(WORK[:1])
     runner = a.runner()
-    assert [w.name for w in runner.jobs[0].workloads] == ["sim-0"], why
+    assert [w.name for w in runner.specs[0].workloads] == ["sim-0"], why
     assert a.sched.snapshot.fleet_skipped_total == {}
 
 
@@ -400,14 +400,14 @@ def test_versions_compare_as_drift_compares_them(fleet: Fleet, versions: Version
     fleet.seed("b", "sim-0", (U, S), NOW - HOUR, versions=versions)
     a = fleet.make("a")
     a.ask(WORK[:2])
-    assert [w.name for w in a.runner().jobs[0].workloads] == ["sim-1"]
+    assert [w.name for w in a.runner().specs[0].workloads] == ["sim-1"]
 
 
 def test_an_operators_retune_is_measured_whatever_the_fleet_says(fleet: Fleet) -> None:
     fleet.seed("b", "sim-0", (U, S), NOW - HOUR)
     a = fleet.make("a")
     a.ask(WORK[:1], reason=MANUAL)
-    assert [w.name for w in a.runner().jobs[0].workloads] == ["sim-0"]
+    assert [w.name for w in a.runner().specs[0].workloads] == ["sim-0"]
     assert a.sched.snapshot.fleet_skipped_total == {}
 
 
@@ -421,7 +421,7 @@ def test_verify_fraction_one_measures_everything_again_and_counts_it(fleet: Flee
     caplog.set_level(logging.INFO, logger="gpuwatchd.sessions.scheduler")
     a.ask(WORK[:3])
     runner = a.runner()
-    assert [w.name for w in runner.jobs[0].workloads] == ["sim-0", "sim-1", "sim-2"]
+    assert [w.name for w in runner.specs[0].workloads] == ["sim-0", "sim-1", "sim-2"]
     assert "sim-0 has fresh fleet winners; measuring it again to verify them" in caplog.text
     assert a.sched.snapshot.fleet_verified_total == 0  # counted once measured
     release_all(a)
@@ -529,7 +529,7 @@ def test_work_answered_between_reading_the_fleet_and_claiming_is_given_back_and_
     caplog.set_level(logging.INFO, logger="gpuwatchd.sessions.scheduler")
     a.ask(WORK[:2])
     runner = a.runner()
-    assert [w.name for w in runner.jobs[0].workloads] == ["sim-1"]
+    assert [w.name for w in runner.specs[0].workloads] == ["sim-1"]
     assert store.plans == 2  # asked again once the claims were held
     assert [c.key for c in fleet.claims()] == [claim_key(MODEL, versions_now(a.info), "sim-1")]
     assert a.sched.snapshot.fleet_skipped_total == {SKIP_REASON: 1}
@@ -546,7 +546,7 @@ def test_work_all_answered_before_the_claim_starts_no_session(fleet: Fleet) -> N
     racing(fleet, a, tuple(w.name for w in WORK))
     a.ask()
     assert wait_until(lambda: not a.sched.pending() and not a.sched.snapshot.running)
-    assert a.started == [] and a.runners[0].jobs == []
+    assert a.started == [] and a.runners[0].specs == []
     assert fleet.claims() == []
     assert a.sched.snapshot.fleet_skipped_total == {SKIP_REASON: len(WORK)}
 
@@ -578,7 +578,7 @@ def test_work_measured_to_verify_the_fleet_is_not_dropped_by_the_second_look(
     a = fleet.make("a", verify_fraction=1.0)
     store = racing(fleet, a, ())
     a.ask(WORK[:2])
-    assert [w.name for w in a.runner().jobs[0].workloads] == ["sim-0", "sim-1"]
+    assert [w.name for w in a.runner().specs[0].workloads] == ["sim-0", "sim-1"]
     assert store.plans == 2
     release_all(a)
     assert a.sched.snapshot.fleet_verified_total == 1  # sim-0; sim-1 had no fleet answer
@@ -695,7 +695,7 @@ def test_a_claim_held_by_a_dead_host_lapses_after_its_ttl(fleet: Fleet) -> None:
     assert a.started == []
     fleet.clock.t += 31  # the lease ran out at 60 s; a looks again at 89 s
     a.sched.tick()
-    assert a.runner().jobs[0].workloads == WORK[:1]
+    assert a.runner().specs[0].workloads == WORK[:1]
     assert [(c.host, c.gpu_uuid) for c in fleet.claims()] == [("a", "GPU-a")]
 
 
@@ -722,7 +722,7 @@ def test_claims_are_given_back_however_the_session_ends(fleet: Fleet, ending: st
     assert wait_until(lambda: fleet.claims() == [])
     b = fleet.make("b")
     b.ask(WORK[:2])
-    assert b.runner().jobs[0].workloads == WORK[:2]
+    assert b.runner().specs[0].workloads == WORK[:2]
 
 
 def test_a_long_session_renews_its_claims_before_they_lapse(fleet: Fleet) -> None:
@@ -851,7 +851,7 @@ def test_without_a_fleet_nothing_is_skipped_or_claimed(fleet: Fleet, how: str) -
     fleet.seed("b", "sim-0", (U, S), NOW - HOUR)
     a = fleet.make("a", with_fleet=how != "no policy", enabled=how != "disabled")
     a.ask()
-    assert a.runner().jobs[0].workloads == WORK
+    assert a.runner().specs[0].workloads == WORK
     assert fleet.claims() == []
     snap = a.sched.snapshot
     assert (snap.fleet_skipped_total, snap.fleet_verified_total, snap.claimed_elsewhere_total) == (
@@ -868,13 +868,13 @@ def test_a_reload_turns_the_fleet_off_and_on(fleet: Fleet) -> None:
     a = fleet.make("a")
     a.sched.reconfigure(a.sched.cfg, FleetConfig(enabled=False))
     a.ask(WORK[:1])
-    assert a.runner().jobs[0].workloads == WORK[:1]
+    assert a.runner().specs[0].workloads == WORK[:1]
     release_all(a)
     a.sched.reconfigure(a.sched.cfg, FleetConfig(enabled=True))
     a.sched.request(0, list(WORK[:1]), "no_winners")
     a.sched.tick()
     assert wait_until(lambda: not a.sched.pending())
-    assert len(a.runners[0].jobs) == 1
+    assert len(a.runners[0].specs) == 1
 
 
 def test_a_failing_fleet_store_backs_off_and_keeps_the_work(fleet: Fleet, caplog) -> None:
@@ -893,7 +893,7 @@ def test_a_failing_fleet_store_backs_off_and_keeps_the_work(fleet: Fleet, caplog
     fleet.backing.fail_with = None
     fleet.clock.t += 3601
     a.sched.tick()
-    assert a.runner().jobs[0].workloads == WORK[:1]
+    assert a.runner().specs[0].workloads == WORK[:1]
 
 
 def test_the_policy_exists_only_for_a_shared_store(tmp_path: Path, monkeypatch) -> None:
@@ -963,7 +963,7 @@ def test_a_session_on_one_gpu_answers_the_work_pending_on_the_hosts_other_gpus(
     a.sched.request(1, list(WORK[:1]), "no_winners")
     a.ask(WORK[:1])  # GPU 0 first; one session at a time: GPU 1 waits
     runner = a.runner()
-    assert [w.name for w in runner.jobs[0].workloads] == ["sim-0"]
+    assert [w.name for w in runner.specs[0].workloads] == ["sim-0"]
     release_all(a)
     a.sched.tick()
     assert a.idle()

@@ -36,7 +36,7 @@ class RecordingRunner:
 
     def __init__(self, store: Store, *, on_finished: SessionListener) -> None:
         self.on_finished = on_finished
-        self.jobs: list[Any] = []
+        self.specs: list[Any] = []
         self.started = threading.Event()
         self.release = threading.Event()
         RecordingRunner.made.append(self)
@@ -48,11 +48,11 @@ class RecordingRunner:
         self.release.set()
         return True
 
-    def run_session(self, job: Any, info: DeviceInfo, *_a: Any, **_kw: Any) -> SessionOutcome:
-        self.jobs.append(job)
+    def run_session(self, spec: Any, info: DeviceInfo, *_a: Any, **_kw: Any) -> SessionOutcome:
+        self.specs.append(spec)
         self.started.set()
         self.release.wait(5)
-        names = tuple(w.name for w in job.workloads)
+        names = tuple(w.name for w in spec.workloads)
         status = SessionStatus.COMPLETED
         self.on_finished(SessionFinished(1, info.index, info.uuid, info.name, status, None, names))
         return SessionOutcome(status, None, 1, ())
@@ -82,12 +82,12 @@ def test_a_user_kernel_is_planned_as_cuda_work_at_the_open_gate(sched: TuneSched
     sched.tick()
     runner = RecordingRunner.made[0]
     assert runner.started.wait(2)
-    job = runner.jobs[0]
-    assert job.device == "cuda" and job.gpu_uuid == SIM.uuid
-    assert [w.name for w in job.workloads] == [USER.name]
-    assert {r.value for r in job.regimes} == {"unthrottled", "sustained"}
-    assert job.allowed_modules == ("user_kernels",)  # the config's list, not the workload's
-    assert "allowed_modules" not in job.workloads[0].params
+    spec = runner.specs[0]
+    assert spec.device == "cuda" and spec.gpu_uuid == SIM.uuid
+    assert [w.name for w in spec.workloads] == [USER.name]
+    assert {r.value for r in spec.regimes} == {"unthrottled", "sustained"}
+    assert spec.allowed_modules == ("user_kernels",)  # the config's list, not the workload's
+    assert "allowed_modules" not in spec.workloads[0].params
     runner.release.set()
     wait_idle(sched)
     assert sched.pending() == {}

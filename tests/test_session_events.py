@@ -10,12 +10,12 @@ from gpuwatchd.sessions.events import SessionEvents, SessionFinished
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.store import Store, StoreError
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.jobspec import JobSpec
+from gpuwatchd.tuning.session_spec import SessionSpec
 from gpuwatchd.tuning.types import Regime, SessionStatus, Workload
 
 INFO = DeviceInfo(index=0, uuid="cpu-0", name="test cpu")
 WL = Workload("mm", "matmul", {"m": 64, "n": 64, "k": 64}, "fp32", ("cpu.matmul",))
-JOB = JobSpec(0, "cpu-0", "cpu", (WL,), (Regime.UNTHROTTLED,))
+SPEC = SessionSpec(0, "cpu-0", "cpu", (WL,), (Regime.UNTHROTTLED,))
 CRASH = [sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(3)"]
 
 
@@ -29,10 +29,10 @@ def test_a_finished_session_is_announced_after_its_row_is_final(store: Store) ->
     events = SessionEvents()
     events.add_listener(listener)
     runner = TuneRunner(store, worker_cmd=CRASH, on_finished=events.notify)
-    out = runner.run_session(JOB, INFO, "sim", lambda: None, None, 20)
+    out = runner.run_session(SPEC, INFO, "sim", lambda: None, None, 20)
     assert out.status is SessionStatus.FAILED
     [(event, stored)] = seen
-    names = tuple(w.name for w in JOB.workloads)
+    names = tuple(w.name for w in SPEC.workloads)
     assert event == SessionFinished(
         out.session_id, 0, "cpu-0", "test cpu", SessionStatus.FAILED, out.why, names
     )
@@ -44,7 +44,7 @@ def test_a_failing_listener_does_not_fail_the_session(store: Store) -> None:
         raise RuntimeError("listener bug")
 
     runner = TuneRunner(store, worker_cmd=CRASH, on_finished=broken)
-    out = runner.run_session(JOB, INFO, "sim", lambda: None, None, 20)
+    out = runner.run_session(SPEC, INFO, "sim", lambda: None, None, 20)
     assert out.status is SessionStatus.FAILED
     assert store.session(out.session_id).status is SessionStatus.FAILED  # type: ignore[union-attr]
 
@@ -59,5 +59,5 @@ def test_no_announcement_when_the_store_cannot_end_the_session(
 
     monkeypatch.setattr(store, "finish_session", refuse)
     runner = TuneRunner(store, worker_cmd=CRASH, on_finished=heard.append)
-    runner.run_session(JOB, INFO, "sim", lambda: None, None, 20)
+    runner.run_session(SPEC, INFO, "sim", lambda: None, None, 20)
     assert heard == []

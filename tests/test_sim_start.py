@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuwatchd.config import ConfigError, load_config
-from gpuwatchd.sessions.plan import build_jobs, runnable_workloads
+from gpuwatchd.sessions.plan import build_specs, runnable_workloads
 from gpuwatchd.telemetry.clocks import ManualClock, OffsetClock, ScaledClock
 from gpuwatchd.telemetry.factory import open_backend
 from gpuwatchd.telemetry.settings import BackendSpec
@@ -126,22 +126,22 @@ def test_open_backend_starts_the_configured_sim_at_start_s() -> None:
 
 
 def test_the_sim_worker_simulates_the_daemons_gpu_at_the_same_scenario_time() -> None:
-    """The scheduler passes ``backend.clock.now()`` to ``build_jobs`` as the worker's start:
+    """The scheduler passes ``backend.clock.now()`` to ``build_specs`` as the worker's start:
     with an offset that is scenario time, so the worker's GPU is the daemon's GPU."""
     clock = ManualClock()
     sim = SimConfig(scenario="fan-failure", seed=5, start_s=START)
     daemon_gpu = SimBackend(scenario=sim.scenario, seed=sim.seed, clock=clock, start_s=START)
     clock.advance(FIRST_BURST + 90 - START)  # a minute and a half into the first burst
     setup = TuningSetup(sim=sim)
-    (job,) = build_jobs(
+    (spec,) = build_specs(
         setup,
         daemon_gpu.device_info(0),
         runnable_workloads(setup, "sim"),
         (Regime.SUSTAINED,),
         sim_start_t=daemon_gpu.clock.now(),
     )
-    assert job.sim is not None and job.sim.start_t == FIRST_BURST + 90
-    opened = open_device(job)  # the worker's own simulated GPU (no torch needed)
+    assert spec.sim is not None and spec.sim.start_t == FIRST_BURST + 90
+    opened = open_device(spec)  # the worker's own simulated GPU (no torch needed)
     try:
         worker_gpu = opened.session.backend  # type: ignore[attr-defined]
         mine, theirs = daemon_gpu.read(0), worker_gpu.read(0)

@@ -37,7 +37,7 @@ from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.postgres import PostgresStore
 from gpuwatchd.store.rows import HOST_ENV, MACHINE_ID_ENV
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.jobspec import JobSpec
+from gpuwatchd.tuning.session_spec import SessionSpec
 from gpuwatchd.tuning.settings import TuningSetup
 from gpuwatchd.tuning.types import Regime, SessionStatus, Workload
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
@@ -122,7 +122,7 @@ def test_a_store_opened_while_the_server_is_down_is_opened_once_it_is_back(
 
 WL = Workload("mm", "matmul", {"m": 64, "n": 64, "k": 64}, "fp32", ("cpu.matmul",))
 INFO = DeviceInfo(index=0, uuid="cpu-0", name="test cpu")
-JOB = JobSpec(0, "cpu-0", "cpu", (WL,), (Regime.SUSTAINED,))
+SPEC = SessionSpec(0, "cpu-0", "cpu", (WL,), (Regime.SUSTAINED,))
 #: A fake worker: says hello, waits for the file named in GO, then reports a result.
 WORKER = """
 import json, os, sys, time
@@ -154,7 +154,7 @@ def test_a_session_an_outage_cut_off_is_recorded_failed_once_the_store_is_back(
     )
     outcome: list[SessionOutcome] = []
     session = threading.Thread(
-        target=lambda: outcome.append(runner.run_session(JOB, INFO, "sim", lambda: None, None, 60))
+        target=lambda: outcome.append(runner.run_session(SPEC, INFO, "sim", lambda: None, None, 60))
     )
     try:
         session.start()
@@ -212,7 +212,7 @@ class _OutageRunner:
     def record_endings(self) -> int:
         return 0
 
-    def run_session(self, job: JobSpec, *args: Any, **kw: Any) -> SessionOutcome:
+    def run_session(self, spec: SessionSpec, *args: Any, **kw: Any) -> SessionOutcome:
         type(self).calls += 1
         if type(self).calls == 1:
             raise StoreUnavailable("store db: cannot start a session: connection refused")

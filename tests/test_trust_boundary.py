@@ -35,8 +35,8 @@ from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.store import Store
 from gpuwatchd.telemetry.sim import SimBackend
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.jobspec import JobSpec, SimSpec
 from gpuwatchd.tuning.kernels import ArgSpec, KernelRequest, config_spec, identity_of
+from gpuwatchd.tuning.session_spec import SessionSpec, SimSpec
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.spool import REJECTED_DIR, write_request
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
@@ -279,8 +279,8 @@ def _worker_env(planted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def cpu_job(workload: Workload, allowed: tuple[str, ...]) -> JobSpec:
-    return JobSpec(0, "cpu-0", "cpu", (workload,), (Regime.SUSTAINED,), QUICK, 10.0,
+def cpu_job(workload: Workload, allowed: tuple[str, ...]) -> SessionSpec:
+    return SessionSpec(0, "cpu-0", "cpu", (workload,), (Regime.SUSTAINED,), QUICK, 10.0,
                    allowed_modules=allowed)  # fmt: skip
 
 
@@ -318,9 +318,9 @@ def test_worker_ignores_a_json_py_in_the_daemons_working_directory(
     monkeypatch.chdir(cwd)
     info = SimBackend(gpus=1, scenario="idle", seed=3).device_info(0)
     wl = Workload("sim-gemm", "gemm", {"m": 8192, "n": 8192, "k": 8192}, "bf16", ("sim",))
-    job = JobSpec(0, info.uuid, "sim", (wl,), (Regime.UNTHROTTLED,),
+    spec = SessionSpec(0, info.uuid, "sim", (wl,), (Regime.UNTHROTTLED,),
                   ProtocolConfig(time_budget_s=5.0), 10.0, SimSpec("idle", 3, 1))  # fmt: skip
-    out = TuneRunner(store).run_session(job, info, "sim", lambda: None, None, 60)
+    out = TuneRunner(store).run_session(spec, info, "sim", lambda: None, None, 60)
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
     assert markers(planted) == []
 
@@ -352,9 +352,9 @@ def spy_python(d: Path) -> str:
 def spy_run(store: Store, d: Path, **runner: Any) -> dict[str, str]:
     info = SimBackend(gpus=1, scenario="idle", seed=3).device_info(0)
     wl = Workload("sim-gemm", "gemm", {"m": 64, "n": 64, "k": 64}, "bf16", ("sim",))
-    job = JobSpec(0, info.uuid, "sim", (wl,), (Regime.UNTHROTTLED,), sim=SimSpec("idle", 3, 1))
+    spec = SessionSpec(0, info.uuid, "sim", (wl,), (Regime.UNTHROTTLED,), sim=SimSpec("idle", 3, 1))
     out = TuneRunner(store, python=spy_python(d), **runner).run_session(
-        job, info, "sim", lambda: None, None, 30
+        spec, info, "sim", lambda: None, None, 30
     )
     assert out.status is SessionStatus.FAILED and "exit 3" in (out.why or "")
     return {p.name: p.read_text().strip() for p in (d / "out").iterdir()}
@@ -588,11 +588,11 @@ def test_added_workloads_replayed_at_start_that_fail_the_rule_are_set_aside(
 def test_the_job_carries_the_configs_list_not_the_workloads(
     short_dir: Path, in_process: Path
 ) -> None:
-    from gpuwatchd.sessions.plan import build_jobs
+    from gpuwatchd.sessions.plan import build_specs
 
     cfg = make_config(short_dir, allowed_modules=list(ALLOWED))
-    (job,) = build_jobs(cfg.tuning_setup(), CPU, [user_workload()], [Regime.SUSTAINED])
-    assert job.allowed_modules == ALLOWED and JobSpec.loads(job.dumps()) == job
+    (spec,) = build_specs(cfg.tuning_setup(), CPU, [user_workload()], [Regime.SUSTAINED])
+    assert spec.allowed_modules == ALLOWED and SessionSpec.loads(spec.dumps()) == spec
     req = request_for(gpu_model=SIM_MODEL, dtypes=())
     assert req.to_workload() == as_workload(req)
-    assert "allowed_modules" not in job.workloads[0].params
+    assert "allowed_modules" not in spec.workloads[0].params

@@ -23,7 +23,7 @@ from gpuwatchd.validate import (
 
 
 class WireError(ValueError):
-    """Stands in for a parser's own error type (JobSpecError, StoreError, ...)."""
+    """Stands in for a parser's own error type (SessionSpecError, StoreError, ...)."""
 
 
 def test_one_line_folds_whitespace_and_cuts_at_the_limit() -> None:

@@ -125,7 +125,7 @@ def test_the_scheduler_starts_only_what_the_worker_can_import(tmp_path: Path, ca
         sched.tick()
         (runner,) = FakeRunner.instances
         assert runner.started.wait(2)
-        assert runner.job.workloads == (SIM,)
+        assert runner.spec.workloads == (SIM,)
         runner.release.set()
         assert wait_until(lambda: sched.pending() == {0: ("cpu-matmul",)})
     finally:

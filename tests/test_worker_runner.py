@@ -24,13 +24,13 @@ from gpuwatchd.sessions.runner import RunnerBusy, TuneRunner
 from gpuwatchd.store import Store
 from gpuwatchd.telemetry.sim import SimBackend
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.jobspec import (
+from gpuwatchd.tuning.session_spec import (
     ErrorMessage,
     Hello,
-    JobSpec,
-    JobSpecError,
     Progress,
     ResultMessage,
+    SessionSpec,
+    SessionSpecError,
     SimSpec,
     decode_message,
     encode_message,
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 BOTH = (Regime.UNTHROTTLED, Regime.SUSTAINED)
 CPU_INFO = DeviceInfo(index=0, uuid="cpu-0", name="test cpu")
 WL = Workload("mm", "matmul", {"m": 64, "n": 64, "k": 64}, "fp32", ("cpu.matmul",))
-FAKE_JOB = JobSpec(0, "cpu-0", "cpu", (WL,), BOTH)
+FAKE_JOB = SessionSpec(0, "cpu-0", "cpu", (WL,), BOTH)
 
 
 def never() -> str | None:
@@ -71,9 +71,9 @@ def reaped(pid: int) -> bool:
 # -- the wire format -------------------------------------------------------------------------
 
 
-def test_runner_and_jobspec_never_import_torch() -> None:
+def test_runner_and_session_spec_never_import_torch() -> None:
     code = (
-        "import sys, gpuwatchd.sessions.runner, gpuwatchd.tuning.jobspec\n"
+        "import sys, gpuwatchd.sessions.runner, gpuwatchd.tuning.session_spec\n"
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -90,7 +90,7 @@ def _result(regime: Regime = Regime.SUSTAINED) -> RegimeResult:
 
 
 def test_job_and_messages_round_trip() -> None:
-    job = JobSpec(
+    spec = SessionSpec(
         2,
         "GPU-sim-x",
         "sim",
@@ -100,7 +100,7 @@ def test_job_and_messages_round_trip() -> None:
         30.0,
         SimSpec("power-cap", 7, 4, start_t=12.5),
     )
-    assert JobSpec.loads(job.dumps()) == job
+    assert SessionSpec.loads(spec.dumps()) == spec
     for msg in (
         Hello(12, decode_message(encode_message(Hello(12, _hello_versions()))).versions),
         Progress("mm", Regime.UNTHROTTLED, "a", 0, 2, 5, 1980.0, None, 41.0),
@@ -151,31 +151,31 @@ def test_non_finite_meta_is_sent_as_null() -> None:
     assert back.result.margin is None
 
 
-_GOOD_JOB = JobSpec(0, "cpu-0", "cpu", (WL,), BOTH).to_json()
+_GOOD_JOB = SessionSpec(0, "cpu-0", "cpu", (WL,), BOTH).to_json()
 
 
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
-        ({"gpu_index": -1}, "job.gpu_index: expected an integer >= 0, got -1"),
-        ({"gpu_index": True}, "job.gpu_index"),
-        ({"device": "tpu"}, "job.device: expected one of cuda, cpu, sim"),
-        ({"regimes": ["cool"]}, "job.regimes[0]: expected one of unthrottled, sustained"),
-        ({"regimes": ["sustained", "sustained"]}, "job.regimes: expected each regime once"),
-        ({"workloads": []}, "job.workloads: expected a non-empty list"),
-        ({"workloads": [{**WL.to_json(), "shape": [64]}]}, "job.workloads[0].shape"),
-        ({"workloads": [WL.to_json(), WL.to_json()]}, "job.workloads[1].name: duplicate"),
-        ({"protocol": {"pause_s": -1}}, "job.protocol.pause_s: must be >= 0"),
-        ({"protocol": {"nope": 1}}, "job.protocol.nope: unknown setting"),
-        ({"time_budget_s": 0}, "job.time_budget_s: expected a number > 0"),
-        ({"sim": {"scenario": "idle"}}, "job.sim: only for device sim"),
-        ({"device": "sim"}, "job.sim: required for device sim"),
-        ({"extra": 1}, "job.extra: unknown key"),
+        ({"gpu_index": -1}, "spec.gpu_index: expected an integer >= 0, got -1"),
+        ({"gpu_index": True}, "spec.gpu_index"),
+        ({"device": "tpu"}, "spec.device: expected one of cuda, cpu, sim"),
+        ({"regimes": ["cool"]}, "spec.regimes[0]: expected one of unthrottled, sustained"),
+        ({"regimes": ["sustained", "sustained"]}, "spec.regimes: expected each regime once"),
+        ({"workloads": []}, "spec.workloads: expected a non-empty list"),
+        ({"workloads": [{**WL.to_json(), "shape": [64]}]}, "spec.workloads[0].shape"),
+        ({"workloads": [WL.to_json(), WL.to_json()]}, "spec.workloads[1].name: duplicate"),
+        ({"protocol": {"pause_s": -1}}, "spec.protocol.pause_s: must be >= 0"),
+        ({"protocol": {"nope": 1}}, "spec.protocol.nope: unknown setting"),
+        ({"time_budget_s": 0}, "spec.time_budget_s: expected a number > 0"),
+        ({"sim": {"scenario": "idle"}}, "spec.sim: only for device sim"),
+        ({"device": "sim"}, "spec.sim: required for device sim"),
+        ({"extra": 1}, "spec.extra: unknown key"),
     ],
 )
 def test_bad_job_specs_name_the_field(change: dict[str, Any], needle: str) -> None:
-    with pytest.raises(JobSpecError) as err:
-        JobSpec.loads(json.dumps({**_GOOD_JOB, **change}))
+    with pytest.raises(SessionSpecError) as err:
+        SessionSpec.loads(json.dumps({**_GOOD_JOB, **change}))
     assert needle in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -208,7 +208,7 @@ def _result_json(**change: Any) -> str:
     ],
 )
 def test_bad_messages_name_the_field(line: str, needle: str) -> None:
-    with pytest.raises(JobSpecError) as err:
+    with pytest.raises(SessionSpecError) as err:
         decode_message(line)
     assert needle in str(err.value)
 
@@ -228,9 +228,9 @@ def test_real_cpu_worker_completes_and_records(store: Store) -> None:
         settle_window_s=0.02,
         settle_timeout_s=0.05,
     )
-    job = JobSpec(0, "cpu-0", "cpu", (WL,), BOTH, cfg, time_budget_s=1.2)
+    spec = SessionSpec(0, "cpu-0", "cpu", (WL,), BOTH, cfg, time_budget_s=1.2)
     progress: list[dict[str, Any]] = []
-    out = TuneRunner(store).run_session(job, CPU_INFO, "sim", never, progress.append, 60)
+    out = TuneRunner(store).run_session(spec, CPU_INFO, "sim", never, progress.append, 60)
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
     assert {r.regime for r in out.results} == set(BOTH)
     row = store.session(out.session_id)
@@ -249,21 +249,21 @@ def test_real_cpu_worker_completes_and_records(store: Store) -> None:
 SIM_GEMM = Workload("sim-gemm", "gemm", {"m": 8192, "n": 8192, "k": 8192}, "bf16", ("sim",))
 
 
-def power_capped_sim_job(
+def power_capped_sim_spec(
     gpus: int, gpu: int, seed: int, budget_s: float
-) -> tuple[DeviceInfo, JobSpec]:
+) -> tuple[DeviceInfo, SessionSpec]:
     """GPU ``gpu`` of a simulated machine at its power cap, and a ``sim-gemm`` job for it
     measuring each regime for ``budget_s`` (the session gets twice that)."""
     info = SimBackend(gpus=gpus, scenario="power-cap", seed=seed).device_info(gpu)
     protocol = ProtocolConfig(time_budget_s=budget_s)
     sim = SimSpec("power-cap", seed, gpus)
-    job = JobSpec(gpu, info.uuid, "sim", (SIM_GEMM,), BOTH, protocol, 2 * budget_s, sim)
-    return info, job
+    spec = SessionSpec(gpu, info.uuid, "sim", (SIM_GEMM,), BOTH, protocol, 2 * budget_s, sim)
+    return info, spec
 
 
 def test_real_sim_worker_tunes_sim_gemm(store: Store) -> None:
-    info, job = power_capped_sim_job(gpus=2, gpu=1, seed=5, budget_s=20.0)
-    out = TuneRunner(store).run_session(job, info, "sim", never, None, 60)
+    info, spec = power_capped_sim_spec(gpus=2, gpu=1, seed=5, budget_s=20.0)
+    out = TuneRunner(store).run_session(spec, info, "sim", never, None, 60)
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
     sustained = next(r for r in out.results if r.regime is Regime.SUSTAINED)
     assert sustained.winner == "sim.cublas-like"  # the power-capped regime's winner
@@ -276,18 +276,18 @@ def test_real_sim_worker_tunes_sim_gemm(store: Store) -> None:
 def test_sim_worker_starts_at_the_daemons_point_of_the_scenario(store: Store) -> None:
     info = SimBackend(gpus=1, scenario="gpu-lost", seed=0).device_info(0)
     # The scenario's GPU is off the bus from t = 20 s to 50 s: a job starting at 25 s hits it.
-    job = JobSpec(0, info.uuid, "sim", (SIM_GEMM,), BOTH, sim=SimSpec("gpu-lost", 0, 1, 25.0))
-    out = TuneRunner(store).run_session(job, info, "sim", never, None, 30)
+    spec = SessionSpec(0, info.uuid, "sim", (SIM_GEMM,), BOTH, sim=SimSpec("gpu-lost", 0, 1, 25.0))
+    out = TuneRunner(store).run_session(spec, info, "sim", never, None, 30)
     assert out.status is SessionStatus.FAILED
     assert out.why == "worker error: GpuLost: GPU 0 is lost: simulated: off the bus since t=20s"
 
 
 def test_worker_on_the_wrong_gpu_fails_clearly(store: Store) -> None:
     info = SimBackend(gpus=1, scenario="idle", seed=1).device_info(0)
-    job = JobSpec(0, info.uuid, "sim", (WL,), BOTH, sim=SimSpec("idle", 2, 1))  # seed differs
-    out = TuneRunner(store).run_session(job, info, "sim", never, None, 30)
+    spec = SessionSpec(0, info.uuid, "sim", (WL,), BOTH, sim=SimSpec("idle", 2, 1))  # seed differs
+    out = TuneRunner(store).run_session(spec, info, "sim", never, None, 30)
     assert out.status is SessionStatus.FAILED
-    assert out.why is not None and out.why.startswith("worker error: job.gpu_uuid is GPU-sim-")
+    assert out.why is not None and out.why.startswith("worker error: spec.gpu_uuid is GPU-sim-")
 
 
 # -- fake workers ----------------------------------------------------------------------------
@@ -362,7 +362,7 @@ def test_hung_worker_times_out_and_is_killed(store: Store, runner_for: Any) -> N
         (
             "send({'type': 'progress', 'workload': 'nope', 'regime': 'sustained',"
             " 'candidate': 'a', 'done': 0, 'total': 2}); time.sleep(60)",
-            "progress for nope (sustained), which is not in the job",
+            "progress for nope (sustained), which is not in the spec",
         ),
     ],
 )
@@ -468,7 +468,7 @@ def test_cancel_stops_a_running_session(store: Store, tmp_path: Path) -> None:
 
 def test_sigterm_stops_a_real_worker_at_a_batch_boundary(tmp_path: Path) -> None:
     # A long budget so the worker is still measuring when it is told to stop.
-    _, job = power_capped_sim_job(gpus=1, gpu=0, seed=0, budget_s=1e5)
+    _, spec = power_capped_sim_spec(gpus=1, gpu=0, seed=0, budget_s=1e5)
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuwatchd.tuning.worker"],
         stdin=subprocess.PIPE,
@@ -477,7 +477,7 @@ def test_sigterm_stops_a_real_worker_at_a_batch_boundary(tmp_path: Path) -> None
         cwd=REPO,
     )
     assert proc.stdin and proc.stdout
-    proc.stdin.write(job.dumps().encode())
+    proc.stdin.write(spec.dumps().encode())
     proc.stdin.close()
     try:
         assert decode_message(proc.stdout.readline()).__class__ is Hello

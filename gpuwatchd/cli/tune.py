@@ -269,7 +269,7 @@ def _tune(
     from gpuwatchd.monitor.board import StateBoard
     from gpuwatchd.monitor.poller import Poller
     from gpuwatchd.report.text import format_report, report_from
-    from gpuwatchd.sessions.plan import build_jobs, preempt_reason
+    from gpuwatchd.sessions.plan import build_specs, preempt_reason
     from gpuwatchd.sessions.runner import TuneRunner
     from gpuwatchd.tuning.types import SessionStatus
 
@@ -302,17 +302,17 @@ def _tune(
         info = snap.info
         if info is None:
             raise CliError(f"GPU {args.gpu}: static facts unavailable")
-        pending = build_jobs(
+        pending = build_specs(
             cfg.tuning_setup(), info, workloads, regimes, sim_start_t=backend.clock.now()
         )
         while pending:
-            job = pending[0]
-            names = ", ".join(w.name for w in job.workloads)
-            print(f"GPU {args.gpu}: tuning {names} ({job.device}) in "
+            spec = pending[0]
+            names = ", ".join(w.name for w in spec.workloads)
+            print(f"GPU {args.gpu}: tuning {names} ({spec.device}) in "
                   f"{'/'.join(r.value for r in regimes)}", file=out, flush=True)  # fmt: skip
             try:
                 outcome = runner.run_session(
-                    job,
+                    spec,
                     info,
                     backend.name,
                     should_preempt=lambda: preempt_reason(watch.latest()),
@@ -333,10 +333,10 @@ def _tune(
                 if args.no_wait:
                     raise CliError(f"preempted: {outcome.why}", EXIT_NOT_OPEN)
                 snap = watch.wait_open(False, args.wait_timeout)
-                pending[0] = build_jobs(
+                pending[0] = build_specs(
                     cfg.tuning_setup(),
                     info,
-                    job.workloads,
+                    spec.workloads,
                     regimes,
                     sim_start_t=backend.clock.now(),
                 )[0]

@@ -1,6 +1,6 @@
 """The daemon's periodic exchange with the shared store for the fleet views.
 
-Every ``interval_s`` (an APScheduler job) it writes this host's learned sustained clock
+Every ``interval_s`` (a periodic task) it writes this host's learned sustained clock
 of each GPU (the drift detector's view; the model and power limit from the state board)
 and reads back the fleet's fresh clocks, its disagreement counts and its tuning coverage.
 The result is published as one immutable :class:`FleetSnapshot` that the ``fleet``
@@ -86,7 +86,7 @@ class FleetSync:
         """Write this host's clocks, read the fleet's; never raises."""
         try:
             fresh = self._sync()
-        except Exception as exc:  # a dead store must not stop the scheduler's other jobs
+        except Exception as exc:  # a dead store must not stop the other periodic tasks
             self._failed(describe(exc, with_type=not isinstance(exc, StoreError)))
             return self._snapshot
         if self._logged:

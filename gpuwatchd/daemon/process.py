@@ -90,7 +90,7 @@ from gpuwatchd.validate import describe
 
 log = logging.getLogger("gpuwatchd")
 
-#: The APScheduler job id of the fleet sync (rescheduled when a reload changes its interval).
+#: The id of the fleet sync's periodic task (rescheduled when a reload changes its interval).
 FLEET_SYNC_JOB = "fleet-sync"
 #: Work asked for for these reasons is tuned even when the fleet has fresh winners for it:
 #: an operator asked, or something changed on this host's own GPU.
@@ -116,7 +116,7 @@ def runner_factory(cfg: Config) -> RunnerFactory:
         python=cfg.tuning.worker_executable,
         worker_user=cfg.tuning.worker_user,
         resume_max_age_s=cfg.tuning.resume_max_age_s,
-        versions_now=current_versions,  # a job resumed whole: is its stack still installed?
+        versions_now=current_versions,  # a session resumed whole: is its stack still installed?
     )
 
 
@@ -137,7 +137,7 @@ def setup_logging(level: str) -> None:
     if "JOURNAL_STREAM" not in os.environ:
         fmt = "%(asctime)s " + fmt
     logging.basicConfig(level=level.upper(), format=fmt, force=True)
-    # APScheduler logs every job run at INFO; only its problems are worth a line.
+    # APScheduler logs every periodic task run at INFO; only its problems are worth a line.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
@@ -521,11 +521,11 @@ class Daemon:
         return self.fleet_sync.snapshot if self.cfg.fleet.enabled else FleetSnapshot()
 
     def tuning_tick(self) -> None:
-        """APScheduler job: start pending tuning behind open gates (never blocks)."""
+        """Periodic task: start pending tuning behind open gates (never blocks)."""
         self.tuner.tick()
 
     def fleet_tick(self) -> None:
-        """APScheduler job: this host's sustained clocks to the store, the fleet's clocks,
+        """Periodic task: this host's sustained clocks to the store, the fleet's clocks,
         disagreements and coverage back, and the winners /api/v1/winners serves (never
         raises: a store error marks them stale)."""
         self._hold_host_name()
@@ -566,7 +566,7 @@ class Daemon:
         self.tuner.store_back()
 
     def drift_tick(self) -> None:
-        """APScheduler job: decide what needs tuning — a GPU never tuned, clock drift,
+        """Periodic task: decide what needs tuning — a GPU never tuned, clock drift,
         a power-limit/max-clock/version change, stale winners — and queue it."""
         if self.cfg.drift.enabled:
             self.drift_job()
@@ -633,7 +633,7 @@ class Daemon:
         return True
 
     def _reconfigure_fleet_sync(self, new: Config) -> None:
-        """Apply a reloaded ``[fleet]``/``[drift]`` to the fleet sync and its job."""
+        """Apply a reloaded ``[fleet]``/``[drift]`` to the fleet sync and its periodic task."""
         self.fleet_sync.max_age_s = clock_max_age_s(new.drift, new.fleet)
         self.fleet_sync.winner_max_age_s = new.fleet.max_winner_age_s
         if new.fleet.sync_interval_s != self.fleet_sync.interval_s:

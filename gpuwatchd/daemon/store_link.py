@@ -1,7 +1,7 @@
 """The daemon's link to its store: reconnects in the background, tells who waits for it.
 
 The daemon starts and runs without its store (telemetry, the gate and /metrics need
-none of it). An APScheduler job calls :class:`StoreLink` every second: while the store
+none of it). A periodic task calls :class:`StoreLink` every second: while the store
 is down (or never opened) it probes it; once it answers again, the listeners hear of
 it (the scheduler records the sessions an outage cut off, the winners cache refreshes).
 The store itself logs one line when it goes down and one when it is back.

@@ -16,7 +16,7 @@ from typing import Any
 from gpuwatchd.store import TuningStore
 from gpuwatchd.store.rows import StoredResult
 from gpuwatchd.telemetry.types import ThrottleReason
-from gpuwatchd.tuning.jobspec import stats_to_json
+from gpuwatchd.tuning.session_spec import stats_to_json
 from gpuwatchd.tuning.types import CandidateStats, Regime
 from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, winners_differ
 

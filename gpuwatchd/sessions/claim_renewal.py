@@ -3,7 +3,7 @@
 Renewing a claim is a write to the shared store, and a write can wait on the database
 (another host's stalled transaction holds the write lock, the network is gone). The
 scheduler's tick must never wait on it: that would stall every GPU's decisions, and an
-APScheduler job that overruns skips its next runs. So the tick only decides that a
+periodic task that overruns skips its next runs. So the tick only decides that a
 renewal is due (:meth:`ClaimRenewer.due`, on the clock the scheduler is given) and
 wakes the session's renewer (:meth:`ClaimRenewer.poke`, which never blocks); the
 renewer's thread talks to the store. :meth:`ClaimRenewer.stop` joins that thread, so

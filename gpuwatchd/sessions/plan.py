@@ -1,4 +1,4 @@
-"""Daemon-side planning of tuning work: which job specs to run, and when to stop one.
+"""Daemon-side planning of tuning work: which session specs to run, and when to stop one.
 
 Never imports torch. Shared by the daemon's scheduler and ``gpuwatchd tune``.
 """
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import GpuSnapshot
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.jobspec import JobSpec, SimSpec
+from gpuwatchd.tuning.session_spec import SessionSpec, SimSpec
 from gpuwatchd.tuning.settings import TuningSetup
 from gpuwatchd.tuning.types import Regime, Workload
 from gpuwatchd.tuning.workloads import device_kind
@@ -63,21 +63,21 @@ def select_workloads(cfg: TuningSetup, backend: str, names: Sequence[str]) -> tu
     return tuple(out)
 
 
-def build_jobs(
+def build_specs(
     cfg: TuningSetup,
     info: DeviceInfo,
     workloads: Sequence[Workload],
     regimes: Sequence[Regime],
     sim_start_t: float = 0.0,
     sim_speed: float | None = None,
-) -> list[JobSpec]:
-    """One job per worker device kind, in a stable order (sim/cpu/cuda as they appear).
+) -> list[SessionSpec]:
+    """One session spec per worker device kind, in a stable order (sim/cpu/cuda as they appear).
 
     ``sim_speed`` paces a sim worker's clock to the daemon's (see ``SimSpec.speed``)."""
     groups: dict[str, list[Workload]] = {}
     for w in workloads:
         groups.setdefault(device_kind(w), []).append(w)
-    jobs = []
+    specs = []
     for kind, ws in groups.items():
         sim = None
         if kind == "sim":
@@ -88,8 +88,8 @@ def build_jobs(
                 start_t=sim_start_t,
                 speed=sim_speed,
             )
-        jobs.append(
-            JobSpec(
+        specs.append(
+            SessionSpec(
                 gpu_index=info.index,
                 gpu_uuid=info.uuid,
                 device=kind,
@@ -101,7 +101,7 @@ def build_jobs(
                 allowed_modules=cfg.tuning.allowed_modules,
             )
         )
-    return jobs
+    return specs
 
 
 def preempt_reason(snap: GpuSnapshot | None) -> str | None:

@@ -30,7 +30,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from gpuwatchd.store import SessionMeta, StoredResult, TuningStore
-from gpuwatchd.tuning.jobspec import JobSpec
+from gpuwatchd.tuning.session_spec import SessionSpec
 from gpuwatchd.tuning.types import Regime, Workload
 from gpuwatchd.tuning.versions import same_version
 
@@ -76,10 +76,10 @@ def workload_text(workload: Workload) -> str:
     return json.dumps(workload.to_json(), sort_keys=True, separators=(",", ":"))
 
 
-def workload_differs(job: JobSpec, name: str, source: SessionMeta) -> str | None:
-    """Why session ``source``'s ``name`` is not the job's workload of that name, or None."""
+def workload_differs(spec: SessionSpec, name: str, source: SessionMeta) -> str | None:
+    """Why session ``source``'s ``name`` is not the spec's workload of that name, or None."""
     theirs = next((w for w in source.workloads if w.name == name), None)
-    ours = next((w for w in job.workloads if w.name == name), None)
+    ours = next((w for w in spec.workloads if w.name == name), None)
     if theirs is None or ours is None:
         return f"workload {name} is not in both sessions"
     if workload_text(theirs) != workload_text(ours):
@@ -96,13 +96,13 @@ def oldest_reusable(store: TuningStore, gpu_uuid: str, since: float) -> float:
 
 def reusable_results(
     store: TuningStore,
-    job: JobSpec,
+    spec: SessionSpec,
     meta: SessionMeta,
     *,
     since: float,
     fresh_after: Mapping[str, float] | None = None,
 ) -> dict[Pair, StoredResult]:
-    """The job's pairs already measured by a preempted session that still hold for ``meta``.
+    """The spec's pairs already measured by a preempted session that still hold for ``meta``.
 
     ``since`` (unix seconds, the store's clock) is the oldest ``recorded_at`` accepted;
     results from before the GPU's last completed session are never accepted.
@@ -110,8 +110,8 @@ def reusable_results(
     requested: older results of it are not reused. The stack is not known yet (the
     worker reports it): the caller checks it at hello.
     """
-    since = oldest_reusable(store, job.gpu_uuid, since)
-    found = store.resumable_results(job.gpu_uuid, job.pairs(), since=since)
+    since = oldest_reusable(store, spec.gpu_uuid, since)
+    found = store.resumable_results(spec.gpu_uuid, spec.pairs(), since=since)
     fresh = fresh_after or {}
     sources: dict[int, SessionMeta | None] = {}
     kept: dict[Pair, StoredResult] = {}
@@ -120,7 +120,7 @@ def reusable_results(
             row = store.session(stored.session_id)
             sources[stored.session_id] = row.meta if row is not None else None
         source = sources[stored.session_id]
-        why = _why_not(job, meta, pair, stored, source, fresh.get(pair[0]))
+        why = _why_not(spec, meta, pair, stored, source, fresh.get(pair[0]))
         if why is not None:
             log.info("not reusing %s from session %d: %s", pair_text(pair), stored.session_id, why)
             continue
@@ -132,7 +132,7 @@ def reusable_results(
 
 
 def _why_not(
-    job: JobSpec,
+    spec: SessionSpec,
     meta: SessionMeta,
     pair: Pair,
     stored: StoredResult,
@@ -144,32 +144,32 @@ def _why_not(
         return "its session is gone"
     if fresh_after is not None and stored.recorded_at < fresh_after:
         return "measured before the fresh measurement was requested"
-    return conditions_differ(meta, source) or workload_differs(job, pair[0], source)
+    return conditions_differ(meta, source) or workload_differs(spec, pair[0], source)
 
 
-def remaining_job(job: JobSpec, done: Collection[Pair]) -> JobSpec | None:
-    """``job`` without the pairs in ``done``, or None when nothing is left.
+def remaining_spec(spec: SessionSpec, done: Collection[Pair]) -> SessionSpec | None:
+    """``spec`` without the pairs in ``done``, or None when nothing is left.
 
     A workload with every regime done is dropped; one with some left keeps only those
-    (``JobSpec.workload_regimes``). The time budget shrinks in proportion, so each
-    remaining pair gets the share it had in the whole job.
+    (``SessionSpec.workload_regimes``). The time budget shrinks in proportion, so each
+    remaining pair gets the share it had in the whole spec.
     """
-    pairs = job.pairs()
+    pairs = spec.pairs()
     left: dict[str, tuple[Regime, ...]] = {}
-    for w in job.workloads:
-        regimes = tuple(r for r in job.regimes_of(w.name) if (w.name, r) not in done)
+    for w in spec.workloads:
+        regimes = tuple(r for r in spec.regimes_of(w.name) if (w.name, r) not in done)
         if regimes:
             left[w.name] = regimes
     n_left = sum(map(len, left.values()))
     if n_left == 0:
         return None
     if n_left == len(pairs):
-        return job
+        return spec
     return replace(
-        job,
-        workloads=tuple(w for w in job.workloads if w.name in left),
-        workload_regimes={n: rs for n, rs in left.items() if rs != job.regimes},
-        time_budget_s=job.time_budget_s * n_left / len(pairs),
+        spec,
+        workloads=tuple(w for w in spec.workloads if w.name in left),
+        workload_regimes={n: rs for n, rs in left.items() if rs != spec.regimes},
+        time_budget_s=spec.time_budget_s * n_left / len(pairs),
     )
 
 

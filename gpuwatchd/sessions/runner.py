@@ -44,21 +44,21 @@ from gpuwatchd.sessions.resume import (
     check_max_age,
     describe_reuse,
     pair_text,
-    remaining_job,
+    remaining_spec,
     reusable_results,
 )
 from gpuwatchd.store import SessionMeta, StoredResult, StoreError, TuningStore
 from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
-from gpuwatchd.tuning.jobspec import (
+from gpuwatchd.tuning.session_spec import (
     MAX_LINE_BYTES,
     ErrorMessage,
     Hello,
-    JobSpec,
-    JobSpecError,
     Message,
     Progress,
     ResultMessage,
+    SessionSpec,
+    SessionSpecError,
     decode_message,
 )
 from gpuwatchd.tuning.settings import DEFAULT_RESUME_MAX_AGE_S
@@ -90,7 +90,7 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True, slots=True)
 class SessionOutcome:
-    """How a session ended, and its results (also in the store), in the job's order:
+    """How a session ended, and its results (also in the store), in the spec's order:
     those the worker delivered and those ``reused_from`` earlier sessions (pair -> id)."""
 
     status: SessionStatus
@@ -182,7 +182,7 @@ class WorkerProcess:
                     continue
                 try:
                     self.events.put(decode_message(line))
-                except JobSpecError as e:
+                except SessionSpecError as e:
                     self.events.put(_Invalid(str(e)))
                     return
         except (OSError, ValueError) as e:
@@ -269,7 +269,7 @@ def _thread(name: str, target: Callable[..., object], *args: object) -> threadin
 
 
 def _feed(stream: IO[bytes], data: bytes) -> None:
-    """Write the job and close stdin; a worker that died early just breaks the pipe."""
+    """Write the spec and close stdin; a worker that died early just breaks the pipe."""
     with suppress(OSError, ValueError):
         stream.write(data)
     with suppress(OSError, ValueError):
@@ -296,7 +296,7 @@ class TuneRunner:
     ``resume_max_age_s`` is how old a preempted session's result may be and still be
     reused (0: never reuse, measure every pair); ``now`` is the clock it is judged on,
     the store's (unix seconds). ``versions_now`` reads the stack installed now, to
-    check a job whose every pair was measured already; without it such a job is
+    check a spec whose every pair was measured already; without it such a spec is
     measured again.
     """
 
@@ -371,15 +371,15 @@ class TuneRunner:
             return True
 
     def reusable(
-        self, job: JobSpec, meta: SessionMeta, fresh_after: Mapping[str, float] | None = None
+        self, spec: SessionSpec, meta: SessionMeta, fresh_after: Mapping[str, float] | None = None
     ) -> dict[Pair, StoredResult]:
-        """What earlier preempted sessions measured of ``job`` that a session with
+        """What earlier preempted sessions measured of ``spec`` that a session with
         ``meta`` may reuse (the stack is checked later, at the worker's hello);
         ``fresh_after`` as :meth:`run_session` takes it."""
         if self.resume_max_age_s <= 0:
             return {}
         since = self._now() - self.resume_max_age_s
-        return reusable_results(self.store, job, meta, since=since, fresh_after=fresh_after)
+        return reusable_results(self.store, spec, meta, since=since, fresh_after=fresh_after)
 
     def stack_now_differs(self, versions: Versions, info: DeviceInfo) -> str | None:
         """Why results measured on ``versions`` may not stand for the stack installed now
@@ -394,7 +394,7 @@ class TuneRunner:
 
     def run_session(
         self,
-        job: JobSpec,
+        spec: SessionSpec,
         info: DeviceInfo,
         backend_name: str,
         should_preempt: ShouldPreempt,
@@ -404,13 +404,13 @@ class TuneRunner:
         sample: Sample | None = None,
         fresh_after: Mapping[str, float] | None = None,
     ) -> SessionOutcome:
-        """Run ``job`` on the GPU ``info`` in a worker and record the session.
+        """Run ``spec`` on the GPU ``info`` in a worker and record the session.
 
         Returns once the worker is gone: normally, killed after ``timeout_s``, killed
         for invalid output, or stopped within about ``poll_s + term_grace_s`` of
         ``should_preempt`` returning a reason. ``sample`` (the GPU's latest reading)
         is stored as its state at the start. Raises :class:`RunnerBusy` if a session
-        is running already, ``ValueError`` for a job that is not for ``info``, and
+        is running already, ``ValueError`` for a spec that is not for ``info``, and
         :class:`~gpuwatchd.store.StoreError` if the session cannot even be started.
 
         Pairs that preempted sessions already measured are reused (see the module's
@@ -424,9 +424,9 @@ class TuneRunner:
             raise ValueError(f"timeout_s must be a finite number, got {timeout_s!r}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        if job.gpu_uuid != info.uuid or job.gpu_index != info.index:
+        if spec.gpu_uuid != info.uuid or spec.gpu_index != info.index:
             raise ValueError(
-                f"job is for GPU {job.gpu_index} ({job.gpu_uuid}) but info is GPU "
+                f"spec is for GPU {spec.gpu_index} ({spec.gpu_uuid}) but info is GPU "
                 f"{info.index} ({info.uuid})"
             )
         fresh = _check_fresh_after(fresh_after)
@@ -435,24 +435,24 @@ class TuneRunner:
             meta = SessionMeta.for_device(
                 info,
                 backend=backend_name,
-                workloads=job.workloads,
-                regimes=job.regimes,
+                workloads=spec.workloads,
+                regimes=spec.regimes,
                 sample=sample,
             )
-            meta = _with_extra(meta, job)
+            meta = _with_extra(meta, spec)
             sid = self.store.start_session(meta)
             log.info("tuning session %d on GPU %d (%s) started", sid, info.index, info.uuid)
             session = _Session(
-                self, job, info, sid, should_preempt, on_progress, timeout_s, meta, fresh
+                self, spec, info, sid, should_preempt, on_progress, timeout_s, meta, fresh
             )
             try:
                 status, why = session.run()
             except BaseException as e:  # KeyboardInterrupt, a bug: never leave it running
                 session.kill()
                 why = f"runner interrupted: {describe(e)}"
-                self._finish(sid, info, SessionStatus.FAILED, why, job)
+                self._finish(sid, info, SessionStatus.FAILED, why, spec)
                 raise
-            self._finish(sid, info, status, why, job)
+            self._finish(sid, info, status, why, spec)
             log.info("tuning session %d ended %s%s", sid, status.value, f": {why}" if why else "")
             reused = {p: s.session_id for p, s in session.carried.items()}
             return SessionOutcome(
@@ -465,7 +465,7 @@ class TuneRunner:
         with self._lock:
             waiting, self._unrecorded = self._unrecorded, []
         for e in waiting:
-            self._finish(e.sid, e.info, e.status, e.why, e.job, again=True)
+            self._finish(e.sid, e.info, e.status, e.why, e.spec, again=True)
         with self._lock:
             return len(self._unrecorded)
 
@@ -489,7 +489,7 @@ class TuneRunner:
         info: DeviceInfo,
         status: SessionStatus,
         why: str | None,
-        job: JobSpec,
+        spec: SessionSpec,
         *,
         again: bool = False,
     ) -> None:
@@ -497,7 +497,7 @@ class TuneRunner:
             self.store.finish_session(sid, status, why)
         except StoreUnavailable:
             with self._lock:
-                self._unrecorded.append(_Ending(sid, info, status, why, job))
+                self._unrecorded.append(_Ending(sid, info, status, why, spec))
             if again:
                 return
             log.warning("tuning session %d ended %s; the store is unreachable, so it is"
@@ -507,27 +507,27 @@ class TuneRunner:
             log.error("cannot end tuning session %d as %s (%s): %s", sid, status.value, why, e)
             return  # the store still says running: nothing new to tell
         if self._on_finished is not None:
-            names = tuple(w.name for w in job.workloads)
+            names = tuple(w.name for w in spec.workloads)
             event = SessionFinished(sid, info.index, info.uuid, info.name, status, why, names)
             try:
                 self._on_finished(event)
             except Exception:  # a listener's bug must not fail the session that ended fine
                 log.exception("on_finished failed for tuning session %d", sid)
 
-    def _command_env(self, job: JobSpec) -> dict[str, str]:
+    def _command_env(self, spec: SessionSpec) -> dict[str, str]:
         if self._env is None:
             env = worker_environment(os.environ, _PACKAGE_ROOT, self._user)
         else:
             env = dict(self._env)
             path = env.get("PYTHONPATH")
             env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
-        env["CUDA_VISIBLE_DEVICES"] = job.gpu_uuid if job.device == "cuda" else ""
+        env["CUDA_VISIBLE_DEVICES"] = spec.gpu_uuid if spec.device == "cuda" else ""
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def _spawn(self, job: JobSpec) -> WorkerProcess:
+    def _spawn(self, spec: SessionSpec) -> WorkerProcess:
         worker = WorkerProcess(
-            self._cmd, self._command_env(job), job.dumps().encode(), user=self._user
+            self._cmd, self._command_env(spec), spec.dumps().encode(), user=self._user
         )
         with self._lock:
             self._worker = worker
@@ -554,7 +554,7 @@ class _Ending:
     info: DeviceInfo
     status: SessionStatus
     why: str | None
-    job: JobSpec
+    spec: SessionSpec
 
 
 class _Session:
@@ -563,7 +563,7 @@ class _Session:
     def __init__(
         self,
         runner: TuneRunner,
-        job: JobSpec,
+        spec: SessionSpec,
         info: DeviceInfo,
         sid: int,
         should_preempt: ShouldPreempt,
@@ -573,15 +573,15 @@ class _Session:
         fresh_after: Mapping[str, float],
     ) -> None:
         self.r = runner
-        self.job = job
+        self.spec = spec
         self.info = info
         self.sid = sid
         self.should_preempt = should_preempt
         self.on_progress = on_progress
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
-        self.work = job  # what the worker is asked to measure: the job less what is reused
-        self.expected = set(job.pairs())
+        self.work = spec  # what the worker is asked to measure: the spec less what is reused
+        self.expected = set(spec.pairs())
         self.results: dict[tuple[str, Regime], RegimeResult] = {}
         self.hello: Hello | None = None
         self.error: str | None = None
@@ -598,10 +598,10 @@ class _Session:
     def run(self) -> tuple[SessionStatus, str | None]:
         self.deadline = time.monotonic() + self.timeout_s
         try:
-            self.reuse = self.r.reusable(self.job, self.meta, self.fresh_after)
-        except StoreError as e:  # resuming saves time; without it the job still runs
+            self.reuse = self.r.reusable(self.spec, self.meta, self.fresh_after)
+        except StoreError as e:  # resuming saves time; without it the session still runs
             log.warning("session %d: cannot look for results to reuse: %s", self.sid, e)
-        work = remaining_job(self.job, self.reuse) if self.reuse else self.job
+        work = remaining_spec(self.spec, self.reuse) if self.reuse else self.spec
         if work is None:  # every pair measured: no worker will report the stack
             why = self.r.stack_now_differs(next(iter(self.reuse.values())).versions, self.info)
             if why is None:
@@ -612,13 +612,13 @@ class _Session:
                 self.sid,
                 why,
             )
-            self.reuse, work = {}, self.job
+            self.reuse, work = {}, self.spec
         if self.reuse:
             log.info(
                 "session %d: %d of %d pairs measured by preempted sessions; measuring %s",
                 self.sid,
                 len(self.reuse),
-                len(self.job.pairs()),
+                len(self.spec.pairs()),
                 ", ".join(pair_text(p) for p in work.pairs()),
             )
             verdict = self._run_worker(work)
@@ -627,13 +627,13 @@ class _Session:
             self.reuse, self.stack_changed, self.hello, self.error = {}, False, None, None
             self.results = {}
             self.r._set_hello_pid(None)
-        return self._run_worker(self.job)
+        return self._run_worker(self.spec)
 
     def ordered_results(self) -> tuple[RegimeResult, ...]:
-        """Measured and carried results, in the job's (workload, regime) order."""
-        return tuple(self.results[p] for p in self.job.pairs() if p in self.results)
+        """Measured and carried results, in the spec's (workload, regime) order."""
+        return tuple(self.results[p] for p in self.spec.pairs() if p in self.results)
 
-    def _run_worker(self, work: JobSpec) -> tuple[SessionStatus, str | None]:
+    def _run_worker(self, work: SessionSpec) -> tuple[SessionStatus, str | None]:
         self.work, self.expected = work, set(work.pairs())
         try:
             self.worker = self.r._spawn(work)
@@ -718,7 +718,7 @@ class _Session:
                 raise _Failed(f"worker sent invalid output: {event.why}")
             elif event is not None:
                 self._handle(event)
-                if self.stack_changed:  # the run() that called us starts the whole job
+                if self.stack_changed:  # the run() that called us starts the whole spec
                     worker.stop(0)
                     return None
                 if isinstance(event, ErrorMessage) and error_at is None:
@@ -759,7 +759,7 @@ class _Session:
 
     def _handle(self, msg: Message) -> None:
         if self.stack_changed:
-            return  # this worker measures a job that is no longer wanted
+            return  # this worker measures a spec that is no longer wanted
         if isinstance(msg, Hello):
             if self.hello is not None:
                 raise _Failed("worker sent invalid output: a second hello")
@@ -779,7 +779,7 @@ class _Session:
             if self.on_progress is not None:
                 payload = msg.to_json()
                 payload["session_id"] = self.sid
-                payload["done"] += len(self.carried)  # of the whole job, reused pairs included
+                payload["done"] += len(self.carried)  # of the whole spec, reused pairs included
                 payload["total"] += len(self.carried)
                 try:
                     self.on_progress(payload)
@@ -798,7 +798,7 @@ class _Session:
         if (workload, regime) not in self.expected:
             raise _Failed(
                 f"worker sent invalid output: {what} for {pair_text((workload, regime))},"
-                " which is not in the job"
+                " which is not in the spec"
             )
 
     def _store(self, write: Callable[[], _T]) -> _T:
@@ -845,13 +845,13 @@ def _check_fresh_after(value: Mapping[str, float] | None) -> dict[str, float]:
     return out
 
 
-def _with_extra(meta: SessionMeta, job: JobSpec) -> SessionMeta:
+def _with_extra(meta: SessionMeta, spec: SessionSpec) -> SessionMeta:
     """Keep what the worker was asked to do with the session (device, budget, protocol)."""
-    spec = job.to_json()
+    wire = spec.to_json()
     extra = {
-        "device": job.device,
-        "time_budget_s": job.time_budget_s,
-        "protocol": spec["protocol"],
-        **({"sim": spec["sim"]} if job.sim is not None else {}),
+        "device": spec.device,
+        "time_budget_s": spec.time_budget_s,
+        "protocol": wire["protocol"],
+        **({"sim": wire["sim"]} if spec.sim is not None else {}),
     }
     return replace(meta, extra={**meta.extra, **extra})

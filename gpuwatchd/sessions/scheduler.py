@@ -1,8 +1,8 @@
 """The daemon's tuning scheduler: pending work per GPU, started only behind an open gate.
 
-``tick`` runs as an APScheduler interval job and never blocks: it only decides, and a
-session that may take minutes runs on its own thread. A hung or slow session can
-therefore never make APScheduler skip later ticks (``max_instances=1`` plus a hung job
+``tick`` runs as a periodic task (APScheduler, interval trigger) and never blocks: it
+only decides, and a session that may take minutes runs on its own thread. A hung or slow session can
+therefore never make APScheduler skip later ticks (``max_instances=1`` plus a hung task
 would silence the scheduler forever). Every decision not to start is counted by reason
 (``gpuwatchd_tune_deferred_total``).
 
@@ -49,7 +49,7 @@ from gpuwatchd.sessions.events import (
 )
 from gpuwatchd.sessions.fleet import SKIP_REASON, FleetAnswer, FleetPolicy
 from gpuwatchd.sessions.fleet_settings import FleetConfig
-from gpuwatchd.sessions.plan import build_jobs, preempt_reason, runnable_workloads
+from gpuwatchd.sessions.plan import build_specs, preempt_reason, runnable_workloads
 from gpuwatchd.sessions.readiness import (
     REASON_DISABLED,
     REASON_OK,
@@ -65,7 +65,7 @@ from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.telemetry.backend import FeelsSessionLoad
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.jobspec import JobSpec
+from gpuwatchd.tuning.session_spec import SessionSpec
 from gpuwatchd.tuning.settings import TuningSetup
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.windows import in_windows, parse_windows
@@ -104,9 +104,9 @@ class Pending:
 
 @dataclass(frozen=True, slots=True)
 class _Chosen:
-    """What a session runs: the job, the claims it holds, the workloads it verifies."""
+    """What a session runs: the spec, the claims it holds, the workloads it verifies."""
 
-    job: JobSpec
+    spec: SessionSpec
     keys: dict[str, str] = field(default_factory=dict)
     verify: frozenset[str] = frozenset()
 
@@ -370,11 +370,11 @@ class TuneScheduler:
         fleet = self._fleet
         return fleet if fleet is not None and fleet.active else None
 
-    def _job(self, info: DeviceInfo, workloads: Sequence[Workload], sim_t: float) -> JobSpec:
-        """The first device kind's job for ``workloads`` (the others wait their turn)."""
+    def _spec(self, info: DeviceInfo, workloads: Sequence[Workload], sim_t: float) -> SessionSpec:
+        """The first device kind's spec for ``workloads`` (the others wait their turn)."""
         regimes = tuple(Regime(r) for r in self.cfg.tuning.regimes)
         speed = self.cfg.sim.speed if self._session_load is not None else None
-        return build_jobs(self.cfg, info, workloads, regimes, sim_t, speed)[0]
+        return build_specs(self.cfg, info, workloads, regimes, sim_t, speed)[0]
 
     def _start(self, gpu: int, work: tuple[Workload, ...]) -> None:
         snap = self.board.get(gpu)
@@ -390,8 +390,8 @@ class TuneScheduler:
         sim_t = self._sim_time()
         chosen = None
         if self._fleet_on() is None:  # decided here; with a fleet, on the session's thread
-            chosen = _Chosen(self._job(snap.info, work, sim_t))
-            work = chosen.job.workloads
+            chosen = _Chosen(self._spec(snap.info, work, sim_t))
+            work = chosen.spec.workloads
         t = threading.Thread(
             target=self._run, args=(gpu, runner, snap, work, why, chosen, sim_t, fresh),
             name=f"gpuwatchd-tune-{gpu}", daemon=True,
@@ -417,12 +417,12 @@ class TuneScheduler:
             if chosen is None:
                 chosen = self._choose_or_back_off(gpu, snap.info, work, why, sim_t)
             if chosen is not None:
-                names = [w.name for w in chosen.job.workloads]
+                names = [w.name for w in chosen.spec.workloads]
                 reasons = sorted(set().union(*(why.get(n, ()) for n in names)))
                 log.info("GPU %d: gate open, tuning %s (%s)", gpu, ", ".join(names),
                          ", ".join(reasons))  # fmt: skip
                 fresh_after = {n: fresh[n] for n in names if n in fresh}
-                self._run_session(gpu, runner, chosen.job, snap, chosen.verify, fresh_after)
+                self._run_session(gpu, runner, chosen.spec, snap, chosen.verify, fresh_after)
         finally:  # whatever happened, this GPU is free for the next session
             with self._lock:
                 held = self._held.pop(gpu, None)
@@ -481,7 +481,7 @@ class TuneScheduler:
         """Drop the work the fleet answered, claim the rest; None when nothing is left."""
         fleet = self._fleet
         if fleet is None or not fleet.active:
-            return _Chosen(self._job(info, work, sim_t))
+            return _Chosen(self._spec(info, work, sim_t))
         regimes = tuple(Regime(r) for r in self.cfg.tuning.regimes)
         versions = fleet.versions(info)
         plan = fleet.plan(info, versions, work, regimes, why)
@@ -489,7 +489,7 @@ class TuneScheduler:
             self._skip(gpu, info, plan.skipped)
         if not plan.run:
             return None
-        first = self._job(info, plan.run, sim_t).workloads
+        first = self._spec(info, plan.run, sim_t).workloads
         claimed = fleet.claim(info, versions, first)
         if claimed.elsewhere:
             self._claimed_by_others(gpu, claimed.elsewhere, all_of_them=not claimed.keys)
@@ -504,11 +504,11 @@ class TuneScheduler:
         with self._lock:
             self._held[gpu] = renewer
             self._tuning[gpu] = frozenset(keys)
-        job = self._job(info, [w for w in first if w.name in keys], sim_t)
+        spec = self._spec(info, [w for w in first if w.name in keys], sim_t)
         for name in sorted(verify):
             log.info("GPU %d: %s has fresh fleet winners; measuring it again to verify them"
                      " (verify_fraction %g)", gpu, name, fleet.cfg.verify_fraction)  # fmt: skip
-        return _Chosen(job, keys, verify)
+        return _Chosen(spec, keys, verify)
 
     def _answered_meanwhile(
         self,
@@ -595,7 +595,7 @@ class TuneScheduler:
         self,
         gpu: int,
         runner: TuneRunner,
-        job: JobSpec,
+        spec: SessionSpec,
         snap: GpuSnapshot,
         verify: frozenset[str] = frozenset(),
         fresh_after: Mapping[str, float] | None = None,
@@ -604,7 +604,7 @@ class TuneScheduler:
         outcome_cut = False  # the store cut the session off: retried once it is back
         try:
             outcome = runner.run_session(
-                job,
+                spec,
                 snap.info,
                 self.backend_name,
                 should_preempt=lambda: preempt_reason(self.board.get(gpu)),
@@ -622,7 +622,7 @@ class TuneScheduler:
             log.exception("GPU %d: tuning session could not run", gpu)
             status, why = SessionStatus.FAILED, f"{type(exc).__name__}: {exc}"
         with self._lock:
-            done = {w.name for w in job.workloads} - self._again.get(gpu, set())
+            done = {w.name for w in spec.workloads} - self._again.get(gpu, set())
             p = self._pending.get(gpu)
             if status is SessionStatus.COMPLETED:
                 self._verified += len(verify)

@@ -1,7 +1,7 @@
 """Tuning's settings: the ``[tuning]`` table and its ``[tuning.protocol]`` sub-table.
 
 Shared vocabulary: the config loader builds them, the daemon's scheduler and planner
-read :class:`TuningSetup`, the job spec carries :class:`ProtocolConfig` and the worker's
+read :class:`TuningSetup`, the session spec carries :class:`ProtocolConfig` and the worker's
 protocol applies it. Kept apart from the protocol so the daemon side never imports
 the worker package, and apart from the config package so tuning never imports it.
 """

@@ -14,7 +14,7 @@ daemon's user, so the rule is narrow and its only input is the admin's configura
   function whose ``__module__`` is allowed; a qualname may pass through classes defined
   in an allowed module, never through a module object or anything else;
 - nothing a request or a workload carries widens the list: a workload whose ``params``
-  hold ``allowed_modules`` is refused, and the worker takes the list from its job spec
+  hold ``allowed_modules`` is refused, and the worker takes the list from its session spec
   (written by the daemon from its configuration), never from a workload.
 
 The daemon checks the names (:func:`check_request`, :func:`check_workload`) where work

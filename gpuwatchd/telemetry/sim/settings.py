@@ -17,7 +17,7 @@ def _known_scenario(name: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    """The simulated GPU (``--backend sim``); a sim tuning job replays the same one."""
+    """The simulated GPU (``--backend sim``); a sim tuning session replays the same one."""
 
     gpus: int = field(default=1, metadata=check(lambda v: 1 <= v <= 1024, "must be in [1, 1024]"))
     scenario: str = field(default="idle", metadata=check(_known_scenario, ""))

@@ -1,4 +1,4 @@
-"""``python -m gpuwatchd.tuning.worker``: one tuning job in this process, then exit."""
+"""``python -m gpuwatchd.tuning.worker``: one tuning session in this process, then exit."""
 
 from gpuwatchd.tuning.worker.main import run_and_exit
 

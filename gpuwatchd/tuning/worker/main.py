@@ -1,6 +1,6 @@
-"""The tuning worker: ``python -m gpuwatchd.tuning.worker``, one job, one GPU, then exit.
+"""The tuning worker: ``python -m gpuwatchd.tuning.worker``, one session spec, one GPU, then exit.
 
-It reads one :class:`~gpuwatchd.tuning.jobspec.JobSpec` (JSON) from stdin, opens the
+It reads one :class:`~gpuwatchd.tuning.session_spec.SessionSpec` (JSON) from stdin, opens the
 device with its own telemetry (NVML for ``cuda``, a simulated GPU for ``sim``, none for
 ``cpu``), runs the measurement protocol on every workload and writes JSON lines to
 stdout: ``hello``, throttled ``progress``, a ``result`` per (workload, regime), or an
@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import BinaryIO, TextIO
 
-from gpuwatchd.tuning.jobspec import (
-    MAX_JOB_BYTES,
+from gpuwatchd.tuning.session_spec import (
+    MAX_SPEC_BYTES,
     ErrorMessage,
     Hello,
-    JobSpec,
-    JobSpecError,
     Message,
     Progress,
     ResultMessage,
+    SessionSpec,
+    SessionSpecError,
     encode_message,
 )
 from gpuwatchd.tuning.types import BatchRecord, Regime, RegimeResult, Versions, Workload
@@ -57,7 +57,7 @@ PROGRESS_INTERVAL_S = 0.25
 
 
 class WorkerError(Exception):
-    """The job cannot go on; the message is sent to the daemon as the session's why."""
+    """The session cannot go on; the message is sent to the daemon as the session's why."""
 
 
 class Channel:
@@ -107,36 +107,36 @@ class OpenDevice:
     close: Callable[[], None]
 
 
-def open_device(job: JobSpec) -> OpenDevice:
-    """Open the job's device with its own telemetry and check it is the GPU asked for."""
-    if job.device == "cpu":
+def open_device(spec: SessionSpec) -> OpenDevice:
+    """Open the spec's device with its own telemetry and check it is the GPU asked for."""
+    if spec.device == "cpu":
         import torch
 
         from gpuwatchd.tuning.worker.devices import CpuSession
 
         return OpenDevice(CpuSession(), Versions(torch=torch.__version__), lambda: None)
-    if job.device == "sim":
+    if spec.device == "sim":
         from gpuwatchd.telemetry.clocks import ManualClock, PacedClock
         from gpuwatchd.telemetry.sim import SimBackend
         from gpuwatchd.tuning.worker.devices import SimSession
 
-        assert job.sim is not None  # JobSpec guarantees it for device sim
-        speed = job.sim.speed  # paced to the daemon's time: its GPU feels the whole session
-        clock = ManualClock() if speed is None else PacedClock(speed, job.sim.start_t)
+        assert spec.sim is not None  # SessionSpec guarantees it for device sim
+        speed = spec.sim.speed  # paced to the daemon's time: its GPU feels the whole session
+        clock = ManualClock() if speed is None else PacedClock(speed, spec.sim.start_t)
         try:
             backend = SimBackend(
-                gpus=job.sim.gpus, scenario=job.sim.scenario, seed=job.sim.seed, clock=clock
+                gpus=spec.sim.gpus, scenario=spec.sim.scenario, seed=spec.sim.seed, clock=clock
             )
-            sim = SimSession(backend, clock, job.gpu_index, seed=job.sim.seed)
+            sim = SimSession(backend, clock, spec.gpu_index, seed=spec.sim.seed)
         except ValueError as e:
-            raise WorkerError(f"job.sim: {e}") from None
-        clock.advance(job.sim.start_t)  # the model catches up on its first read
-        _check_uuid(job, sim.info.uuid)
+            raise WorkerError(f"spec.sim: {e}") from None
+        clock.advance(spec.sim.start_t)  # the model catches up on its first read
+        _check_uuid(spec, sim.info.uuid)
         return OpenDevice(sim, Versions(driver=sim.info.driver_version), backend.close)
-    return _open_cuda(job)
+    return _open_cuda(spec)
 
 
-def _open_cuda(job: JobSpec) -> OpenDevice:
+def _open_cuda(spec: SessionSpec) -> OpenDevice:
     from gpuwatchd.telemetry.backend import BackendUnavailable
     from gpuwatchd.telemetry.nvml import NvmlBackend
     from gpuwatchd.tuning.worker.cuda_session import CudaSession
@@ -146,8 +146,8 @@ def _open_cuda(job: JobSpec) -> OpenDevice:
     except BackendUnavailable as e:
         raise WorkerError(f"NVML: {e}") from None
     try:
-        _check_uuid(job, nvml.device_info(job.gpu_index).uuid)
-        cuda = CudaSession(job.gpu_index, nvml)
+        _check_uuid(spec, nvml.device_info(spec.gpu_index).uuid)
+        cuda = CudaSession(spec.gpu_index, nvml)
         sw = cuda.software()
     except BaseException:
         nvml.close()
@@ -167,10 +167,10 @@ def _open_cuda(job: JobSpec) -> OpenDevice:
     return OpenDevice(cuda, versions, close)
 
 
-def _check_uuid(job: JobSpec, actual: str) -> None:
-    if actual.lower() != job.gpu_uuid.lower():
+def _check_uuid(spec: SessionSpec, actual: str) -> None:
+    if actual.lower() != spec.gpu_uuid.lower():
         raise WorkerError(
-            f"job.gpu_uuid is {job.gpu_uuid} but GPU {job.gpu_index} here is {actual};"
+            f"spec.gpu_uuid is {spec.gpu_uuid} but GPU {spec.gpu_index} here is {actual};"
             " the daemon and the worker disagree on the GPU"
         )
 
@@ -209,13 +209,13 @@ class ProgressReporter:
         # A regime starts when the previous one's last batch ended; the first one about now.
         self._regime_start = now() if now is not None else None
         self._last_t = self._regime_start
-        self._done: int | None = None  # set by begin(): pairs of the job finished
+        self._done: int | None = None  # set by begin(): pairs of the spec finished
 
     def begin(self, regime: Regime, done: int, budget_s: float | None = None) -> None:
-        """This workload's ``regime`` starts now, ``done`` pairs of the job finished.
+        """This workload's ``regime`` starts now, ``done`` pairs of the spec finished.
 
         In a queue other workloads run between a workload's regimes, so its regime's
-        clock, round and place in the job are set here rather than guessed from its
+        clock, round and place in the session are set here rather than guessed from its
         previous batch.
         """
         now = self._now() if self._now is not None else None
@@ -271,47 +271,47 @@ class ProgressReporter:
         )
 
 
-def run_job(job: JobSpec, channel: Channel, stop: Callable[[], bool]) -> int:
-    """Measure every workload of the job; returns the exit code.
+def run_spec(spec: SessionSpec, channel: Channel, stop: Callable[[], bool]) -> int:
+    """Measure every workload of the spec; returns the exit code.
 
     Workloads go ``protocol.queue_workloads`` at a time through :func:`tune_queue`, so
     their sustained regimes run back to back on the heat the previous one left. Each
-    group gets the share of the job's remaining time budget its pairs are owed, counted
+    group gets the share of the session's remaining time budget its pairs are owed, counted
     from before its candidates are built and set up (so a group's set-up cannot carry
-    the job past its budget); within it every regime run gets an equal share of what is
+    the session past its budget); within it every regime run gets an equal share of what is
     left (at most the protocol's own ``time_budget_s``). Each regime's result goes out as
     soon as it is decided: a preemption later keeps it, and a resumed session measures
     only what is missing.
     """
     if stop():
         return EXIT_TERMINATED
-    dev = open_device(job)
+    dev = open_device(spec)
     try:
         channel.send(Hello(pid=os.getpid(), versions=dev.versions))
         session = dev.session
-        total = len(job.pairs())
-        sent = 0  # results sent: pairs of the job finished
+        total = len(spec.pairs())
+        sent = 0  # results sent: pairs of the spec finished
         start = session.now()
-        size = job.protocol.queue_workloads
-        for g in range(0, len(job.workloads), size):
-            group = job.workloads[g : g + size]
+        size = spec.protocol.queue_workloads
+        for g in range(0, len(spec.workloads), size):
+            group = spec.workloads[g : g + size]
             if stop():
                 return EXIT_TERMINATED
             group_began = session.now()
-            left = job.time_budget_s - (group_began - start)
+            left = spec.time_budget_s - (group_began - start)
             if left <= 0:
                 raise WorkerError(
-                    f"time budget of {job.time_budget_s:g} s spent before workload {group[0].name}"
+                    f"time budget of {spec.time_budget_s:g} s spent before workload {group[0].name}"
                 )
-            regimes = [job.regimes_of(w.name) for w in group]
-            queue = [(w, _candidates(w, session, job.allowed_modules)) for w in group]
-            events = _QueueEvents(channel, job, queue, regimes, total, sent, session.now)
+            regimes = [spec.regimes_of(w.name) for w in group]
+            queue = [(w, _candidates(w, session, spec.allowed_modules)) for w in group]
+            events = _QueueEvents(channel, spec, queue, regimes, total, sent, session.now)
             try:
                 tune_queue(
                     queue,
                     session,
-                    job.regimes,
-                    job.protocol,
+                    spec.regimes,
+                    spec.protocol,
                     events.on_batch,
                     stop,
                     events.on_result,
@@ -339,7 +339,7 @@ class _QueueEvents:
     def __init__(
         self,
         channel: Channel,
-        job: JobSpec,
+        spec: SessionSpec,
         queue: list[tuple[Workload, list[Candidate]]],
         regimes: list[tuple[Regime, ...]],
         total: int,
@@ -347,7 +347,7 @@ class _QueueEvents:
         now: Callable[[], float],
     ) -> None:
         self._channel = channel
-        self.sent = sent  # pairs of the job finished
+        self.sent = sent  # pairs of the spec finished
         self._reporters = [
             ProgressReporter(
                 channel,
@@ -356,7 +356,7 @@ class _QueueEvents:
                 0,
                 total,
                 candidates=len(cands),
-                min_batches=job.protocol.min_rounds,
+                min_batches=spec.protocol.min_rounds,
                 now=now,
             )
             for (w, cands), rs in zip(queue, regimes, strict=True)
@@ -385,15 +385,15 @@ def _candidates(
     return candidates
 
 
-def _read_job(stream: BinaryIO) -> JobSpec:
-    data = stream.read(MAX_JOB_BYTES + 1)
+def _read_job(stream: BinaryIO) -> SessionSpec:
+    data = stream.read(MAX_SPEC_BYTES + 1)
     if not data.strip():
-        raise JobSpecError("job: stdin was empty; expected one job spec (JSON)")
-    return JobSpec.loads(data)
+        raise SessionSpecError("spec: stdin was empty; expected one session spec (JSON)")
+    return SessionSpec.loads(data)
 
 
 def main() -> int:
-    """Run one job from stdin; messages on the real stdout, everything else on stderr."""
+    """Run one session spec from stdin; messages on the real stdout, everything else on stderr."""
     channel = Channel(claim_stdout())
     faulthandler.enable(sys.stderr)
     logging.basicConfig(
@@ -404,18 +404,20 @@ def main() -> int:
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop.handle)
     try:
-        job = _read_job(sys.stdin.buffer)
-    except JobSpecError as e:
-        _send_error(channel, f"bad job spec: {e}")
+        spec = _read_job(sys.stdin.buffer)
+    except SessionSpecError as e:
+        _send_error(channel, f"bad session spec: {e}")
         return EXIT_BAD_JOB
     try:
-        return run_job(job, channel, stop)
+        return run_spec(spec, channel, stop)
     except BrokenPipeError:
         return EXIT_TERMINATED if stop() else EXIT_FAILED  # the daemon stopped listening
     except Exception as e:
         log.exception("tuning failed")
         # Our own errors are written for people already; anything else keeps its type name.
-        _send_error(channel, describe(e, with_type=not isinstance(e, WorkerError | JobSpecError)))
+        _send_error(
+            channel, describe(e, with_type=not isinstance(e, WorkerError | SessionSpecError))
+        )
         return EXIT_FAILED
 
 

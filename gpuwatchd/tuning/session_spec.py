@@ -1,12 +1,12 @@
 """The wire format between the daemon and the tuning worker, validated strictly both ways.
 
-The daemon writes one :class:`JobSpec` as JSON to the worker's stdin; the worker answers
+The daemon writes one :class:`SessionSpec` as JSON to the worker's stdin; the worker answers
 with JSON lines on stdout (:data:`Message`): one ``hello``, ``progress`` now and then, a
 ``result`` per (workload, regime), or an ``error`` before exiting non-zero.
 
 Anything from the other process is outside input: :func:`decode_message` and
-:meth:`JobSpec.loads` reject wrong types, missing or unknown keys, non-finite numbers and
-inconsistent results with a one-line :class:`JobSpecError` naming the field. This
+:meth:`SessionSpec.loads` reject wrong types, missing or unknown keys, non-finite numbers and
+inconsistent results with a one-line :class:`SessionSpecError` naming the field. This
 module never imports torch: the daemon uses it.
 """
 
@@ -33,38 +33,38 @@ from gpuwatchd.validate import (
 
 #: Where the worker's candidates run: a CUDA GPU, the host CPU, or a simulated GPU.
 DEVICES = ("cuda", "cpu", "sim")
-#: The largest job spec the worker reads and the longest message line the daemon accepts.
-MAX_JOB_BYTES = 16 * 2**20
+#: The largest session spec the worker reads and the longest message line the daemon accepts.
+MAX_SPEC_BYTES = 16 * 2**20
 MAX_LINE_BYTES = 16 * 2**20
 
 
-class JobSpecError(ValueError):
-    """A job spec or a worker message is malformed; the text is one line naming the field."""
+class SessionSpecError(ValueError):
+    """A session spec or a worker message is malformed; the text is one line naming the field."""
 
 
 # -- field checks ----------------------------------------------------------------------------
 
 
-def _fail(where: str, what: str, value: Any) -> JobSpecError:
-    return JobSpecError(field_error(where, what, value))
+def _fail(where: str, what: str, value: Any) -> SessionSpecError:
+    return SessionSpecError(field_error(where, what, value))
 
 
 def _obj(
     value: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    return need_object(value, where, required, optional, error=JobSpecError)
+    return need_object(value, where, required, optional, error=SessionSpecError)
 
 
 def _str(value: Any, where: str) -> str:
-    return need_text(value, where, error=JobSpecError)
+    return need_text(value, where, error=SessionSpecError)
 
 
 def _int(value: Any, where: str, minimum: int = 0) -> int:
-    return need_int(value, where, minimum=minimum, error=JobSpecError)
+    return need_int(value, where, minimum=minimum, error=SessionSpecError)
 
 
 def _num(value: Any, where: str, *, nonneg: bool = False) -> float:
-    return need_number(value, where, minimum=0 if nonneg else None, error=JobSpecError)
+    return need_number(value, where, minimum=0 if nonneg else None, error=SessionSpecError)
 
 
 def _opt_num(value: Any, where: str, *, nonneg: bool = False) -> float | None:
@@ -72,7 +72,7 @@ def _opt_num(value: Any, where: str, *, nonneg: bool = False) -> float | None:
 
 
 def _bool(value: Any, where: str) -> bool:
-    return need_bool(value, where, error=JobSpecError)
+    return need_bool(value, where, error=SessionSpecError)
 
 
 def _list(value: Any, where: str, *, nonempty: bool = True) -> list[Any]:
@@ -105,14 +105,14 @@ def _json_safe(value: Any) -> Any:
 
 def _loads(text: str | bytes, what: str) -> Any:
     def no_constant(name: str) -> Any:
-        raise JobSpecError(f"{what}: {name} is not allowed in JSON")
+        raise SessionSpecError(f"{what}: {name} is not allowed in JSON")
 
     try:
         return json.loads(text, parse_constant=no_constant)
-    except JobSpecError:
+    except SessionSpecError:
         raise
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise JobSpecError(f"{what}: not valid JSON ({one_line(e)})") from None
+        raise SessionSpecError(f"{what}: not valid JSON ({one_line(e)})") from None
 
 
 def _dumps(value: Any) -> str:
@@ -232,12 +232,12 @@ def result_from_json(d: Any, where: str = "result") -> RegimeResult:
     )
 
 
-# -- the job spec ----------------------------------------------------------------------------
+# -- the session spec ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class SimSpec:
-    """The simulated GPU a ``sim`` job runs on; the same values as the daemon's sim backend
+    """The simulated GPU a ``sim`` session runs on; the same values as the daemon's sim backend
     give the same GPU (UUID, model, scenario). ``start_t`` is the daemon's simulated time
     (its sim backend's clock): the worker's GPU starts at that point of the scenario.
     ``speed`` (the daemon's simulated seconds per real second) paces the worker's clock so
@@ -251,11 +251,11 @@ class SimSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class JobSpec:
-    """One tuning job for one GPU.
+class SessionSpec:
+    """One tuning session for one GPU: what the worker measures, and how.
 
     ``gpu_index`` is the telemetry (NVML) index, ``gpu_uuid`` the UUID the runner pins
-    the worker to with ``CUDA_VISIBLE_DEVICES``. ``time_budget_s`` is the whole job's
+    the worker to with ``CUDA_VISIBLE_DEVICES``. ``time_budget_s`` is the whole session's
     measuring time on the device session's clock (simulated time on ``sim``): the
     worker shares what is left equally between the remaining (workload, regime) pairs,
     each capped at ``protocol.time_budget_s``. ``workload_regimes`` narrows the regimes
@@ -276,62 +276,64 @@ class JobSpec:
     allowed_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _int(self.gpu_index, "job.gpu_index")
-        _str(self.gpu_uuid, "job.gpu_uuid")
+        _int(self.gpu_index, "spec.gpu_index")
+        _str(self.gpu_uuid, "spec.gpu_uuid")
         if self.device not in DEVICES:
-            raise _fail("job.device", f"expected one of {', '.join(DEVICES)}", self.device)
+            raise _fail("spec.device", f"expected one of {', '.join(DEVICES)}", self.device)
         if not self.workloads:
-            raise _fail("job.workloads", "expected at least one workload", self.workloads)
+            raise _fail("spec.workloads", "expected at least one workload", self.workloads)
         seen: set[str] = set()
         for i, w in enumerate(self.workloads):
             if not isinstance(w, Workload):
-                raise _fail(f"job.workloads[{i}]", "expected a Workload", w)
+                raise _fail(f"spec.workloads[{i}]", "expected a Workload", w)
             if w.name in seen:
-                raise _fail(f"job.workloads[{i}].name", "duplicate workload", w.name)
+                raise _fail(f"spec.workloads[{i}].name", "duplicate workload", w.name)
             seen.add(w.name)
         if not self.regimes:
-            raise _fail("job.regimes", "expected at least one regime", self.regimes)
+            raise _fail("spec.regimes", "expected at least one regime", self.regimes)
         for i, r in enumerate(self.regimes):
             if not isinstance(r, Regime):
-                raise _fail(f"job.regimes[{i}]", "expected a Regime", r)
+                raise _fail(f"spec.regimes[{i}]", "expected a Regime", r)
         if len(set(self.regimes)) != len(self.regimes):
-            raise _fail("job.regimes", "expected each regime once", [r.value for r in self.regimes])
+            raise _fail(
+                "spec.regimes", "expected each regime once", [r.value for r in self.regimes]
+            )
         if not isinstance(self.protocol, ProtocolConfig):
-            raise _fail("job.protocol", "expected a ProtocolConfig", self.protocol)
-        if _num(self.time_budget_s, "job.time_budget_s") <= 0:
-            raise _fail("job.time_budget_s", "expected a number > 0", self.time_budget_s)
+            raise _fail("spec.protocol", "expected a ProtocolConfig", self.protocol)
+        if _num(self.time_budget_s, "spec.time_budget_s") <= 0:
+            raise _fail("spec.time_budget_s", "expected a number > 0", self.time_budget_s)
         if (self.sim is None) != (self.device != "sim"):
             what = "required for device sim" if self.sim is None else "only for device sim"
-            raise _fail("job.sim", what, self.sim)
+            raise _fail("spec.sim", what, self.sim)
         if self.sim is not None:
-            _str(self.sim.scenario, "job.sim.scenario")
-            _int(self.sim.seed, "job.sim.seed", minimum=-(2**63))
-            _int(self.sim.gpus, "job.sim.gpus", minimum=1)
-            _num(self.sim.start_t, "job.sim.start_t", nonneg=True)
-            if self.sim.speed is not None and not _num(self.sim.speed, "job.sim.speed") > 0:
-                raise _fail("job.sim.speed", "expected a number > 0", self.sim.speed)
+            _str(self.sim.scenario, "spec.sim.scenario")
+            _int(self.sim.seed, "spec.sim.seed", minimum=-(2**63))
+            _int(self.sim.gpus, "spec.sim.gpus", minimum=1)
+            _num(self.sim.start_t, "spec.sim.start_t", nonneg=True)
+            if self.sim.speed is not None and not _num(self.sim.speed, "spec.sim.speed") > 0:
+                raise _fail("spec.sim.speed", "expected a number > 0", self.sim.speed)
         self._check_workload_regimes(seen)
         try:
-            parse_allowed_modules(self.allowed_modules, "job.allowed_modules")
+            parse_allowed_modules(self.allowed_modules, "spec.allowed_modules")
         except TrustError as e:
-            raise JobSpecError(str(e)) from None
+            raise SessionSpecError(str(e)) from None
 
     def _check_workload_regimes(self, names: set[str]) -> None:
-        """Each named workload is in the job; its regimes a non-empty, ordered subset."""
+        """Each named workload is in the spec; its regimes a non-empty, ordered subset."""
         if not isinstance(self.workload_regimes, Mapping):
-            raise _fail("job.workload_regimes", "expected an object", self.workload_regimes)
+            raise _fail("spec.workload_regimes", "expected an object", self.workload_regimes)
         for name, regimes in self.workload_regimes.items():
-            where = f"job.workload_regimes.{name}"
+            where = f"spec.workload_regimes.{name}"
             if name not in names:
-                raise _fail("job.workload_regimes", "expected names of the job's workloads", name)
+                raise _fail("spec.workload_regimes", "expected names of the spec's workloads", name)
             if not isinstance(regimes, tuple) or not regimes:
                 raise _fail(where, "expected a non-empty tuple of regimes", regimes)
             if any(r not in self.regimes for r in regimes) or list(regimes) != [
                 r for r in self.regimes if r in regimes
             ]:
-                job = [r.value for r in self.regimes]
+                ours = [r.value for r in self.regimes]
                 got = [getattr(r, "value", r) for r in regimes]
-                raise _fail(where, f"expected some of {job}, each once, in that order", got)
+                raise _fail(where, f"expected some of {ours}, each once, in that order", got)
 
     def regimes_of(self, workload: str) -> tuple[Regime, ...]:
         """The regimes the worker measures ``workload`` in."""
@@ -367,63 +369,63 @@ class JobSpec:
         return _dumps(self.to_json())
 
     @classmethod
-    def from_json(cls, d: Any) -> JobSpec:
+    def from_json(cls, d: Any) -> SessionSpec:
         d = _obj(
             d,
-            "job",
+            "spec",
             ("gpu_index", "gpu_uuid", "device", "workloads", "regimes", "protocol"),
             ("time_budget_s", "sim", "workload_regimes", "allowed_modules"),
         )
         sim = None
         if d.get("sim") is not None:
-            s = _obj(d["sim"], "job.sim", ("scenario",), ("seed", "gpus", "start_t", "speed"))
+            s = _obj(d["sim"], "spec.sim", ("scenario",), ("seed", "gpus", "start_t", "speed"))
             sim = SimSpec(
-                scenario=_str(s["scenario"], "job.sim.scenario"),
-                seed=_int(s.get("seed", 0), "job.sim.seed", minimum=-(2**63)),
-                gpus=_int(s.get("gpus", 1), "job.sim.gpus", minimum=1),
-                start_t=_num(s.get("start_t", 0.0), "job.sim.start_t", nonneg=True),
-                speed=_opt_num(s.get("speed"), "job.sim.speed"),
+                scenario=_str(s["scenario"], "spec.sim.scenario"),
+                seed=_int(s.get("seed", 0), "spec.sim.seed", minimum=-(2**63)),
+                gpus=_int(s.get("gpus", 1), "spec.sim.gpus", minimum=1),
+                start_t=_num(s.get("start_t", 0.0), "spec.sim.start_t", nonneg=True),
+                speed=_opt_num(s.get("speed"), "spec.sim.speed"),
             )
-        workloads = _list(d["workloads"], "job.workloads")
-        regimes = _list(d["regimes"], "job.regimes")
+        workloads = _list(d["workloads"], "spec.workloads")
+        regimes = _list(d["regimes"], "spec.regimes")
         by_workload = d.get("workload_regimes", {})
         if not isinstance(by_workload, dict):
-            raise _fail("job.workload_regimes", "expected an object", by_workload)
+            raise _fail("spec.workload_regimes", "expected an object", by_workload)
         if not isinstance(d["protocol"], dict):
-            raise _fail("job.protocol", "expected an object", d["protocol"])
+            raise _fail("spec.protocol", "expected an object", d["protocol"])
         try:
             protocol = ProtocolConfig.from_mapping(d["protocol"])
         except (ValueError, TypeError) as e:
-            raise JobSpecError(f"job.{one_line(e)}") from None
+            raise SessionSpecError(f"spec.{one_line(e)}") from None
         return cls(
             gpu_index=d["gpu_index"],
             gpu_uuid=d["gpu_uuid"],
             device=d["device"],
             workloads=tuple(
-                workload_from_json(w, f"job.workloads[{i}]") for i, w in enumerate(workloads)
+                workload_from_json(w, f"spec.workloads[{i}]") for i, w in enumerate(workloads)
             ),
-            regimes=tuple(_regime(r, f"job.regimes[{i}]") for i, r in enumerate(regimes)),
+            regimes=tuple(_regime(r, f"spec.regimes[{i}]") for i, r in enumerate(regimes)),
             protocol=protocol,
-            time_budget_s=_num(d.get("time_budget_s", 600.0), "job.time_budget_s"),
+            time_budget_s=_num(d.get("time_budget_s", 600.0), "spec.time_budget_s"),
             sim=sim,
             workload_regimes={
                 str(name): tuple(
-                    _regime(r, f"job.workload_regimes.{name}[{i}]")
-                    for i, r in enumerate(_list(rs, f"job.workload_regimes.{name}"))
+                    _regime(r, f"spec.workload_regimes.{name}[{i}]")
+                    for i, r in enumerate(_list(rs, f"spec.workload_regimes.{name}"))
                 )
                 for name, rs in by_workload.items()
             },
             allowed_modules=tuple(
-                _list(d.get("allowed_modules", []), "job.allowed_modules", nonempty=False)
+                _list(d.get("allowed_modules", []), "spec.allowed_modules", nonempty=False)
             ),
         )
 
     @classmethod
-    def loads(cls, text: str | bytes) -> JobSpec:
-        """Parse a job spec; any problem is one :class:`JobSpecError` line."""
-        if len(text) > MAX_JOB_BYTES:
-            raise JobSpecError(f"job: larger than {MAX_JOB_BYTES} bytes")
-        return cls.from_json(_loads(text, "job"))
+    def loads(cls, text: str | bytes) -> SessionSpec:
+        """Parse a session spec; any problem is one :class:`SessionSpecError` line."""
+        if len(text) > MAX_SPEC_BYTES:
+            raise SessionSpecError(f"spec: larger than {MAX_SPEC_BYTES} bytes")
+        return cls.from_json(_loads(text, "spec"))
 
 
 # -- worker -> daemon messages ---------------------------------------------------------------
@@ -513,7 +515,7 @@ def encode_message(msg: Message) -> str:
 
 
 def decode_message(line: str | bytes) -> Message:
-    """Parse one line from a worker; anything malformed is a :class:`JobSpecError`."""
+    """Parse one line from a worker; anything malformed is a :class:`SessionSpecError`."""
     d = _loads(line, "message")
     if not isinstance(d, dict):
         raise _fail("message", "expected an object", d)
@@ -523,7 +525,7 @@ def decode_message(line: str | bytes) -> Message:
         try:
             versions = Versions.from_json(d["versions"])
         except ValueError as e:
-            raise JobSpecError(f"hello.{e}") from None
+            raise SessionSpecError(f"hello.{e}") from None
         return Hello(pid=_int(d["pid"], "hello.pid", minimum=1), versions=versions)
     if kind == "progress":
         optional = (
