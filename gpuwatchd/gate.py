@@ -215,7 +215,7 @@ def _basis(key: str, configured: str, shut: bool, cfg: GateConfig) -> str:
 
 
 def _limiting_names(mask: int) -> str:
-    """``sw_power_cap+hw_slowdown`` for a raw mask; cached (decoding an IntFlag is ~5 µs)."""
+    """``sw_power_cap+hw_slowdown`` for a raw mask; cached (decoding an IntFlag is slow)."""
     return "+".join(ThrottleReason.decode(mask & _LIMITING_BITS).names())
 
 

@@ -77,12 +77,12 @@ class DaemonConfig:
     listen: str = field(
         default=":9844", metadata=check(lambda v: _valid_listen(v), "must be HOST:PORT")
     )
-    #: Fast-field poll period. 10 Hz is cheap (about 11 µs of NVML per GPU per poll).
+    #: Fast-field poll period; its cost per GPU is in bench/RESULTS.md ("NVML call cost").
     poll_interval_s: float = field(
         default=0.5, metadata=check(lambda v: 0.01 <= v <= 1.0, "must be in [0.01, 1.0]")
     )
-    #: The energy counter and the health fields cost ~5 ms of CPU per GPU per read (H100,
-    #: bench/RESULTS.md "The daemon's cost"): every 30 s, as dcgm-exporter collects.
+    #: The energy counter and the health fields are slow NVML calls (bench/RESULTS.md, "NVML
+    #: health fields: cost and support"): every 30 s, as dcgm-exporter collects.
     energy_interval_s: float = field(
         default=30.0, metadata=check(lambda v: 0.1 <= v <= 3600, "must be in [0.1, 3600]")
     )

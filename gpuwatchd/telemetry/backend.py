@@ -51,8 +51,8 @@ class MonotonicClock:
 class Backend(Protocol):
     """A source of GPU telemetry.
 
-    ``read`` must be cheap (the fast fields only); ``read_energy`` may be slow (4 ms a
-    call on an H200) and is called at a lower rate, off the hot path: it is the slow
+    ``read`` must be cheap (the fast fields only); ``read_energy`` may be slow (milliseconds
+    on real GPUs) and is called at a lower rate, off the hot path: it is the slow
     path, where a backend also refreshes the slow health fields (``Sample.slow``) that
     later samples carry. ``device_info`` may be slow and is cached by callers.
     ``read``/``read_energy``/``device_info`` raise :class:`GpuLost` for a GPU that

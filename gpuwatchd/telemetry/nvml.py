@@ -19,16 +19,16 @@ Choices, and why:
   only that field ``None`` in this sample, counts it in ``Sample.field_errors`` and is
   logged once per failure streak; the next poll asks again. Only a read whose every
   field failed raises :class:`TelemetryError` (then nothing about the GPU is known).
-- ``device_info(gpu)`` is cached: the first call reads the static facts (max clocks cost
-  1.4 ms a call on an H200), later calls return the cache; ``refresh=True`` re-reads.
+- ``device_info(gpu)`` is cached: the first call reads the static facts (the max clocks
+  are slow calls), later calls return the cache; ``refresh=True`` re-reads.
 - ``read_energy`` is the slow path (the poller calls it every energy period, off the
-  hot path): besides the energy counter (4 ms a call on an H200) it reads memory
+  hot path): besides the energy counter (a slow call) it reads memory
   temperature (a field value only), memory use, ECC and row-remapping state, PCIe and
   NVLink counters, fan speed and per-process memory into a ``SlowReading``; each later
   ``read`` carries the latest in ``Sample.slow`` and ``Sample.mem_temp_c`` (``None``
-  until the first ``read_energy``). They move slowly; the hot path stays lean. Measured
-  on an H100: 4.3 ms a slow read without PCIe, of which the energy counter is 3.1 ms;
-  the two PCIe throughput samples add 21 ms each (blocking, GIL released).
+  until the first ``read_energy``). They move slowly; the hot path stays lean. The two
+  PCIe throughput samples block for NVML's sampling window each (GIL released); the
+  costs are in bench/RESULTS.md, "NVML health fields: cost and support".
 - XID errors arrive as NVML events: one thread (started by the first ``read_energy``,
   so a tuning worker's backend never starts it) counts them per GPU and code.
 - A lost GPU (GPU_IS_LOST, GPU_NOT_FOUND, NOT_FOUND) raises :class:`GpuLost`; the other
@@ -231,8 +231,8 @@ class NvmlBackend:
 
         ``nvml`` replaces the pynvml module (tests pass a fake). ``reprobe_interval_s``
         is the least time between two attempts to re-acquire a lost GPU; ``xid_wait_s``
-        the XID thread's wait timeout (each wait costs ~170 µs of CPU in the driver however
-        long it lasts, on an H100: so not 1 s); ``close`` does not wait it out.
+        the XID thread's wait timeout (each wait costs driver CPU however long it lasts, so
+        it is not short); ``close`` does not wait it out.
         """
         if not reprobe_interval_s >= 0:
             raise ValueError(f"reprobe_interval_s must be >= 0, got {reprobe_interval_s!r}")
@@ -343,7 +343,7 @@ class NvmlBackend:
             (REMAPPED_ROWS, fn("nvmlDeviceGetRemappedRows")),
             (FAN, fn("nvmlDeviceGetFanSpeed")),
             (PROCESS_MEMORY, lambda h: top_processes(procs(h))),
-            (PCIE_TX, lambda h: throughput_bps(pcie(h, tx))),  # 21 ms: a 20 ms sample
+            (PCIE_TX, lambda h: throughput_bps(pcie(h, tx))),  # blocks for NVML's sampling window
             (PCIE_RX, lambda h: throughput_bps(pcie(h, rx))),
         )
 
@@ -495,7 +495,7 @@ class NvmlBackend:
             ) from exc
 
     def read_energy(self, gpu: int) -> float | None:
-        """Total energy in joules since the driver loaded (4 ms a call), or None.
+        """Total energy in joules since the driver loaded (a slow call), or None.
 
         The slow path: it also reads the slow fields (memory temperature, memory use,
         ECC, row remapping, PCIe and NVLink counters, fan, per-process memory) that
@@ -585,7 +585,7 @@ class NvmlBackend:
                         self._xids.watch(g.index, g.handle)
 
     def device_info(self, gpu: int, refresh: bool = False) -> DeviceInfo:
-        """Static facts, cached after the first call (max clocks cost 1.4 ms each).
+        """Static facts, cached after the first call (the max clocks are slow calls).
 
         ``refresh=True`` re-reads them and forgets which fast fields were unsupported,
         so the next ``read`` tries every field again (after a driver or firmware update).

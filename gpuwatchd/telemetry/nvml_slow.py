@@ -7,8 +7,8 @@ the arithmetic, so both stay small. Choices, and why:
   counter and the NVLink byte counters come from one ``nvmlDeviceGetFieldValues`` call:
   one driver round trip for all of them, and NVML reports success or failure per field,
   so one field failing drops only that field.
-- PCIe bytes are estimated: ``nvmlDeviceGetPcieThroughput`` samples KB/s over 20 ms (it
-  blocks 21 ms a call on an H100), and :class:`PcieCounter` integrates those samples
+- PCIe bytes are estimated: ``nvmlDeviceGetPcieThroughput`` samples KB/s over a short window (and
+  blocks for it), and :class:`PcieCounter` integrates those samples
   over time (trapezoids), so ``rate()`` gives their average. The true counters,
   ``NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES``, were measured on an H100 to wrap at 2**32
   bytes: under 0.2 s of traffic at PCIe 5.0 rates, so no poll period could unwrap them.

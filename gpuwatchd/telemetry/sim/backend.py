@@ -64,8 +64,8 @@ class SimBackend:
     """Simulated GPUs behind the :class:`~gpuwatchd.telemetry.backend.Backend` protocol.
 
     ``start_s`` is the scenario time the GPUs start at (a fan-failure GPU already hours
-    into its decline): the constructor plays the scenario up to it (~50 ms per GPU for
-    3.5 h), so the first poll does not stall.
+    into its decline): the constructor plays the scenario up to it, so the first poll
+    does not stall.
     """
 
     name = "sim"
