@@ -167,8 +167,26 @@ def e2e(args: argparse.Namespace) -> None:
             env=env, capture_output=True, text=True,
         )  # fmt: skip
         (out / "report.txt").write_text(report.stdout + report.stderr)
+        summary["defaults"] = default_verdicts(cfg, env)
         (out / "e2e.json").write_text(json.dumps(summary, indent=1, default=str))
     print(json.dumps(summary.get("figures"), indent=1))
+
+
+def default_verdicts(cfg: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    """Per (workload, regime) of the store: the job's default, the winner, and whether the
+    winner beat the default beyond the noise (``gpuwatchd report --format json``)."""
+    report = subprocess.run(
+        [sys.executable, "-m", "gpuwatchd", "report", "--config", str(cfg), "--format", "json"],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    keys = ("workload", "regime", "job_default", "winner", "tie")
+    return [
+        {
+            **{k: r[k] for k in keys},
+            "beat_default": None if r["job_default"] is None else not r["kept_default"],
+        }
+        for r in json.loads(report.stdout)["results"]
+    ]
 
 
 def figures(stages: dict[str, Any], winners_doc: dict[str, Any]) -> dict[str, Any]:

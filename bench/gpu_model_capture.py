@@ -138,6 +138,7 @@ def stage_tune(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from gpuwatchd.telemetry.nvml import NvmlBackend
     from gpuwatchd.tuning.settings import ProtocolConfig
     from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
+    from gpuwatchd.tuning.winners import job_default
     from gpuwatchd.tuning.worker.cuda_session import CudaSession
     from gpuwatchd.tuning.worker.families import candidates_for
     from gpuwatchd.tuning.worker.inductor import fresh_function
@@ -216,9 +217,13 @@ def stage_tune(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             out.append({"workload": w.name, "error": f"{type(e).__name__}: {e}"})
             continue
         store.record_result(sid, result)
+        default, kept = job_default(result)
         out.append(
             {
                 "workload": w.name,
+                # what the model runs without gpuwatchd, and whether the winner beat it
+                "job_default": default,
+                "beat_default": None if default is None else not kept,
                 "family": w.families[0],
                 "candidates": len(cands),
                 "budget_s": budget,

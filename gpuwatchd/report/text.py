@@ -18,7 +18,7 @@ from gpuwatchd.store.rows import StoredResult
 from gpuwatchd.telemetry.types import ThrottleReason
 from gpuwatchd.tuning.session_spec import stats_to_json
 from gpuwatchd.tuning.types import CandidateStats, Regime
-from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, winners_differ
+from gpuwatchd.tuning.winners import job_default, winners_differ
 
 REPORT_FORMAT = "gpuwatchd-report/1"
 #: The table's width: fits an 100-column terminal or a code block in the README.
@@ -33,7 +33,7 @@ def _candidate_json(c: CandidateStats) -> dict[str, Any]:
 
 def _result_json(s: StoredResult) -> dict[str, Any]:
     r = s.result
-    default = next((c for c in r.candidates if c.meta.get(JOB_DEFAULT)), None)
+    default, kept = job_default(r)
     return {
         "workload": r.workload,
         "regime": r.regime.value,
@@ -47,8 +47,8 @@ def _result_json(s: StoredResult) -> dict[str, Any]:
         "margin": r.margin,
         "noise": r.noise,
         # what the job runs without gpuwatchd, and whether nothing beat it beyond the noise
-        "job_default": default.name if default is not None else None,
-        "kept_default": bool(default is not None and default.meta.get(KEPT_DEFAULT)),
+        "job_default": default,
+        "kept_default": kept,
         "candidates": [_candidate_json(c) for c in r.candidates],
     }
 

@@ -34,6 +34,15 @@ def pick_winner(result: RegimeResult) -> CandidateStats | None:
     return min(timed, key=lambda c: c.median_s or 0.0) if timed else None
 
 
+def job_default(result: RegimeResult) -> tuple[str | None, bool]:
+    """What the job runs without gpuwatchd (its candidate's name, None where the family
+    declares none) and whether it stays: nothing beat it beyond the noise."""
+    default = next((c for c in result.candidates if c.meta.get(JOB_DEFAULT)), None)
+    if default is None:
+        return None, False
+    return default.name, bool(default.meta.get(KEPT_DEFAULT))
+
+
 def clear_winner(candidate: str | None, tie: bool) -> str | None:
     """The candidate if it won beyond noise; None for a tie or no result."""
     return None if tie else candidate
