@@ -62,6 +62,19 @@ def site_workload(**params: Any) -> Workload:
     return Workload(w.name, w.op, w.shape, w.dtype, w.families, params)
 
 
+def test_an_inductor_site_too_large_for_the_gpu_is_refused() -> None:
+    """Inputs sized by their strides, plus the product, against the GPU workload cap."""
+    from gpuwatchd.tuning.ops import check_workload
+
+    check_workload(site_workload(), "workload")
+    a = TensorDesc("float16", (2**17, 2**16), (2**16, 1))  # 16 GiB on its own
+    b = TensorDesc("float16", (2**16, 16), (16, 1))
+    key = lookup_key((a, b), {}, "mm")
+    big = GemmSite("mm", (a, b), {}, (SiteCall(key, ("aten::mm",), ()),)).workload()
+    with pytest.raises(ValueError, match=r"^workload\.shape: operands of 16\.0\d* GiB, over"):
+        check_workload(big, "workload")
+
+
 @pytest.mark.parametrize("family", ["torch.gemm", "inductor.mm"])
 def test_families_refuse_a_session_without_cuda(family: str) -> None:
     w = captured_gemm(2, "nt") if family == "torch.gemm" else site_workload()

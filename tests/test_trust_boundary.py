@@ -42,7 +42,7 @@ from gpuwatchd.tuning.spool import REJECTED_DIR, write_request
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.worker.devices import CpuSession
 from gpuwatchd.tuning.worker.families.triton_user import build
-from gpuwatchd.tuning.workload_requests import add_request
+from gpuwatchd.tuning.workload_requests import add_request, parse_add_request
 from gpuwatchd.tuning.workload_spool import SUBDIR, write_workload_request
 
 TESTS = Path(__file__).resolve().parent
@@ -596,3 +596,17 @@ def test_the_job_carries_the_configs_list_not_the_workloads(
     req = request_for(gpu_model=SIM_MODEL, dtypes=())
     assert req.to_workload() == as_workload(req)
     assert "allowed_modules" not in spec.workloads[0].params
+
+
+def test_a_user_kernel_whose_tensors_would_not_fit_is_refused_before_it_is_kept(
+    in_process: Path,
+) -> None:
+    """Its arguments' storage is sized as the worker would allocate it (strides included)."""
+    from gpuwatchd.tuning.ops import check_workload
+
+    check_workload(user_workload(n=2**20), "workload")  # 2 x 16 MiB: fine
+    huge = user_workload(n=2**31)  # 2 x 32 GiB of float32
+    with pytest.raises(ValueError, match=r"^workload\.shape: operands of 64 GiB, over the 16 GiB"):
+        check_workload(huge, "workload")
+    with pytest.raises(ValueError, match="over the 16 GiB a gpu workload may take"):
+        parse_add_request({"op": "add_workloads", "workloads": [huge.to_json()]})

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from gpuwatchd.tuning.dtypes import DTYPES, ELEMENT_BYTES, canonical
+from gpuwatchd.tuning.dtypes import (
+    DTYPES,
+    ELEMENT_BYTES,
+    canonical,
+    element_bytes,
+    storage_elements,
+)
 from gpuwatchd.tuning.families import ENTRY_POINT_GROUP, KNOWN_OPS, SPECS
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.validate import fail, need_int, require
@@ -68,9 +74,13 @@ def _check_size(w: Workload, where: str, elements: int) -> None:
     if dtype is None:
         known = ", ".join(dict.fromkeys(DTYPES.values()))
         raise fail(f"{where}.dtype", f"expected one of {known} (or bf16, fp16, fp32, ...)", w.dtype)
+    _check_bytes(w, where, elements * ELEMENT_BYTES[dtype])
+
+
+def _check_bytes(w: Workload, where: str, size: int) -> None:
+    """The operands' ``size`` in bytes fits the cap of the device ``w`` runs on."""
     device = "cpu" if all(f.startswith("cpu.") for f in w.families) else "gpu"
     cap = MAX_OPERAND_BYTES[device]
-    size = elements * ELEMENT_BYTES[dtype]
     require(
         size <= cap,
         f"{where}.shape",
@@ -182,17 +192,31 @@ def _conv(w: Workload, where: str, strict: bool) -> int:
 
 
 def _inductor(w: Workload, where: str, strict: bool) -> None:
-    """Sizes and dtypes are the site's own, checked as Inductor describes them."""
+    """Sizes and dtypes are the site's own, checked as Inductor describes them; the inputs'
+    storage and the product (rows of the first operand x columns of the last) fit the cap."""
     from gpuwatchd.tuning.inductor_sites import parse_site_workload
 
-    parse_site_workload(w)
+    site = parse_site_workload(w)
+    first, last = site.inputs[-2], site.inputs[-1]
+    out = math.prod(first.size[:-1]) * last.size[-1]
+    size = out * element_bytes(last.dtype) + sum(
+        storage_elements(d.size, d.stride) * element_bytes(d.dtype) for d in site.inputs
+    )
+    _check_bytes(w, where, size)
 
 
 def _triton_user(w: Workload, where: str, strict: bool) -> None:
-    """The user's kernel arguments, checked as a kernel request."""
+    """The user's kernel arguments, checked as a kernel request; the tensors' storage, as the
+    worker allocates it, fits the cap."""
     from gpuwatchd.tuning.kernels import request_from_workload
 
-    request_from_workload(w)
+    request = request_from_workload(w)
+    size = sum(
+        storage_elements(a.shape or (), a.strides or ()) * element_bytes(a.dtype or "")
+        for a in request.args
+        if a.kind == "tensor"
+    )
+    _check_bytes(w, where, size)
 
 
 _SHAPES: dict[str, Callable[[Workload, str, bool], int | None]] = {

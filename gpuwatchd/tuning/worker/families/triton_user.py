@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwatchd.tuning.dtypes import storage_elements
 from gpuwatchd.tuning.kernels import (
     FAMILY,
     ArgSpec,
@@ -103,13 +104,6 @@ def _torch() -> Any:
     import torch
 
     return torch
-
-
-def storage_elements(shape: Sequence[int], strides: Sequence[int]) -> int:
-    """Elements of the storage a strided view of ``shape`` reaches (0 for an empty one)."""
-    if any(s == 0 for s in shape):
-        return 0
-    return 1 + sum((s - 1) * st for s, st in zip(shape, strides, strict=True))
 
 
 def build_tensor(spec: ArgSpec, device: Any, generator: Any) -> Any:
