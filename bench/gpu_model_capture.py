@@ -134,7 +134,7 @@ def stage_tune(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import torch
 
     import gpuwatchd.torch as gt
-    from gpuwatchd.store import SessionMeta, Store
+    from gpuwatchd.store import SessionMeta, sqlite_store
     from gpuwatchd.telemetry.nvml import NvmlBackend
     from gpuwatchd.tuning.settings import ProtocolConfig
     from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
@@ -189,7 +189,7 @@ def stage_tune(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         settle_window_s=min(3.0, args.settle_s),
         min_rounds=3,
     )
-    store = Store(work / "store.db")
+    store = sqlite_store(work / "store.db")
     workloads = (*sites, *eager)
     sid = store.start_session(
         SessionMeta.for_device(

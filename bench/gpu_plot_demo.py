@@ -21,7 +21,7 @@ from gpuwatchd.gate import GateConfig
 from gpuwatchd.report.results_plot import plot_report
 from gpuwatchd.report.text import build_report
 from gpuwatchd.report.timeline_plot import plot_timeline
-from gpuwatchd.store import Store
+from gpuwatchd.store import sqlite_store
 from gpuwatchd.telemetry.nvml import NvmlBackend
 from gpuwatchd.telemetry.trace import T0_UNIX_KEY, TraceWriter
 
@@ -95,7 +95,7 @@ def main() -> int:
     add_t0(trace, t0_unix[0])
     print((out / "tune.log").read_text())
 
-    store = Store(db, readonly=True)
+    store = sqlite_store(db, readonly=True)
     try:
         doc, sessions = build_report(store), store.sessions(limit=100)
     finally:

@@ -115,7 +115,7 @@ def job_run(env: dict[str, str], out: Path, tag: str) -> dict[str, Any]:
 
 def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
     from gpuwatchd.sessions.runner import TuneRunner
-    from gpuwatchd.store import Store
+    from gpuwatchd.store import sqlite_store
     from gpuwatchd.telemetry.nvml import NvmlBackend
     from gpuwatchd.tuning.session_spec import SessionSpec
     from gpuwatchd.tuning.settings import ProtocolConfig
@@ -144,7 +144,7 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(EXAMPLES) + os.pathsep + env.get("PYTHONPATH", "")
     t0 = time.perf_counter()
-    with Store(db) as store:
+    with sqlite_store(db) as store:
         runner = TuneRunner(store, env=env)
         outcome = runner.run_session(
             spec, info, "nvml", should_preempt=lambda: None, timeout_s=600, sample=sample
@@ -354,9 +354,9 @@ def main() -> int:
         "GPUWATCHD_CONTROL_SOCKET": str(work / "no-daemon.sock"),
         "GPUWATCHD_URL": "http://127.0.0.1:9",
     })  # fmt: skip
-    from gpuwatchd.store import Store
+    from gpuwatchd.store import sqlite_store
 
-    Store(work / "gpuwatchd.db").close()  # an empty store: the first run finds no winner
+    sqlite_store(work / "gpuwatchd.db").close()  # an empty store: the first run finds no winner
     report.put("A_job_run_1", job_run(env, work / "run1.json", "miss"))
     try:
         report.put("B_daemon_tunes", daemon_tunes(work / "spool", work / "gpuwatchd.db",

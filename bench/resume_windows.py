@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuwatchd.sessions.runner import TuneRunner  # noqa: E402
-from gpuwatchd.store import Store  # noqa: E402
+from gpuwatchd.store import sqlite_store  # noqa: E402
 from gpuwatchd.telemetry.sim import SimBackend  # noqa: E402
 from gpuwatchd.telemetry.types import DeviceInfo  # noqa: E402
 from gpuwatchd.tuning.session_spec import SessionSpec, SimSpec  # noqa: E402
@@ -216,7 +216,7 @@ def run_plan(plan: str, seed: int, resume: bool, args: argparse.Namespace, scrat
     rng = random.Random(seed)
     run = Run(plan, seed, resume, False, 0.0, 0.0)
     db = scratch / f"{plan}-{seed}-{'resume' if resume else 'restart'}.db"
-    with Store(db, now=clock.unix) as store:
+    with sqlite_store(db, now=clock.unix) as store:
         runner = TuneRunner(
             store,
             worker_cmd=args.worker_cmd,
@@ -241,7 +241,7 @@ def calibrate(plan: str, args: argparse.Namespace, scratch: Path) -> dict[str, A
     """The plan in one window that never closes: its length, and each pair's."""
     clock = SimTime(args.speed)
     info = SimBackend(gpus=1, scenario=SCENARIO, seed=0).device_info(0)
-    with Store(scratch / f"{plan}-calibration.db", now=clock.unix) as store:
+    with sqlite_store(scratch / f"{plan}-calibration.db", now=clock.unix) as store:
         runner = TuneRunner(store, worker_cmd=args.worker_cmd, poll_s=0.01, now=clock.unix)
         window, done = run_window(runner, clock, info, PLANS[plan], math.inf)
         assert done, "the calibration session did not complete"

@@ -62,7 +62,7 @@ def main() -> int:
         print("bound s | pooled call s | new connection s | after SIGCONT s")
         for bound in args.bounds:
             store = open_store(server.url(server.new_database()), call_timeout_s=bound)
-            with store._read("find the backend") as conn:  # type: ignore[attr-defined]
+            with store._tx.read("find the backend") as conn:
                 backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
             pids = (postmaster, backend)
             for pid in pids:

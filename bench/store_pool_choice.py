@@ -45,7 +45,7 @@ def import_s(modules: str) -> float:
 def main() -> int:
     import psycopg_pool
 
-    from gpuwatchd.store.postgres import PostgresStore
+    from gpuwatchd.store.postgres import postgres_store
 
     print(f"import psycopg: {import_s('psycopg'):.3f} s;"
           f" psycopg + psycopg_pool: {import_s('psycopg, psycopg_pool'):.3f} s")  # fmt: skip
@@ -53,7 +53,7 @@ def main() -> int:
     try:
         url = server.url(server.new_database())
         rss, threads = rss_kb(), threading.active_count()
-        store = PostgresStore(url)
+        store = postgres_store(url)
         store.schema_version()
         print(f"store: +{rss_kb() - rss} kB RSS, +{threading.active_count() - threads} threads")
         rss, threads = rss_kb(), threading.active_count()

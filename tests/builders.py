@@ -17,7 +17,7 @@ from slow_fields import slow_fields
 from gpuwatchd.exporter import DaemonInfo
 from gpuwatchd.gate import GateDecision, GateState
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
-from gpuwatchd.store import SessionMeta, Store
+from gpuwatchd.store import SessionMeta, SqlStore
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 from gpuwatchd.tuning.types import (
     CandidateStats,
@@ -185,7 +185,7 @@ def session_meta(**changes: Any) -> SessionMeta:
 
 
 def seed_session(
-    store: Store,
+    store: SqlStore,
     meta: SessionMeta,
     results: Iterable[RegimeResult],
     status: SessionStatus = SessionStatus.COMPLETED,

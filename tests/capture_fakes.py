@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.client import Client
-from gpuwatchd.store import SessionMeta, Store
+from gpuwatchd.store import SessionMeta, sqlite_store
 from gpuwatchd.tuning.types import (
     CandidateStats,
     Regime,
@@ -65,7 +65,7 @@ def client_with(
         Workload(r.workload, "matmul", {"m": 1, "n": 1, "k": 1}, "bf16", (r.candidates[0].family,))
         for r in results
     )
-    with Store(path) as store:
+    with sqlite_store(path) as store:
         sid = store.start_session(
             SessionMeta(
                 gpu_uuid="GPU-0000",

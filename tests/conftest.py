@@ -14,7 +14,7 @@ from pg_server import PostgresServer, start_server
 from gpuwatchd.exporter import HttpServer, build_registry
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.sessions import readiness
-from gpuwatchd.store import Store
+from gpuwatchd.store import SqlStore, sqlite_store
 
 # Daemons and commands the tests start keep their default state and control socket in a
 # folder of this run (systemd's variables, which the defaults honour), never in the
@@ -33,9 +33,9 @@ def server(board: StateBoard) -> Iterator[HttpServer]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
+def store(tmp_path: Path) -> Iterator[SqlStore]:
     """An empty tuning store in the test's directory, on the real clock."""
-    with Store(tmp_path / "tune.db") as s:
+    with sqlite_store(tmp_path / "tune.db") as s:
         yield s
 
 

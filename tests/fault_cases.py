@@ -22,7 +22,7 @@ from pathlib import Path
 from gpuwatchd.config.loader import DaemonConfig
 from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.gate import GateConfig
-from gpuwatchd.store import SessionMeta, Store, open_store
+from gpuwatchd.store import SessionMeta, open_store, sqlite_store
 from gpuwatchd.telemetry.settings import ReplayConfig
 from gpuwatchd.telemetry.sim.settings import SimConfig
 from gpuwatchd.tuning.settings import ProtocolConfig, TuningConfig
@@ -338,7 +338,7 @@ def store_writer_main(path: str) -> None:
 
 def store_holder_main(path: str) -> None:
     """Start one session at ``path``, print its id and keep it running until killed."""
-    store = Store(path)
+    store = sqlite_store(path)
     print(store.start_session(kill_meta()), flush=True)
     time.sleep(3600)
 

@@ -28,7 +28,7 @@ import yaml
 from builders import candidate, seed_session, session_meta
 
 from gpuwatchd.config import STORE_NAME
-from gpuwatchd.store import Store
+from gpuwatchd.store import sqlite_store
 from gpuwatchd.tuning.types import Regime, RegimeResult, Versions, Workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -134,7 +134,7 @@ def seed_winners(state_dir: Path, gpu_model: str, winners: Mapping[str, tuple[st
             results.append(RegimeResult(workload, regime, candidates, winner, False, 1.0, 0.01))
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / STORE_NAME
-    with Store(path) as store:
+    with sqlite_store(path) as store:
         seed_session(store, meta, results)
     return path
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pg_server import PostgresServer
 
-from gpuwatchd.store import SqlStore, Store
+from gpuwatchd.store import SqlStore, sqlite_store
 
 KINDS = ("sqlite", "postgres")
 
@@ -32,7 +32,7 @@ class SqliteBackend:
         self.location = str(path)
 
     def open(self, **kw: Any) -> SqlStore:
-        return Store(self.path, **kw)
+        return sqlite_store(self.path, **kw)
 
     def execute(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         con = sqlite3.connect(self.path, isolation_level=None)
@@ -57,9 +57,9 @@ class PostgresBackend:
         self.location = server.url(db)
 
     def open(self, **kw: Any) -> SqlStore:
-        from gpuwatchd.store.postgres import PostgresStore
+        from gpuwatchd.store.postgres import postgres_store
 
-        return PostgresStore(self.location, **kw)
+        return postgres_store(self.location, **kw)
 
     def execute(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         return self.server.sql(self.db, sql.replace("?", "%s"), args)

@@ -35,7 +35,7 @@ from gpuwatchd.api.state import DaemonSection, build_state_json, parse_state
 from gpuwatchd.api.winners import Winner, parse_winners, winners_json
 from gpuwatchd.gate import GateConfig, GateState
 from gpuwatchd.monitor.board import PollHealth, StateBoard
-from gpuwatchd.store import Store, WinnerRow
+from gpuwatchd.store import WinnerRow, sqlite_store
 from gpuwatchd.tuning.types import (
     Regime,
     RegimeResult,
@@ -182,13 +182,13 @@ def _store(path: Path) -> Path:
         candidate(name, U, median, meta={"kernels": [f"k_{name}"]})
         for name, median in (("b", 2e-3), ("a", 1e-3), ("c", None))
     )
-    with Store(path) as store:
+    with sqlite_store(path) as store:
         seed_session(store, meta, [RegimeResult("gemm", U, cands, "a", False, 0.5, 0.01)])
     return path
 
 
 def test_a_winner_is_the_stored_row_plus_its_ranking(tmp_path: Path) -> None:
-    with Store(_store(tmp_path / "w.db"), readonly=True) as store:
+    with sqlite_store(_store(tmp_path / "w.db"), readonly=True) as store:
         (row,) = store.winners(latest=True)
         doc = wire(winners_json(store, now=lambda: 5.0))
     (item,) = doc["winners"]
@@ -213,7 +213,7 @@ def test_a_winner_is_the_stored_row_plus_its_ranking(tmp_path: Path) -> None:
     ],
 )
 def test_a_bad_winner_names_the_field(tmp_path: Path, field: str, value: Any, message: str) -> None:
-    with Store(_store(tmp_path / "w.db"), readonly=True) as store:
+    with sqlite_store(_store(tmp_path / "w.db"), readonly=True) as store:
         doc = wire(winners_json(store))
     doc["winners"][0][field] = value
     with pytest.raises(GpuwatchdError) as err:
@@ -297,7 +297,7 @@ def test_the_winners_document_reads_the_store_a_fixed_number_of_times(
 
     counts = []
     for n in (2, 8):
-        with Store(tmp_path / f"{n}.db") as store:
+        with sqlite_store(tmp_path / f"{n}.db") as store:
             for i in range(n):
                 meta = session_meta(gpu_model=f"GPU model {i}", regimes=(U,))
                 result = RegimeResult(

@@ -15,7 +15,7 @@ from daemon_helpers import http_get, start_daemon
 
 from gpuwatchd.cli.common import EXIT_BROKEN_PIPE
 from gpuwatchd.cli.main import build_parser
-from gpuwatchd.store import Store
+from gpuwatchd.store import SqlStore
 
 
 def _gpuwatchd(*args: str, **kw) -> subprocess.CompletedProcess[str]:
@@ -36,7 +36,7 @@ def _examples(command: str) -> list[list[str]]:
     return [shlex.split(line)[1:] for line in lines if line.startswith("gpuwatchd ")]
 
 
-def test_a_reader_that_leaves_early_gets_no_traceback(store: Store, tmp_path: Path) -> None:
+def test_a_reader_that_leaves_early_gets_no_traceback(store: SqlStore, tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [
             sys.executable,

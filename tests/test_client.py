@@ -35,7 +35,7 @@ from gpuwatchd.client import Client, GpuwatchdError, GpuwatchdUnavailable, parse
 from gpuwatchd.exporter.http import HttpServer
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import StateBoard
-from gpuwatchd.store import Store
+from gpuwatchd.store import sqlite_store
 from gpuwatchd.telemetry.types import ThrottleReason
 from gpuwatchd.tuning.types import (
     CandidateStats,
@@ -177,7 +177,7 @@ def make_store(path: Path) -> Path:
         RegimeResult("gemm", U, cool, BIG, False, 0.02, 0.005),
         RegimeResult("gemm", S, hot, "cublas", False, 0.05, 0.005),
     ]
-    with Store(path) as store:
+    with sqlite_store(path) as store:
         seed_session(store, session_meta(), results)
     return path
 
@@ -387,7 +387,7 @@ def test_winner_rejects_a_bad_regime(tmp_path: Path) -> None:
 
 def test_winner_from_the_daemon_matches_the_store(fake: FakeDaemon, tmp_path: Path) -> None:
     path = make_store(tmp_path / "w.db")
-    with Store(path, readonly=True) as store:
+    with sqlite_store(path, readonly=True) as store:
         fake.docs["/api/v1/winners"] = [winners_json(store, workload="gemm", regime=S)]
     from_daemon = Client(fake.url).winner("gemm", "sustained")
     from_store = Client(closed_url(), store=path).winner("gemm", "sustained")
@@ -416,7 +416,7 @@ def test_no_daemon_and_no_store_names_both(tmp_path: Path) -> None:
 
 
 def test_winners_document_is_strict_json_and_filtered(tmp_path: Path) -> None:
-    with Store(make_store(tmp_path / "w.db"), readonly=True) as store:
+    with sqlite_store(make_store(tmp_path / "w.db"), readonly=True) as store:
         all_doc = winners_json(store, now=lambda: 5.0)
         cool_doc = winners_json(store, regime="unthrottled")
         none_doc = winners_json(store, gpu_model="NVIDIA L4")
@@ -446,7 +446,7 @@ def test_winners_query_parsing() -> None:
 
 
 def test_bad_winners_document_names_the_field(fake: FakeDaemon, tmp_path: Path) -> None:
-    with Store(make_store(tmp_path / "w.db"), readonly=True) as store:
+    with sqlite_store(make_store(tmp_path / "w.db"), readonly=True) as store:
         doc = winners_json(store, regime="unthrottled")
     doc["winners"][0]["regime"] = "hot"
     fake.docs["/api/v1/winners"] = [doc]

@@ -265,12 +265,12 @@ def test_a_faster_tick_allows_a_shorter_claim():
 
 def test_resume_max_age_reaches_the_daemons_runners(tmp_path):
     """[tuning] resume_max_age_s is what each GPU's TuneRunner is built with (0: no resume)."""
-    from gpuwatchd.store import Store
+    from gpuwatchd.store import sqlite_store
 
     cfg = parse_config({"tuning": {"resume_max_age_s": 0.0}}, source="c.toml")
     assert cfg.tuning.resume_max_age_s == 0.0
     from gpuwatchd.daemon.process import runner_factory
 
-    with Store(tmp_path / "tune.db") as store:
+    with sqlite_store(tmp_path / "tune.db") as store:
         runner = runner_factory(cfg)(store, on_finished=lambda e: None)
         assert runner.resume_max_age_s == 0.0

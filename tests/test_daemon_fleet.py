@@ -20,7 +20,7 @@ from gpuwatchd.daemon.process import FLEET_SYNC_JOB, Daemon
 from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.drift.fleet import clock_max_age_s
 from gpuwatchd.sessions.fleet_settings import FleetConfig
-from gpuwatchd.store import Store
+from gpuwatchd.store import sqlite_store
 from gpuwatchd.tuning.types import RegimeResult
 
 HOST = "host-under-test"
@@ -120,7 +120,7 @@ def test_a_sqlite_daemon_syncs_its_learned_clock_and_exports_the_fleet_metrics(
         text, "gpuwatchd_fleet_work_skipped_total"
     )
     # What the sync wrote: this host's row in the store the daemon uses.
-    with Store(tmp_path / STORE_NAME) as store:
+    with sqlite_store(tmp_path / STORE_NAME) as store:
         (row,) = store.host_clocks()
     assert (row.host, row.gpu_uuid, row.gpu_model, row.power_limit_w) == (
         HOST,
@@ -144,10 +144,10 @@ def test_fleet_disabled_writes_nothing_and_exports_no_clocks(
             "a learned clock",
         )
         daemon.fleet_tick()  # what the job runs: nothing while the fleet is off
-        with Store(tmp_path / STORE_NAME) as store:
+        with sqlite_store(tmp_path / STORE_NAME) as store:
             assert store.host_clocks() == []
         daemon.fleet_sync()  # the sync itself would have had a clock to write ...
-        with Store(tmp_path / STORE_NAME) as store:
+        with sqlite_store(tmp_path / STORE_NAME) as store:
             assert len(store.host_clocks()) == 1
         text = _metrics(daemon)  # ... yet the fleet views stay empty while it is off
     finally:
@@ -187,7 +187,7 @@ def test_winners_api_serves_this_hosts_own_winner_first(
     """A peer's winner stays the fleet's (this host disagreed beyond noise), yet this
     host's jobs get the winner this host measured; keys it never measured: the fleet's."""
     gemm = session_meta(host="peer", workloads=session_meta().workloads, regimes=(U,))
-    with Store(tmp_path / STORE_NAME) as store:
+    with sqlite_store(tmp_path / STORE_NAME) as store:
         seed_session(store, gemm, [_result("gemm", fast="tile-a", slow="tile-b")])
         seed_session(store, gemm, [_result("conv", fast="algo-1", slow="algo-2")])
         mine = session_meta(host=HOST, gpu_uuid="GPU-mine", regimes=(U,))
@@ -226,7 +226,7 @@ def test_per_host_series_show_this_hosts_own_winners_and_gpus(
     GPUs' models; last_tune_timestamp is its own GPU's last session, not the fleet's."""
     fake = "Fake GPU"
     peer = session_meta(host="peer", gpu_model=fake, gpu_uuid="GPU-peer", regimes=(U,))
-    with Store(tmp_path / STORE_NAME) as store:
+    with sqlite_store(tmp_path / STORE_NAME) as store:
         seed_session(store, peer, [_result("gemm", fast="tile-a", slow="tile-b")])
         other_model = session_meta(host="peer", gpu_model="NVIDIA L4", regimes=(U,))
         seed_session(store, other_model, [_result("conv", fast="algo-1", slow="algo-2")])

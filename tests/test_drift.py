@@ -48,7 +48,7 @@ from gpuwatchd.gate import GateConfig
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.sessions.events import SessionFinished
-from gpuwatchd.store import SessionMeta, Store
+from gpuwatchd.store import SessionMeta, SqlStore, sqlite_store
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.sim import H200, SCENARIOS, SimBackend
 from gpuwatchd.telemetry.types import (
@@ -748,14 +748,14 @@ def store_clock() -> SettableClock:
 
 
 @pytest.fixture
-def store(tmp_path: Path, store_clock: SettableClock) -> Iterator[Store]:
-    s = Store(tmp_path / "drift.db", now=store_clock)
+def store(tmp_path: Path, store_clock: SettableClock) -> Iterator[SqlStore]:
+    s = sqlite_store(tmp_path / "drift.db", now=store_clock)
     yield s
     s.close()
 
 
 def tune(
-    store: Store,
+    store: SqlStore,
     clock: SettableClock,
     info: DeviceInfo,
     results: list[RegimeResult],
@@ -769,7 +769,9 @@ def tune(
     return SessionFinished(sid, info.index, info.uuid, info.name, SessionStatus.COMPLETED)
 
 
-def test_reference_from_the_gpus_latest_session(store: Store, store_clock: SettableClock) -> None:
+def test_reference_from_the_gpus_latest_session(
+    store: SqlStore, store_clock: SettableClock
+) -> None:
     assert reference_from_store(store, INFO) is None
     tune(store, store_clock, INFO, [regime_result(Regime.SUSTAINED, 1.45e9)])
     store_clock.t += 1000.0
@@ -793,7 +795,7 @@ def test_reference_from_the_gpus_latest_session(store: Store, store_clock: Setta
 
 
 def test_the_daemon_job_seeds_references_and_requests_retunes(
-    store: Store, store_clock: SettableClock
+    store: SqlStore, store_clock: SettableClock
 ) -> None:
     board = StateBoard()
     l4 = DeviceInfo(1, "GPU-l4", "NVIDIA L4", driver_version="580.159.04", power_limit_w=72.0)

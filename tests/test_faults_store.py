@@ -34,7 +34,7 @@ from store_faults import (
 )
 
 from gpuwatchd.config import Config, DaemonConfig
-from gpuwatchd.store import MIGRATIONS, Store, StoreError
+from gpuwatchd.store import MIGRATIONS, StoreError, sqlite_store
 from gpuwatchd.tuning.types import SessionStatus
 
 
@@ -110,7 +110,7 @@ def test_tune_fails_sessions_a_killed_process_left(tmp_path: Path) -> None:
                      "--store", str(path), "--workload", "sim-gemm")  # fmt: skip
     assert res.returncode == 1 and "gate still shut" in _one_line(res)  # cleaned up first
     assert "1 session(s) left running by a process that is gone marked failed" in res.stderr
-    with Store(path) as store:
+    with sqlite_store(path) as store:
         assert store.running_count() == 0
         assert store.session_totals()[SessionStatus.FAILED] == 1
 
@@ -126,13 +126,13 @@ def test_a_live_process_keeps_its_running_session(tmp_path: Path) -> None:
     try:
         assert holder.stdout is not None
         sid = int(holder.stdout.readline())
-        with Store(path) as store:  # a daemon starting while `tune` runs a session
+        with sqlite_store(path) as store:  # a daemon starting while `tune` runs a session
             assert store.abandon_running() == 0
             assert store.session(sid).status is SessionStatus.RUNNING  # type: ignore[union-attr]
     finally:
         holder.kill()
         holder.wait()
-    with Store(path) as store:  # and once that process is gone, the next start fails it
+    with sqlite_store(path) as store:  # and once that process is gone, the next start fails it
         assert store.abandon_running() == 1
 
 
@@ -142,7 +142,7 @@ def test_a_live_process_keeps_its_running_session(tmp_path: Path) -> None:
 def test_a_directory_as_store_is_named_as_such(tmp_path: Path) -> None:
     for readonly in (False, True):
         with pytest.raises(StoreError, match=r"is a directory; give the store's file"):
-            Store(tmp_path, readonly=readonly)
+            sqlite_store(tmp_path, readonly=readonly)
     res = _gpuwatchd("report", "--store", str(tmp_path))
     assert res.returncode == 1 and "is a directory" in _one_line(res)
 
@@ -151,13 +151,13 @@ def test_a_missing_store_directory_is_created_with_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "a" / "b" / "tune.db"
-    with caplog.at_level(logging.WARNING, logger="gpuwatchd.store"), Store(path):
+    with caplog.at_level(logging.WARNING, logger="gpuwatchd.store"), sqlite_store(path):
         pass
     (record,) = caplog.records
     assert record.getMessage() == f"created the missing directory {path.parent} for store tune.db"
     (tmp_path / "file").write_text("")
     with pytest.raises(StoreError, match=r"cannot create .*file.* for store tune.db"):
-        Store(tmp_path / "file" / "tune.db")
+        sqlite_store(tmp_path / "file" / "tune.db")
 
 
 # -- a full disk ------------------------------------------------------------------------------
@@ -174,7 +174,7 @@ def _fill(directory: Path, leave_bytes: int) -> Path:
 
 def test_a_full_disk_is_one_line_and_loses_nothing_committed(small_fs: Path) -> None:
     path = small_fs / "tune.db"
-    store = Store(path)
+    store = sqlite_store(path)
     filler = _fill(small_fs, 400_000)
     committed: list[int] = []
     with pytest.raises(StoreError) as exc:
@@ -191,7 +191,7 @@ def test_a_full_disk_is_one_line_and_loses_nothing_committed(small_fs: Path) -> 
     assert res.returncode == 1 and str(path) in _one_line(res)
 
     filler.unlink()
-    with Store(path) as reopened:
+    with sqlite_store(path) as reopened:
         assert not list(small_fs.glob("*.corrupt-*"))
         found = {s.id: s.status for s in reopened.sessions(limit=100_000)}
         assert all(found.get(sid) is SessionStatus.FAILED for sid in committed)
@@ -199,7 +199,7 @@ def test_a_full_disk_is_one_line_and_loses_nothing_committed(small_fs: Path) -> 
 
 
 def test_tune_on_a_full_disk_exits_1_in_one_line(small_fs: Path) -> None:
-    Store(small_fs / "tune.db").close()
+    sqlite_store(small_fs / "tune.db").close()
     _fill(small_fs, 0)
     res = _gpuwatchd("tune", "--backend", "sim", "--no-wait", "--store",
                      str(small_fs / "tune.db"), "--workload", "sim-gemm")  # fmt: skip
@@ -219,11 +219,11 @@ def test_a_read_only_store_with_wal_and_shm_is_one_line_and_still_readable(
     remount(small_fs, "ro")
     try:
         with pytest.raises(StoreError, match="is not writable: attempt to write a readonly"):
-            Store(path)
+            sqlite_store(path)
         res = _gpuwatchd("tune", "--backend", "sim", "--no-wait", "--store", str(path),
                          "--workload", "sim-gemm")  # fmt: skip
         assert res.returncode == 1 and "is not writable" in _one_line(res)
-        with Store(path, readonly=True) as ro:
+        with sqlite_store(path, readonly=True) as ro:
             assert {s.id for s in ro.sessions(limit=100_000)} >= set(report_before)
     finally:
         remount(small_fs, "rw")
@@ -236,7 +236,7 @@ def test_a_read_only_store_with_wal_and_shm_is_one_line_and_still_readable(
 
 _KILLED_CREATION = """
 import os, signal, sys
-from gpuwatchd.store import MIGRATIONS, Migration, Store
+from gpuwatchd.store import MIGRATIONS, Migration, sqlite_store
 
 step = int(sys.argv[2])
 old = MIGRATIONS[step - 1]
@@ -247,7 +247,7 @@ def apply_then_die(conn):
 
 migrations = list(MIGRATIONS)
 migrations[step - 1] = Migration(old.version, old.name, apply_then_die)
-Store(sys.argv[1], migrations=migrations)
+sqlite_store(sys.argv[1], migrations=migrations)
 """
 
 
@@ -279,12 +279,12 @@ def test_a_store_whose_creation_was_cut_short_reads_as_empty_and_is_finished(
     assert res.returncode == 0 and "no tuning results yet" in res.stdout, res.stderr
     client = Client(url="http://127.0.0.1:1", store=path, timeout=0.2, control_socket=False)
     assert client.winners() == []
-    with Store(path, readonly=True) as ro:
+    with sqlite_store(path, readonly=True) as ro:
         assert ro.sessions() == [] and ro.schema_version() == len(MIGRATIONS)
-    with Store(path) as rw:  # the next read-write open finishes creating it
+    with sqlite_store(path) as rw:  # the next read-write open finishes creating it
         assert rw.schema_version() == len(MIGRATIONS)
         rw.start_session(kill_meta())
-    with Store(path, readonly=True) as ro:
+    with sqlite_store(path, readonly=True) as ro:
         assert len(ro.sessions()) == 1
 
 
@@ -292,7 +292,7 @@ def test_an_old_store_holding_rows_is_not_read_as_empty(tmp_path: Path) -> None:
     """Only a store holding nothing is read as empty: one at an older schema with rows is
     left untouched, and says it needs migrating."""
     path = tmp_path / "tune.db"
-    Store(path, migrations=MIGRATIONS[:1]).close()
+    sqlite_store(path, migrations=MIGRATIONS[:1]).close()
     con = sqlite3.connect(path, isolation_level=None)
     con.execute(
         "INSERT INTO sessions (gpu_uuid, gpu_index, gpu_model, host, backend, versions_json,"
@@ -302,7 +302,7 @@ def test_an_old_store_holding_rows_is_not_read_as_empty(tmp_path: Path) -> None:
     con.close()
     before = path.read_bytes()
     with pytest.raises(StoreError, match="has schema version 1, older than"):
-        Store(path, readonly=True)
+        sqlite_store(path, readonly=True)
     assert path.read_bytes() == before
 
 
@@ -312,7 +312,7 @@ def test_a_foreign_database_is_still_refused_read_only(tmp_path: Path) -> None:
     con.execute("CREATE TABLE notes (x)")
     con.close()
     with pytest.raises(StoreError, match="not a gpuwatchd store"):
-        Store(path, readonly=True)
+        sqlite_store(path, readonly=True)
 
 
 # -- a WAL store read by a user who may not write it ------------------------------------------
@@ -380,5 +380,5 @@ def test_a_wal_holding_changes_unreadable_for_a_non_owner_is_one_line(shared_dir
     assert res.returncode == 1 and "Traceback" not in res.stderr
     line = _one_line(res)
     assert "cannot be read by user nobody" in line and "gpuwatchd.db-wal holds changes" in line
-    with Store(path, readonly=True) as ro:  # nothing lost
+    with sqlite_store(path, readonly=True) as ro:  # nothing lost
         assert ro.session(sid) is not None

@@ -20,9 +20,8 @@ from builders import session_meta
 from pg_server import PostgresServer
 
 from gpuwatchd.config import Config, StoreConfig
-from gpuwatchd.store import StoreError, open_store
+from gpuwatchd.store import SqlStore, StoreError, open_store
 from gpuwatchd.store.deadline import Watchdog
-from gpuwatchd.store.postgres import PostgresStore
 
 #: The test's bound on each store call (seconds); the default is 30.
 BOUND_S = 2.0
@@ -32,8 +31,8 @@ def _postmaster_pid(server: PostgresServer) -> int:
     return int((server.data / "postmaster.pid").read_text().split()[0])
 
 
-def _backend_pid(store: PostgresStore) -> int:
-    with store._read("find the backend") as conn:  # the pooled connection the next call uses
+def _backend_pid(store: SqlStore) -> int:
+    with store._tx.read("find the backend") as conn:  # the pooled connection the next call uses
         return int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
 
 
@@ -64,11 +63,11 @@ def _call_in_thread(call: object) -> tuple[threading.Thread, list[BaseException]
 
 
 @pytest.fixture
-def frozen_store(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[PostgresStore]:
+def frozen_store(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[SqlStore]:
     cfg = Config(store=StoreConfig(url=postgres_server.url(postgres_server.new_database())))
     cfg = cfg.with_overrides(store={"call_timeout_s": BOUND_S})
     store = open_store(cfg.store.url, call_timeout_s=cfg.store.call_timeout_s)
-    assert isinstance(store, PostgresStore)
+    assert store.shared
     try:
         yield store
     finally:
@@ -77,7 +76,7 @@ def frozen_store(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[Po
 
 def test_a_call_on_a_stopped_server_fails_within_its_bound_and_warns_once(
     postgres_server: PostgresServer,
-    frozen_store: PostgresStore,
+    frozen_store: SqlStore,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = frozen_store
@@ -100,7 +99,7 @@ def test_a_call_on_a_stopped_server_fails_within_its_bound_and_warns_once(
 
 
 def test_a_write_on_a_stopped_backend_moves_to_a_fresh_connection(
-    postgres_server: PostgresServer, frozen_store: PostgresStore
+    postgres_server: PostgresServer, frozen_store: SqlStore
 ) -> None:
     """Only the backend stopped (the postmaster still accepts): the pooled connection gets
     no answer within its bound and is hung up on; nothing was sent past its BEGIN, so the

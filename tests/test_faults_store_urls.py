@@ -16,7 +16,6 @@ from pg_server import PASSWORD, PostgresServer
 import gpuwatchd.client.discovery
 from gpuwatchd.client import Client
 from gpuwatchd.store import StoreError, open_store, redact_url, urls
-from gpuwatchd.store.postgres import PostgresStore
 
 SECRET = "hunter2-Secret"
 
@@ -208,5 +207,5 @@ def test_a_postgres_store_object_never_holds_its_string_unredacted_in_where(
 ) -> None:
     db = postgres_server.new_database()
     with open_store(_key_value(postgres_server, db)) as store:
-        assert isinstance(store, PostgresStore)
+        assert store.shared
         assert store.where == _key_value(postgres_server, db)

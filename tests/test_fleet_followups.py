@@ -37,7 +37,7 @@ from gpuwatchd.drift.seed import reference_from_store
 from gpuwatchd.gate import GateState
 from gpuwatchd.sessions.events import WorkSkipped
 from gpuwatchd.sessions.fleet import SKIP_REASON
-from gpuwatchd.store import SessionMeta, SqlStore, Store
+from gpuwatchd.store import SessionMeta, SqlStore, sqlite_store
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Regime, RegimeResult, Versions
 
@@ -252,7 +252,7 @@ def test_the_daemon_refreshes_references_when_its_scheduler_skips_work(
         meta = session_meta(host="host-b", gpu_uuid="GPU-b0", gpu_model=info.name,
                             versions=Versions(driver=info.driver_version), power_limit_w=700.0,
                             max_sm_clock_hz=1980.0 * MHZ)  # fmt: skip
-        with Store(tmp_path / STORE_NAME) as peer:
+        with sqlite_store(tmp_path / STORE_NAME) as peer:
             seed_session(peer, meta, [result("gemm", S, 1.41e9)])
         daemon.drift_job()
         assert daemon.drift.pending(0) == {R.NO_WINNERS}
@@ -276,7 +276,7 @@ def test_the_clients_direct_read_prefers_this_hosts_own_winners(
     """The peer's winner stays the fleet's (this host disagreed beyond noise): a job here
     reads the winner this host measured, as /api/v1/winners serves it."""
     path = tmp_path / "w.db"
-    with Store(path) as store:
+    with sqlite_store(path) as store:
         peer = session_meta(host="peer", gpu_uuid="GPU-peer", regimes=(U,))
         seed_session(store, peer, [result("gemm", U)])  # a beats b
         seed_session(store, peer, [result("conv", U)])

@@ -28,7 +28,7 @@ from gpuwatchd.report.timeline_plot import (
     replay_gate,
     session_spans,
 )
-from gpuwatchd.store import Store
+from gpuwatchd.store import sqlite_store
 from gpuwatchd.store.rows import SessionRow, StoredResult, Versions
 from gpuwatchd.telemetry.trace import load_trace
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
@@ -339,7 +339,7 @@ def test_start_time_from_the_trace_header(tmp_path: Path) -> None:
 
 
 def test_sessions_from_a_real_store(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db", now=lambda: T0 + 20.0)
+    store = sqlite_store(tmp_path / "s.db", now=lambda: T0 + 20.0)
     try:
         meta = session_meta(gpu_uuid="GPU-1", workloads=(), regimes=(Regime.SUSTAINED,))
         sid = store.start_session(meta)

@@ -82,13 +82,13 @@ def _fleet_store(path: Path) -> None:
 
     from builders import candidate
 
-    from gpuwatchd.store import Store
+    from gpuwatchd.store import sqlite_store
     from gpuwatchd.store.rows import HostClock, SessionMeta
     from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions, Workload
 
     now = time.time()
     stack = Versions(driver="580.159.04", cuda="12.8")
-    with Store(path) as store:
+    with sqlite_store(path) as store:
         for host, mhz in (("node-a", 1440), ("node-b", 1450), ("node-c", 1430), ("node-d", 1325)):
             store.report_host_clock(
                 HostClock(host, f"GPU-{host}", "NVIDIA H200", 700.0, mhz * 1e6, now)
@@ -125,10 +125,10 @@ def test_fleet_report_marks_the_slow_host_and_lists_disagreements_and_coverage(
     tmp_path: Path,
 ) -> None:
     from gpuwatchd.report.fleet import build_fleet_report, format_fleet_report
-    from gpuwatchd.store import Store
+    from gpuwatchd.store import sqlite_store
 
     _fleet_store(tmp_path / "fleet.db")
-    with Store(tmp_path / "fleet.db", readonly=True) as store:
+    with sqlite_store(tmp_path / "fleet.db", readonly=True) as store:
         doc = build_fleet_report(store)
     h200, h100 = sorted(doc["groups"], key=lambda g: g["gpu_model"], reverse=True)
     assert h200["gpu_model"] == "NVIDIA H200" and h200["power_limit_w"] == "700"
@@ -160,10 +160,10 @@ def test_fleet_report_marks_the_slow_host_and_lists_disagreements_and_coverage(
 
 def test_fleet_report_summarises_groups_and_lists_only_the_outliers(tmp_path: Path) -> None:
     from gpuwatchd.report.fleet import build_fleet_report, format_fleet_report
-    from gpuwatchd.store import Store
+    from gpuwatchd.store import sqlite_store
 
     _fleet_store(tmp_path / "fleet.db")
-    with Store(tmp_path / "fleet.db", readonly=True) as store:
+    with sqlite_store(tmp_path / "fleet.db", readonly=True) as store:
         text = format_fleet_report(build_fleet_report(store))
     lines = text.splitlines()
     groups = [line for line in lines if line.startswith("NVIDIA")][:2]
@@ -209,9 +209,9 @@ def test_report_fleet_on_a_store_older_than_the_fleet_tables(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gpuwatchd.cli.main import main
-    from gpuwatchd.store import MIGRATIONS, Store
+    from gpuwatchd.store import MIGRATIONS, sqlite_store
 
-    with Store(tmp_path / "old.db", migrations=MIGRATIONS[:2]) as old:
+    with sqlite_store(tmp_path / "old.db", migrations=MIGRATIONS[:2]) as old:
         old.start_session(session_meta())  # a store holding nothing would read as empty
     assert main(["report", "--fleet", "--store", str(tmp_path / "old.db")]) == 1
     err = capsys.readouterr().err
@@ -222,9 +222,9 @@ def test_report_fleet_on_an_empty_store_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gpuwatchd.cli.main import main
-    from gpuwatchd.store import Store
+    from gpuwatchd.store import sqlite_store
 
-    Store(tmp_path / "empty.db").close()
+    sqlite_store(tmp_path / "empty.db").close()
     assert main(["report", "--fleet", "--store", str(tmp_path / "empty.db")]) == 0
     out = capsys.readouterr().out
     assert "no host reported a learned sustained clock in the last 1800 s" in out

@@ -22,7 +22,7 @@ from store_backends import KINDS, make_backend
 
 from gpuwatchd.sessions.resume import remaining_spec
 from gpuwatchd.sessions.runner import SessionOutcome, TuneRunner
-from gpuwatchd.store import SqlStore, Store, StoreError
+from gpuwatchd.store import SqlStore, StoreError, sqlite_store
 from gpuwatchd.telemetry.sim import SimBackend
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.session_spec import SessionSpec, SessionSpecError, SimSpec
@@ -140,11 +140,11 @@ class Fake:
 
 
 @pytest.fixture
-def fake(store: Store, tmp_path: Path) -> Fake:
+def fake(store: SqlStore, tmp_path: Path) -> Fake:
     return Fake(store, tmp_path)
 
 
-def _candidates(store: Store, session_id: int) -> dict[tuple[str, Regime], list[Any]]:
+def _candidates(store: SqlStore, session_id: int) -> dict[tuple[str, Regime], list[Any]]:
     return {
         (s.result.workload, s.result.regime): [
             (c.name, c.median_s, c.samples, c.rejected, c.meta) for c in s.result.candidates
@@ -161,7 +161,7 @@ def _candidates(store: Store, session_id: int) -> dict[tuple[str, Regime], list[
     [(1, {"w1": ["sustained"]}), (2, {}), (3, {"w2": ["sustained"]})],
 )
 def test_a_preempted_sessions_finished_pairs_are_not_measured_again(
-    fake: Fake, store: Store, done: int, by_workload: dict[str, list[str]]
+    fake: Fake, store: SqlStore, done: int, by_workload: dict[str, list[str]]
 ) -> None:
     first = fake.preempted_after(done)
     out = fake.run()
@@ -184,7 +184,7 @@ def test_a_preempted_sessions_finished_pairs_are_not_measured_again(
     assert winners == dict.fromkeys(ALL_PAIRS, out.session_id)
 
 
-def test_a_session_preempted_again_passes_on_what_it_carried(fake: Fake, store: Store) -> None:
+def test_a_session_preempted_again_passes_on_what_it_carried(fake: Fake, store: SqlStore) -> None:
     first = fake.preempted_after(1)
     second = fake.preempted_after(1)  # carried w1 (unthrottled), measured w1 (sustained)
     assert second.reused_from == {("w1", U): first.session_id}
@@ -200,7 +200,7 @@ def test_a_session_preempted_again_passes_on_what_it_carried(fake: Fake, store: 
     assert carried[("w1", U)].recorded_at == recorded[("w1", U)]
 
 
-def test_nothing_left_to_measure_completes_without_a_worker(fake: Fake, store: Store) -> None:
+def test_nothing_left_to_measure_completes_without_a_worker(fake: Fake, store: SqlStore) -> None:
     first = fake.preempted_after(4)  # every result sent, then preempted before exiting
     out = fake.run(**CHECKS_STACK)
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
@@ -229,7 +229,7 @@ def _unreadable(info: DeviceInfo) -> Versions:
     ids=["stack-changed", "versions-unreadable", "no-check"],
 )
 def test_nothing_left_to_measure_on_a_changed_stack_measures_every_pair_again(
-    fake: Fake, store: Store, checks: dict[str, Any], caplog: pytest.LogCaptureFixture
+    fake: Fake, store: SqlStore, checks: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.preempted_after(4)
     caplog.set_level("INFO", "gpuwatchd.sessions.runner")
@@ -274,7 +274,7 @@ def test_progress_counts_the_reused_pairs(fake: Fake, tmp_path: Path) -> None:
     ids=["other-gpu", "power-limit", "power-limit-unknown", "max-clock", "driver", "off", "old"],
 )
 def test_results_that_no_longer_hold_are_measured_again(
-    fake: Fake, store: Store, change: dict[str, Any]
+    fake: Fake, store: SqlStore, change: dict[str, Any]
 ) -> None:
     fake.preempted_after(3)
     info = change.pop("info", INFO)
@@ -293,7 +293,7 @@ def test_recent_enough_results_are_reused_by_the_age_rule(fake: Fake) -> None:
     assert len(out.reused_from) == 3
 
 
-def test_another_stack_measures_every_pair_again(fake: Fake, store: Store) -> None:
+def test_another_stack_measures_every_pair_again(fake: Fake, store: SqlStore) -> None:
     fake.preempted_after(3)
     out = fake.run(torch="fake-2.0")  # torch was upgraded since
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
@@ -317,7 +317,7 @@ def test_results_of_another_stack_are_not_mixed(fake: Fake) -> None:
 
 
 @pytest.mark.parametrize("how", ["completed", "failed"])
-def test_only_preempted_sessions_are_resumed(fake: Fake, store: Store, how: str) -> None:
+def test_only_preempted_sessions_are_resumed(fake: Fake, store: SqlStore, how: str) -> None:
     if how == "completed":
         assert fake.run().status is SessionStatus.COMPLETED
     else:
@@ -401,7 +401,7 @@ def test_work_asked_for_afresh_reuses_only_what_was_measured_since(either: Fake)
         (["w1"], "fresh_after must be a mapping, got list"),
     ],
 )
-def test_bad_fresh_after_is_refused_in_one_line(store: Store, fresh: Any, needle: str) -> None:
+def test_bad_fresh_after_is_refused_in_one_line(store: SqlStore, fresh: Any, needle: str) -> None:
     runner = TuneRunner(store)
     with pytest.raises(ValueError) as err:
         runner.run_session(SPEC, INFO, "sim", lambda: None, None, 20, fresh_after=fresh)
@@ -409,7 +409,7 @@ def test_bad_fresh_after_is_refused_in_one_line(store: Store, fresh: Any, needle
     assert store.sessions() == []  # refused before a session was started
 
 
-def test_bad_resume_max_age_is_refused(store: Store) -> None:
+def test_bad_resume_max_age_is_refused(store: SqlStore) -> None:
     for bad in (-1, float("inf"), float("nan"), "6h", True):
         with pytest.raises(ValueError, match="resume_max_age_s must be a finite number >= 0"):
             TuneRunner(store, resume_max_age_s=bad)  # type: ignore[arg-type]
@@ -451,7 +451,7 @@ def test_bad_workload_regimes_name_the_field(by: dict[str, Any], needle: str) ->
 # -- the real sim worker ---------------------------------------------------------------------
 
 
-def test_the_sim_worker_keeps_a_finished_regime_when_preempted_in_the_next(store: Store) -> None:
+def test_the_sim_worker_keeps_a_finished_regime_when_preempted_in_the_next(store: SqlStore) -> None:
     """Results go out one regime at a time, so a preemption in the sustained regime keeps
     the unthrottled one, and the next session measures the sustained regime alone."""
     sim_gemm = next(w for w in DEFAULT_WORKLOADS if w.name == "sim-gemm")
@@ -481,14 +481,14 @@ def test_the_sim_worker_keeps_a_finished_regime_when_preempted_in_the_next(store
 
 
 def test_a_store_that_cannot_look_up_results_still_runs_the_whole_job(
-    fake: Fake, tmp_path: Path
+    fake: Fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Broken(Store):
-        def resumable_results(self, *a: Any, **kw: Any) -> Any:
-            raise StoreError("store tune.db: database is locked")
+    def broken_lookup(*a: Any, **kw: Any) -> Any:
+        raise StoreError("store tune.db: database is locked")
 
     fake.preempted_after(3)
-    with Broken(tmp_path / "tune.db") as broken:
+    with sqlite_store(tmp_path / "tune.db") as broken:
+        monkeypatch.setattr(broken, "resumable_results", broken_lookup)
         fake.store = broken
         out = fake.run()
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)

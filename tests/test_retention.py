@@ -14,7 +14,7 @@ from fakes_backend import FakeBackend
 from gpuwatchd.cli.main import main
 from gpuwatchd.config import STORE_NAME, StoreConfig
 from gpuwatchd.daemon.process import Daemon
-from gpuwatchd.store import HostClock, Store
+from gpuwatchd.store import HostClock, SqlStore, sqlite_store
 from gpuwatchd.store.retention import Pruner
 from gpuwatchd.tuning.types import SessionStatus
 
@@ -34,7 +34,7 @@ def _clock(host: str, t: float) -> HostClock:
     return HostClock(host, f"GPU-{host}", "NVIDIA H200", 700.0, 1.7e9, t)
 
 
-def _seed_old_failed_session(store: Store) -> int:
+def _seed_old_failed_session(store: SqlStore) -> int:
     sid = store.start_session(session_meta())
     store.finish_session(sid, SessionStatus.FAILED, "hang")
     return sid
@@ -44,7 +44,7 @@ def test_one_host_per_interval_prunes_old_sessions_and_departed_hosts_clocks(
     tmp_path: Path,
 ) -> None:
     clock = Clock(T0)
-    with Store(tmp_path / "tune.db", now=clock) as store:
+    with sqlite_store(tmp_path / "tune.db", now=clock) as store:
         old = _seed_old_failed_session(store)
         store.report_host_clock(_clock("gone", T0))
         clock.t += 30 * DAY
@@ -67,7 +67,7 @@ def test_store_prune_applies_the_configured_ages(
 ) -> None:
     state = tmp_path / "state"
     state.mkdir()
-    with Store(state / STORE_NAME, now=lambda: T0) as store:
+    with sqlite_store(state / STORE_NAME, now=lambda: T0) as store:
         _seed_old_failed_session(store)
         store.report_host_clock(_clock("gone", T0))
     config = tmp_path / "config.toml"
@@ -76,7 +76,7 @@ def test_store_prune_applies_the_configured_ages(
     )
     assert main(["store", "prune", "--config", str(config)]) == 0
     assert capsys.readouterr().out.startswith("pruned 1 session(s) and 1 host clock(s) from ")
-    with Store(state / STORE_NAME) as store:
+    with sqlite_store(state / STORE_NAME) as store:
         assert store.sessions() == [] and store.host_clocks() == []
 
 
@@ -91,7 +91,7 @@ def test_store_prune_refuses_a_bad_age_in_one_line(
 
 
 def test_the_daemon_prunes_on_its_schedule(tmp_path: Path) -> None:
-    with Store(tmp_path / STORE_NAME, now=lambda: T0) as store:
+    with sqlite_store(tmp_path / STORE_NAME, now=lambda: T0) as store:
         old = _seed_old_failed_session(store)
     store = StoreConfig(keep_sessions_s=DAY, prune_interval_s=0.5)
     daemon = Daemon(quiet_config(tmp_path, store=store), backend=FakeBackend(gpus=1))

@@ -21,7 +21,7 @@ from gpuwatchd.monitor.board import PollHealth, StateBoard
 from gpuwatchd.sessions.events import SessionEvents, SessionFinished, SessionListener
 from gpuwatchd.sessions.runner import SessionOutcome
 from gpuwatchd.sessions.scheduler import TuneScheduler
-from gpuwatchd.store import SessionMeta, Store
+from gpuwatchd.store import SessionMeta, SqlStore, sqlite_store
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Regime, SessionStatus
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
@@ -47,7 +47,7 @@ class FakeRunner:
 
     instances: ClassVar[list[FakeRunner]] = []
 
-    def __init__(self, store: Store, *, on_finished: SessionListener) -> None:
+    def __init__(self, store: SqlStore, *, on_finished: SessionListener) -> None:
         self.on_finished = on_finished
         self.session_id = 1
         self.status = SessionStatus.COMPLETED
@@ -88,7 +88,7 @@ class FakeRunner:
 def setup(tmp_path: Path):
     FakeRunner.instances = []
     board = StateBoard()
-    store = Store(tmp_path / "g.db")
+    store = sqlite_store(tmp_path / "g.db")
     clock = [1000.0]
     local = [dt.datetime(2026, 11, 21, 23, 0)]
     cfg = Config(tuning=TuningConfig(check_interval_s=1.0))
@@ -221,7 +221,7 @@ def test_tuning_metrics_pass_promtool(setup, tmp_path: Path):
 
 def test_finished_sessions_are_announced_and_refresh_the_tuning_snapshot(setup, tmp_path: Path):
     board, _, clock, local = setup
-    store = Store(tmp_path / "events.db")
+    store = sqlite_store(tmp_path / "events.db")
     events = SessionEvents()
     heard: list[SessionFinished] = []
     events.add_listener(heard.append)

@@ -39,7 +39,7 @@ from gpuwatchd.sessions.fleet import (
 from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.sessions.runner import SessionOutcome
 from gpuwatchd.sessions.scheduler import TuneScheduler
-from gpuwatchd.store import SessionMeta, SqlStore, Store, StoreError
+from gpuwatchd.store import SessionMeta, SqlStore, StoreError, sqlite_store
 from gpuwatchd.store.rows import Claim, WinnerRow
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions, Workload
@@ -286,7 +286,7 @@ def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
         backing = FakeFleetStore(clock)
     else:
         backing = RealFleet(make_backend(request, tmp_path / "f.db"), clock)
-    local = Store(tmp_path / "local.db") if request.param == "fake" else None
+    local = sqlite_store(tmp_path / "local.db") if request.param == "fake" else None
     hosts: list[Host] = []
 
     def make(name: str = "a", *, verify_fraction: float = 0.0, enabled: bool = True,
@@ -899,7 +899,7 @@ def test_a_failing_fleet_store_backs_off_and_keeps_the_work(fleet: Fleet, caplog
 def test_the_policy_exists_only_for_a_shared_store(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("GPUWATCHD_HOST", "node-7")
     kw: dict[str, Any] = {"versions_now": versions_now}
-    with Store(tmp_path / "s.db") as local:
+    with sqlite_store(tmp_path / "s.db") as local:
         assert fleet_policy(local, FleetConfig(), **kw) is None
 
     class Shared(FakeFleetStore):

@@ -20,7 +20,7 @@ from gpuwatchd.monitor.board import PollHealth, StateBoard
 from gpuwatchd.sessions.events import SessionFinished, SessionListener
 from gpuwatchd.sessions.runner import SessionOutcome
 from gpuwatchd.sessions.scheduler import TuneScheduler
-from gpuwatchd.store import Store
+from gpuwatchd.store import SqlStore, sqlite_store
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.settings import TuningConfig, TuningSetup
 from gpuwatchd.tuning.types import SessionStatus
@@ -34,7 +34,7 @@ class RecordingRunner:
 
     made: list[RecordingRunner] = []  # noqa: RUF012
 
-    def __init__(self, store: Store, *, on_finished: SessionListener) -> None:
+    def __init__(self, store: SqlStore, *, on_finished: SessionListener) -> None:
         self.on_finished = on_finished
         self.specs: list[Any] = []
         self.started = threading.Event()
@@ -65,7 +65,7 @@ def sched(tmp_path: Path) -> TuneScheduler:
     board.put(judged(0, SIM, None, GateState.COOL_STABLE, health=PollHealth(True, 0.001)))
     setup = TuningSetup(tuning=TuningConfig(allowed_modules=("user_kernels",)))
     return TuneScheduler(
-        setup, board, Store(tmp_path / "s.db"), "sim", runner_factory=RecordingRunner
+        setup, board, sqlite_store(tmp_path / "s.db"), "sim", runner_factory=RecordingRunner
     )
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from gpuwatchd.sessions.events import SessionEvents, SessionFinished
 from gpuwatchd.sessions.runner import TuneRunner
-from gpuwatchd.store import Store, StoreError
+from gpuwatchd.store import SqlStore, StoreError
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.session_spec import SessionSpec
 from gpuwatchd.tuning.types import Regime, SessionStatus, Workload
@@ -19,7 +19,7 @@ SPEC = SessionSpec(0, "cpu-0", "cpu", (WL,), (Regime.UNTHROTTLED,))
 CRASH = [sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(3)"]
 
 
-def test_a_finished_session_is_announced_after_its_row_is_final(store: Store) -> None:
+def test_a_finished_session_is_announced_after_its_row_is_final(store: SqlStore) -> None:
     seen: list[tuple[SessionFinished, SessionStatus | None]] = []
 
     def listener(event: SessionFinished) -> None:
@@ -39,7 +39,7 @@ def test_a_finished_session_is_announced_after_its_row_is_final(store: Store) ->
     assert stored is SessionStatus.FAILED and not event.completed
 
 
-def test_a_failing_listener_does_not_fail_the_session(store: Store) -> None:
+def test_a_failing_listener_does_not_fail_the_session(store: SqlStore) -> None:
     def broken(event: SessionFinished) -> None:
         raise RuntimeError("listener bug")
 
@@ -50,7 +50,7 @@ def test_a_failing_listener_does_not_fail_the_session(store: Store) -> None:
 
 
 def test_no_announcement_when_the_store_cannot_end_the_session(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     heard: list[SessionFinished] = []
 

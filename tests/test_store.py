@@ -19,9 +19,9 @@ from gpuwatchd.store import (
     MIGRATIONS,
     SessionMeta,
     SqlStore,
-    Store,
     StoreError,
     sql_migration,
+    sqlite_store,
 )
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.types import (
@@ -248,7 +248,7 @@ def test_re_recording_a_regime_replaces_it(store: SqlStore, clock: Clock) -> Non
     ],
 )
 def test_bad_results_are_refused_naming_the_field(
-    store: Store, bad: RegimeResult, field: str
+    store: SqlStore, bad: RegimeResult, field: str
 ) -> None:
     sid = store.start_session(meta())
     with pytest.raises(StoreError, match=field.replace("[", r"\[").replace("]", r"\]")) as e:
@@ -353,7 +353,7 @@ def test_misnumbered_migrations_are_refused(backend: Backend) -> None:
 
 def test_a_store_from_a_newer_gpuwatchd_is_refused_untouched(tmp_path: Path) -> None:
     path = tmp_path / "tune.db"
-    Store(path).close()
+    sqlite_store(path).close()
     con = raw(path)
     con.execute("PRAGMA journal_mode = DELETE")
     con.execute("PRAGMA user_version = 99")
@@ -361,7 +361,7 @@ def test_a_store_from_a_newer_gpuwatchd_is_refused_untouched(tmp_path: Path) -> 
     before = path.read_bytes()
     for readonly in (False, True):
         with pytest.raises(StoreError, match="schema version 99, newer") as e:
-            Store(path, readonly=readonly)
+            sqlite_store(path, readonly=readonly)
         assert "\n" not in str(e.value)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tune.db"]
@@ -374,12 +374,12 @@ def test_a_foreign_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:
     con.close()
     before = path.read_bytes()
     with pytest.raises(StoreError, match="not a gpuwatchd store"):
-        Store(path)
+        sqlite_store(path)
     assert path.read_bytes() == before
 
 
 def test_wal_mode_is_on(tmp_path: Path) -> None:
-    Store(tmp_path / "tune.db").close()
+    sqlite_store(tmp_path / "tune.db").close()
     con = raw(tmp_path / "tune.db")
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     con.close()
@@ -406,7 +406,10 @@ def test_a_garbage_file_is_moved_aside_and_a_fresh_store_created(
     garbage = b"\x00not a database\xff" * 512
     path.write_bytes(garbage)
     Path(f"{path}-wal").write_bytes(b"stale wal")
-    with caplog.at_level(logging.WARNING, logger="gpuwatchd.store"), Store(path, now=clock) as s:
+    with (
+        caplog.at_level(logging.WARNING, logger="gpuwatchd.store"),
+        sqlite_store(path, now=clock) as s,
+    ):
         assert s.sessions() == [] and s.schema_version() == LATEST
         s.start_session(meta())
     aside = _assert_moved_aside(path, garbage, clock, caplog)
@@ -415,7 +418,7 @@ def test_a_garbage_file_is_moved_aside_and_a_fresh_store_created(
     # A second damaged file in the same second gets its own name: nothing is overwritten.
     path.write_bytes(garbage)
     Path(f"{path}-wal").unlink(missing_ok=True)
-    Store(path, now=clock).close()
+    sqlite_store(path, now=clock).close()
     assert Path(f"{aside}.1").read_bytes() == garbage
 
 
@@ -423,7 +426,7 @@ def test_a_truncated_store_is_moved_aside_with_its_wal(
     tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "tune.db"
-    with Store(path, now=clock) as s:
+    with sqlite_store(path, now=clock) as s:
         for i in range(40):
             sid = s.start_session(meta(extra={"pad": "x" * 2000, "i": i}))
             s.record_result(sid, FLIP[U])
@@ -436,7 +439,10 @@ def test_a_truncated_store_is_moved_aside_with_its_wal(
     assert len(data) > 64 * 1024 and len(wal) > 4096
     path.write_bytes(data[: len(data) // 2])
     Path(f"{path}-wal").write_bytes(wal)
-    with caplog.at_level(logging.WARNING, logger="gpuwatchd.store"), Store(path, now=clock) as s:
+    with (
+        caplog.at_level(logging.WARNING, logger="gpuwatchd.store"),
+        sqlite_store(path, now=clock) as s,
+    ):
         assert s.sessions() == []
     aside = _assert_moved_aside(path, data[: len(data) // 2], clock, caplog)
     assert Path(f"{aside}-wal").read_bytes() == wal  # the check neither checkpointed nor deleted it
@@ -472,7 +478,7 @@ def test_unparsable_rows_are_skipped_with_a_warning(
 def test_readonly_never_creates_a_file(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "tune.db"
     with pytest.raises(StoreError, match="does not exist") as e:
-        Store(missing, readonly=True)
+        sqlite_store(missing, readonly=True)
     assert "\n" not in str(e.value)
     assert not missing.parent.exists()
 
@@ -490,11 +496,11 @@ def test_readonly_refuses_a_damaged_file_and_reads_an_empty_one_as_empty(tmp_pat
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"junk" * 1000)
     with pytest.raises(StoreError, match="is damaged"):
-        Store(garbage, readonly=True)
+        sqlite_store(garbage, readonly=True)
     assert garbage.read_bytes() == b"junk" * 1000
     empty = tmp_path / "empty.db"
     empty.touch()
-    with Store(empty, readonly=True) as ro:  # created, nothing written yet: nothing to show
+    with sqlite_store(empty, readonly=True) as ro:  # created, nothing written yet: nothing to show
         assert ro.sessions() == [] and ro.winners() == []
     assert empty.read_bytes() == b""  # and a reader never writes
 
@@ -600,14 +606,14 @@ def test_abandon_running_fails_only_sessions_whose_process_is_gone(
 
 def test_a_version_1_store_gains_owners_and_its_leftovers_are_abandoned(tmp_path: Path) -> None:
     path = tmp_path / "tune.db"
-    with Store(path) as current:
+    with sqlite_store(path) as current:
         sid = current.start_session(meta())
     SqliteBackend(path).downgrade_to_2()
     con = raw(path)  # back to what version 1 wrote: no owner column
     con.execute("ALTER TABLE sessions DROP COLUMN owner_pid")
     con.execute("PRAGMA user_version = 1")
     con.close()
-    with Store(path) as s:
+    with sqlite_store(path) as s:
         assert s.schema_version() == LATEST
         assert s.abandon_running() == 1
         assert s.session(sid).status is SessionStatus.FAILED  # type: ignore[union-attr]

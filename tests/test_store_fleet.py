@@ -546,7 +546,7 @@ def test_a_write_in_progress_holds_up_no_other_hosts_writes(backend: Backend) ->
         pytest.skip("SQLite's writers take turns on its file lock by design")
     slow, other = backend.open(), backend.open(lock_timeout_s=0.3)
     try:
-        with slow._write("write slowly"):  # open, not committed
+        with slow._tx.write("write slowly"):  # open, not committed
             assert other.claim("gemm", "node-b", "GPU-b", 60) is True
             sid = other.start_session(session_meta(host="node-b"))
             other.finish_session(sid, SessionStatus.COMPLETED)
@@ -561,7 +561,7 @@ def test_every_postgres_session_bounds_its_waits(backend: Backend) -> None:
     store = backend.open(lock_timeout_s=2.5, statement_timeout_s=20)
     try:
         for write in (False, True):
-            with store._transaction(write, "read the timeouts") as conn:
+            with store._tx.transaction(write, "read the timeouts") as conn:
                 row = conn.execute(
                     """SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),
                           current_setting('idle_in_transaction_session_timeout')"""

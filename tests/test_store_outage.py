@@ -34,7 +34,7 @@ from gpuwatchd.sessions.runner import SessionOutcome, TuneRunner
 from gpuwatchd.sessions.scheduler import STORE_RETRY_S, TuneScheduler
 from gpuwatchd.store import MIGRATIONS, StoreError
 from gpuwatchd.store.errors import StoreUnavailable
-from gpuwatchd.store.postgres import PostgresStore
+from gpuwatchd.store.postgres import postgres_store
 from gpuwatchd.store.rows import HOST_ENV, MACHINE_ID_ENV
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.session_spec import SessionSpec
@@ -78,7 +78,7 @@ def test_pooled_connections_a_restart_killed_are_replaced_on_the_next_call(
     postgres_server: PostgresServer,
 ) -> None:
     db = postgres_server.new_database()
-    store = PostgresStore(postgres_server.url(db))
+    store = postgres_store(postgres_server.url(db))
     try:
         sid = store.start_session(session_meta())
         killed = postgres_server.sql(
@@ -98,7 +98,7 @@ def test_a_store_opened_while_the_server_is_down_is_opened_once_it_is_back(
     outage_server: PostgresServer, outage_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     outage_server.halt()
-    store = PostgresStore(outage_db, connect_now=False)  # no error: opened later
+    store = postgres_store(outage_db, connect_now=False)  # no error: opened later
     try:
         assert not store.up
         with pytest.raises(StoreUnavailable) as first:
@@ -143,7 +143,7 @@ send({"type": "result", "result": {"workload": "mm", "regime": "sustained", "can
 def test_a_session_an_outage_cut_off_is_recorded_failed_once_the_store_is_back(
     outage_server: PostgresServer, outage_db: str, tmp_path: Path
 ) -> None:
-    store = PostgresStore(outage_db)
+    store = postgres_store(outage_db)
     ended: list[SessionFinished] = []
     go = tmp_path / "go"
     runner = TuneRunner(
@@ -355,7 +355,7 @@ def test_a_second_live_machine_under_the_same_name_is_refused_naming_both(
     monkeypatch.setenv(MACHINE_ID_ENV, str(ids["first"]))
     first = Daemon(_daemon_config(tmp_path / "a", url), backend=FakeBackend(gpus=1))
     # The first machine's session, running under a PID this machine does not have.
-    with PostgresStore(url) as store:
+    with postgres_store(url) as store:
         sid = store.start_session(session_meta(host="twin"))
     postgres_server.sql(db, "UPDATE sessions SET owner_pid = 4194000 WHERE id = %s", (sid,))
     monkeypatch.setenv(MACHINE_ID_ENV, str(ids["second"]))
@@ -364,7 +364,7 @@ def test_a_second_live_machine_under_the_same_name_is_refused_naming_both(
     message = str(refused.value)
     assert "\n" not in message and "'twin'" in message
     assert "first0000" in message and "second0000" in message
-    with PostgresStore(url) as store:
+    with postgres_store(url) as store:
         row = store.session(sid)
         assert row is not None and row.status is SessionStatus.RUNNING, "the twin's session"
     first.identity.release()  # type: ignore[union-attr]  # a clean stop gives the name back

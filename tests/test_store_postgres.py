@@ -15,7 +15,7 @@ from builders import session_meta
 from pg_server import PASSWORD, PostgresServer
 
 from gpuwatchd.store import MIGRATIONS, StoreError, open_store, redact_url, sql_migration
-from gpuwatchd.store.postgres import VERSION_TABLE, PostgresStore
+from gpuwatchd.store.postgres import VERSION_TABLE, postgres_store
 from gpuwatchd.tuning.types import SessionStatus
 
 LATEST = len(MIGRATIONS)
@@ -74,9 +74,9 @@ def test_open_store_picks_the_back_end_by_location(
     postgres_server: PostgresServer, db: str, tmp_path: Path
 ) -> None:
     with open_store(postgres_server.url(db)) as pg:
-        assert isinstance(pg, PostgresStore)
+        assert pg.shared
     with open_store(tmp_path / "tune.db") as lite:
-        assert not isinstance(lite, PostgresStore) and lite.where == str(tmp_path / "tune.db")
+        assert not lite.shared and lite.where == str(tmp_path / "tune.db")
 
 
 def test_two_daemons_migrating_at_once_apply_each_step_once(
@@ -96,7 +96,7 @@ def test_two_daemons_migrating_at_once_apply_each_step_once(
     def opener() -> None:
         try:
             start.wait()
-            with PostgresStore(url, migrations=(*MIGRATIONS, counted)) as s:
+            with postgres_store(url, migrations=(*MIGRATIONS, counted)) as s:
                 s.start_session(session_meta())
         except BaseException as e:  # surfaced below
             errors.append(e)
@@ -116,29 +116,29 @@ def test_a_host_older_than_the_schema_refuses_to_write_in_one_line(
     postgres_server: PostgresServer, db: str
 ) -> None:
     url = postgres_server.url(db)
-    old = PostgresStore(url)
+    old = postgres_store(url)
     sid = old.start_session(session_meta())
     newer = sql_migration(LATEST + 1, "newer", "ALTER TABLE sessions ADD COLUMN note TEXT")
-    PostgresStore(url, migrations=(*MIGRATIONS, newer)).close()  # another host upgraded
+    postgres_store(url, migrations=(*MIGRATIONS, newer)).close()  # another host upgraded
     with pytest.raises(StoreError, match=f"schema version {LATEST + 1}, newer") as e:
         old.finish_session(sid, SessionStatus.COMPLETED)
     assert "\n" not in str(e.value) and "refuses to finish a session" in str(e.value)
     assert old.session(sid).status is SessionStatus.RUNNING  # type: ignore[union-attr]
     old.close()
     with pytest.raises(StoreError, match="newer than this gpuwatchd knows"):
-        PostgresStore(url)
+        postgres_store(url)
 
 
 def test_a_foreign_database_is_refused_untouched(postgres_server: PostgresServer, db: str) -> None:
     postgres_server.sql(db, "CREATE TABLE sessions (id INTEGER)")
     with pytest.raises(StoreError, match="no gpuwatchd schema version"):
-        PostgresStore(postgres_server.url(db))
+        postgres_store(postgres_server.url(db))
     assert postgres_server.sql(db, f"SELECT to_regclass('{VERSION_TABLE}')") == [(None,)]
 
 
 def test_readonly_needs_a_migrated_database(postgres_server: PostgresServer, db: str) -> None:
     with pytest.raises(StoreError, match="not a gpuwatchd store"):
-        PostgresStore(postgres_server.url(db), readonly=True)
+        postgres_store(postgres_server.url(db), readonly=True)
 
 
 def test_no_server_side_prepared_statements_so_a_transaction_pooler_works(
@@ -146,9 +146,9 @@ def test_no_server_side_prepared_statements_so_a_transaction_pooler_works(
 ) -> None:
     """Behind PgBouncer in transaction mode the next transaction may run on another server
     connection: nothing prepared may outlive a transaction."""
-    with PostgresStore(postgres_server.url(db)) as store:
+    with postgres_store(postgres_server.url(db)) as store:
         for _ in range(8):  # psycopg prepares a query after 5 runs by default
             store.sessions()
-        (conn,) = store._idle
+        (conn,) = store._tx._idle
         assert conn.raw.prepare_threshold is None
         assert conn.raw.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0

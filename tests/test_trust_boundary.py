@@ -32,7 +32,7 @@ from gpuwatchd.config import ConfigError, parse_config
 from gpuwatchd.daemon.added_workloads import ASIDE_NAME, FILE_NAME, FORMAT
 from gpuwatchd.daemon.control_server import RequestError
 from gpuwatchd.sessions.runner import TuneRunner
-from gpuwatchd.store import Store
+from gpuwatchd.store import SqlStore, sqlite_store
 from gpuwatchd.telemetry.sim import SimBackend
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.kernels import ArgSpec, KernelRequest, config_spec, identity_of
@@ -266,8 +266,8 @@ def test_an_allowed_kernel_defined_there_is_imported_with_its_factory(in_process
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "trust.db") as s:
+def store(tmp_path: Path) -> Iterator[SqlStore]:
+    with sqlite_store(tmp_path / "trust.db") as s:
         yield s
 
 
@@ -285,7 +285,7 @@ def cpu_job(workload: Workload, allowed: tuple[str, ...]) -> SessionSpec:
 
 
 def test_real_worker_tunes_an_allowed_kernel_and_refuses_a_widened_list(
-    in_process: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+    in_process: Path, store: SqlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     planted = in_process
     _worker_env(planted, monkeypatch)
@@ -310,7 +310,7 @@ def test_real_worker_tunes_an_allowed_kernel_and_refuses_a_widened_list(
 
 
 def test_worker_ignores_a_json_py_in_the_daemons_working_directory(
-    planted: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+    planted: Path, store: SqlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cwd = planted / "cwd"
     cwd.mkdir()
@@ -349,7 +349,7 @@ def spy_python(d: Path) -> str:
     return str(script)
 
 
-def spy_run(store: Store, d: Path, **runner: Any) -> dict[str, str]:
+def spy_run(store: SqlStore, d: Path, **runner: Any) -> dict[str, str]:
     info = SimBackend(gpus=1, scenario="idle", seed=3).device_info(0)
     wl = Workload("sim-gemm", "gemm", {"m": 64, "n": 64, "k": 64}, "bf16", ("sim",))
     spec = SessionSpec(0, info.uuid, "sim", (wl,), (Regime.UNTHROTTLED,), sim=SimSpec("idle", 3, 1))
@@ -361,7 +361,7 @@ def spy_run(store: Store, d: Path, **runner: Any) -> dict[str, str]:
 
 
 def test_worker_starts_with_python_p_in_root_with_a_minimal_environment(
-    store: Store, spy_dir: Path, monkeypatch: pytest.MonkeyPatch
+    store: SqlStore, spy_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(spy_dir)
     daemon_env = {
@@ -390,7 +390,7 @@ def test_worker_starts_with_python_p_in_root_with_a_minimal_environment(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
-def test_a_root_daemon_starts_the_worker_as_worker_user(store: Store, spy_dir: Path) -> None:
+def test_a_root_daemon_starts_the_worker_as_worker_user(store: SqlStore, spy_dir: Path) -> None:
     import pwd
 
     nobody = pwd.getpwnam("nobody")

@@ -135,9 +135,9 @@ def test_report_without_a_store_is_one_line(tmp_path: Path):
 
 
 def test_report_on_an_empty_store_says_so(tmp_path: Path):
-    from gpuwatchd.store import Store
+    from gpuwatchd.store import sqlite_store
 
-    Store(tmp_path / "g.db").close()
+    sqlite_store(tmp_path / "g.db").close()
     res = gpuwatchd("report", "--store", str(tmp_path / "g.db"))
     assert res.returncode == 0 and "no tuning results yet" in res.stdout
 

@@ -13,7 +13,7 @@ from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import PollHealth, StateBoard
 from gpuwatchd.sessions.events import SessionFinished
 from gpuwatchd.sessions.scheduler import TuneScheduler
-from gpuwatchd.store import SessionMeta, Store
+from gpuwatchd.store import SessionMeta, SqlStore, sqlite_store
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Regime, SessionStatus
 
@@ -29,7 +29,7 @@ def _board() -> StateBoard:
     return board
 
 
-def _finish(store: Store, uuid: str, status: SessionStatus, ended_at: float) -> int:
+def _finish(store: SqlStore, uuid: str, status: SessionStatus, ended_at: float) -> int:
     meta = SessionMeta(gpu_uuid=uuid, gpu_index=0, gpu_model="Test GPU", backend="sim",
                        workloads=(), regimes=(Regime.UNTHROTTLED,))  # fmt: skip
     sid = store.start_session(meta)
@@ -44,7 +44,7 @@ def _exposition(board: StateBoard, sched: TuneScheduler) -> str:
 
 
 def test_sessions_counted_are_the_daemons_and_last_tune_is_per_gpu(tmp_path: Path) -> None:
-    store = Store(tmp_path / "g.db", now=lambda: T0)
+    store = sqlite_store(tmp_path / "g.db", now=lambda: T0)
     try:
         # A standalone `gpuwatchd tune` on the shared store, before the daemon started.
         _finish(store, "GPU-1", SessionStatus.COMPLETED, T0 + 10.0)

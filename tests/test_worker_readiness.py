@@ -34,7 +34,7 @@ from gpuwatchd.sessions.readiness import (
     readiness,
 )
 from gpuwatchd.sessions.scheduler import WORKER_NOT_READY, TuneScheduler
-from gpuwatchd.store import Store
+from gpuwatchd.store import SqlStore, sqlite_store
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
 
 WORKLOADS = {w.name: w for w in DEFAULT_WORKLOADS}
@@ -97,10 +97,10 @@ def test_probe_that_cannot_answer_is_a_failure_not_a_crash(tmp_path: Path) -> No
     assert "took over 0.2 s" in str(probe(str(hang), timeout_s=0.2).failed)
 
 
-def _scheduler(tmp_path: Path, result: ProbeResult) -> tuple[TuneScheduler, StateBoard, Store]:
+def _scheduler(tmp_path: Path, result: ProbeResult) -> tuple[TuneScheduler, StateBoard, SqlStore]:
     FakeRunner.instances = []
     board = StateBoard()
-    store = Store(tmp_path / "g.db")
+    store = sqlite_store(tmp_path / "g.db")
     worker_probe = WorkerProbe("py", run=lambda _python: result)
     cfg = Config(tuning=TuningConfig(check_interval_s=1.0, workloads=("sim-gemm", "cpu-matmul")))
     sched = TuneScheduler(
@@ -216,7 +216,7 @@ def test_a_daemon_whose_worker_lacks_torch_warns_and_fails_no_session(tmp_path: 
 def test_the_probe_runs_only_once_work_needs_a_module(tmp_path: Path) -> None:
     calls: list[str] = []
     worker_probe = WorkerProbe("py", run=lambda python: calls.append(python) or NO_TORCH)
-    store = Store(tmp_path / "g.db")
+    store = sqlite_store(tmp_path / "g.db")
     cfg = Config(tuning=TuningConfig(check_interval_s=1.0))
     sched = TuneScheduler(cfg.tuning_setup(), StateBoard(), store, "sim", worker_probe=worker_probe)
     try:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from gpuwatchd.sessions.runner import RunnerBusy, TuneRunner
-from gpuwatchd.store import Store
+from gpuwatchd.store import SqlStore
 from gpuwatchd.telemetry.sim import SimBackend
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.session_spec import (
@@ -216,7 +216,7 @@ def test_bad_messages_name_the_field(line: str, needle: str) -> None:
 # -- real workers ----------------------------------------------------------------------------
 
 
-def test_real_cpu_worker_completes_and_records(store: Store) -> None:
+def test_real_cpu_worker_completes_and_records(store: SqlStore) -> None:
     cfg = ProtocolConfig(
         batch_target_s=0.002,
         warmup_s=0.005,
@@ -261,7 +261,7 @@ def power_capped_sim_spec(
     return info, spec
 
 
-def test_real_sim_worker_tunes_sim_gemm(store: Store) -> None:
+def test_real_sim_worker_tunes_sim_gemm(store: SqlStore) -> None:
     info, spec = power_capped_sim_spec(gpus=2, gpu=1, seed=5, budget_s=20.0)
     out = TuneRunner(store).run_session(spec, info, "sim", never, None, 60)
     assert (out.status, out.why) == (SessionStatus.COMPLETED, None)
@@ -273,7 +273,7 @@ def test_real_sim_worker_tunes_sim_gemm(store: Store) -> None:
     assert len(store.results(out.session_id)) == 2
 
 
-def test_sim_worker_starts_at_the_daemons_point_of_the_scenario(store: Store) -> None:
+def test_sim_worker_starts_at_the_daemons_point_of_the_scenario(store: SqlStore) -> None:
     info = SimBackend(gpus=1, scenario="gpu-lost", seed=0).device_info(0)
     # The scenario's GPU is off the bus from t = 20 s to 50 s: a job starting at 25 s hits it.
     spec = SessionSpec(0, info.uuid, "sim", (SIM_GEMM,), BOTH, sim=SimSpec("gpu-lost", 0, 1, 25.0))
@@ -282,7 +282,7 @@ def test_sim_worker_starts_at_the_daemons_point_of_the_scenario(store: Store) ->
     assert out.why == "worker error: GpuLost: GPU 0 is lost: simulated: off the bus since t=20s"
 
 
-def test_worker_on_the_wrong_gpu_fails_clearly(store: Store) -> None:
+def test_worker_on_the_wrong_gpu_fails_clearly(store: SqlStore) -> None:
     info = SimBackend(gpus=1, scenario="idle", seed=1).device_info(0)
     spec = SessionSpec(0, info.uuid, "sim", (WL,), BOTH, sim=SimSpec("idle", 2, 1))  # seed differs
     out = TuneRunner(store).run_session(spec, info, "sim", never, None, 30)
@@ -302,7 +302,7 @@ send({"type": "hello", "pid": os.getpid(), "versions": {"torch": "fake-1.0"}})
 
 
 @pytest.fixture
-def runner_for(store: Store) -> Any:
+def runner_for(store: SqlStore) -> Any:
     def make(body: str, **kw: Any) -> TuneRunner:
         return TuneRunner(store, worker_cmd=[sys.executable, "-c", PRELUDE + body], **kw)
 
@@ -325,7 +325,9 @@ def runner_for(store: Store) -> Any:
         ("sys.exit(0)", "worker finished without a result for mm (unthrottled), mm (sustained)"),
     ],
 )
-def test_worker_crash_fails_the_session(store: Store, runner_for: Any, body: str, why: str) -> None:
+def test_worker_crash_fails_the_session(
+    store: SqlStore, runner_for: Any, body: str, why: str
+) -> None:
     runner = runner_for(body)
     out = runner.run_session(FAKE_JOB, CPU_INFO, "sim", never, None, 20)
     assert (out.status, out.why) == (SessionStatus.FAILED, why)
@@ -335,7 +337,7 @@ def test_worker_crash_fails_the_session(store: Store, runner_for: Any, body: str
     assert runner.pids() == frozenset()
 
 
-def test_hung_worker_times_out_and_is_killed(store: Store, runner_for: Any) -> None:
+def test_hung_worker_times_out_and_is_killed(store: SqlStore, runner_for: Any) -> None:
     pids: list[frozenset[int]] = []
     runner = runner_for("time.sleep(60)")
 
@@ -376,7 +378,7 @@ def test_garbage_output_fails_and_kills(runner_for: Any, body: str, needle: str)
 
 
 def test_fake_worker_results_are_recorded_and_the_runner_is_reusable(
-    store: Store, runner_for: Any
+    store: SqlStore, runner_for: Any
 ) -> None:
     crash = runner_for("sys.exit(3)").run_session(FAKE_JOB, CPU_INFO, "sim", never, None, 20)
     assert crash.status is SessionStatus.FAILED
@@ -402,7 +404,7 @@ while True:
 
 @pytest.mark.parametrize("ignore_term", [False, True])
 def test_preemption_stops_the_worker_within_a_second(
-    store: Store, tmp_path: Path, ignore_term: bool
+    store: SqlStore, tmp_path: Path, ignore_term: bool
 ) -> None:
     grandchild_file = tmp_path / "grandchild"
     ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN)" if ignore_term else ""
@@ -450,7 +452,7 @@ def test_preemption_stops_the_worker_within_a_second(
     assert len(store.sessions()) == 1  # the refused nested call started nothing
 
 
-def test_cancel_stops_a_running_session(store: Store, tmp_path: Path) -> None:
+def test_cancel_stops_a_running_session(store: SqlStore, tmp_path: Path) -> None:
     runner = TuneRunner(
         store,
         env={**os.environ, "GRANDCHILD_FILE": str(tmp_path / "g")},
@@ -491,7 +493,9 @@ def test_sigterm_stops_a_real_worker_at_a_batch_boundary(tmp_path: Path) -> None
         proc.wait()
 
 
-def test_an_escaped_grandchild_holding_stdout_does_not_block(store: Store, tmp_path: Path) -> None:
+def test_an_escaped_grandchild_holding_stdout_does_not_block(
+    store: SqlStore, tmp_path: Path
+) -> None:
     pid_file = tmp_path / "escaped"
     results = [json.loads(encode_message(ResultMessage(_result(r)))) for r in BOTH]
     body = (
@@ -511,7 +515,7 @@ def test_an_escaped_grandchild_holding_stdout_does_not_block(store: Store, tmp_p
 
 
 def test_an_interrupted_runner_kills_the_worker_and_fails_the_session(
-    store: Store, runner_for: Any
+    store: SqlStore, runner_for: Any
 ) -> None:
     runner = runner_for("time.sleep(60)")
     pids: list[int] = []

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuwatchd.api.document import DocReader
 from gpuwatchd.api.errors import GpuwatchdError
-from gpuwatchd.store import TuningStore
+from gpuwatchd.store import SqlStore
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.tuning.types import CandidateStats, Regime, Versions
 
@@ -87,7 +87,7 @@ def parse_regime(value: Regime | str | None) -> Regime | None:
 
 
 def winners_json(
-    store: TuningStore,
+    store: SqlStore,
     *,
     gpu_model: str | None = None,
     workload: str | None = None,

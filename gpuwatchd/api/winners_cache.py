@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwatchd.api.winners import WINNERS_FORMAT, JsonDict, parse_winners_query, winners_json
-from gpuwatchd.store import StoreError, TuningStore
+from gpuwatchd.store import SqlStore, StoreError
 from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.tuning.types import Regime
 
@@ -33,9 +33,7 @@ class WinnersCache:
     """Every winner ``host`` serves (its own per key, else the fleet's), read per
     :meth:`refresh`."""
 
-    def __init__(
-        self, store: TuningStore, *, host: str, now: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, store: SqlStore, *, host: str, now: Callable[[], float] = time.time) -> None:
         self._store = store
         self._host = host
         self._now = now

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     from gpuwatchd.config import Config
-    from gpuwatchd.store import TuningStore
+    from gpuwatchd.store import SqlStore
 
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
@@ -156,7 +156,7 @@ def open_store(
     readonly: bool = False,
     password_file: Path | None = None,
     call_timeout_s: float | None = None,
-) -> TuningStore:
+) -> SqlStore:
     """The tuning store at ``location`` (``--store`` or the config's ``[store] url``): a
     PostgreSQL connection string or a SQLite file, by :func:`gpuwatchd.store.urls.store_target`'s
     rule; any other URL scheme is one line. A writable SQLite one creates its missing
@@ -171,7 +171,7 @@ def open_store(
         raise CliError(str(exc)) from None
 
 
-def open_configured_store(cfg: Config, readonly: bool = False) -> TuningStore:
+def open_configured_store(cfg: Config, readonly: bool = False) -> SqlStore:
     """The daemon's store as ``cfg`` names it: ``[store] url``, else the state directory's."""
     from gpuwatchd.config import store_location, store_password_file
 

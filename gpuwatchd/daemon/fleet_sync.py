@@ -27,7 +27,7 @@ from gpuwatchd.drift.fleet import (
     groups_from_medians,
 )
 from gpuwatchd.monitor.board import StateBoard
-from gpuwatchd.store import StoreError, TuningStore
+from gpuwatchd.store import SqlStore, StoreError
 from gpuwatchd.store.rows import HostClock, WinnerRow, host_name
 from gpuwatchd.validate import describe
 
@@ -56,7 +56,7 @@ class FleetSync:
 
     def __init__(
         self,
-        store: TuningStore,
+        store: SqlStore,
         board: StateBoard,
         drift_view: Callable[[], Mapping[int, GpuDriftView]],
         *,

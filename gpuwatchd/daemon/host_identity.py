@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from contextlib import suppress
 
-from gpuwatchd.store import StoreError, TuningStore
+from gpuwatchd.store import SqlStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def lease_s(sync_interval_s: float) -> float:
 class HostIdentity:
     """This machine's hold on ``host`` in ``store``."""
 
-    def __init__(self, store: TuningStore, host: str, machine: str, lease_s: float) -> None:
+    def __init__(self, store: SqlStore, host: str, machine: str, lease_s: float) -> None:
         self._store = store
         self.host = host
         self.machine = machine

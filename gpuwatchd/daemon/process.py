@@ -76,7 +76,7 @@ from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
 from gpuwatchd.sessions.readiness import WorkerProbe
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.sessions.scheduler import RunnerFactory, TuneScheduler
-from gpuwatchd.store import SqlStore, StoreError, TuningStore, is_postgres_url, open_store
+from gpuwatchd.store import SqlStore, StoreError, is_postgres_url, open_store
 from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.retention import Pruner
 from gpuwatchd.store.rows import host_name, machine_id
@@ -124,11 +124,10 @@ def _no_pod(_uuid: str) -> PodRef | None:
     return None
 
 
-def keep_fleet_incumbents(store: TuningStore, cfg: Config) -> None:
+def keep_fleet_incumbents(store: SqlStore, cfg: Config) -> None:
     """A fleet winner another host disputes stays the fleet's only while the fleet would
     still use it (``[fleet] max_winner_age_s``)."""
-    if isinstance(store, SqlStore):
-        store.keep_incumbent_for_s = cfg.fleet.max_winner_age_s
+    store.keep_incumbent_for_s = cfg.fleet.max_winner_age_s
 
 
 def setup_logging(level: str) -> None:
@@ -152,7 +151,7 @@ def read_web_config(cfg: Config) -> WebConfig | None:
         raise ConfigError(str(exc)) from None
 
 
-def open_state_store(cfg: Config) -> TuningStore:
+def open_state_store(cfg: Config) -> SqlStore:
     """The configured tuning store (``[store] url``, else the SQLite file in the state
     directory), created or migrated if needed.
 

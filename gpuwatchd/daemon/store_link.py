@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from gpuwatchd.store import StoreError, TuningStore
+from gpuwatchd.store import SqlStore, StoreError
 from gpuwatchd.store.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ CHECK_EVERY_S = 1.0
 class StoreLink:
     """One call = one look at the store; ``listeners`` run when it comes back."""
 
-    def __init__(self, store: TuningStore) -> None:
+    def __init__(self, store: SqlStore) -> None:
         self._store = store
         self._listeners: list[Callable[[], None]] = []
         self._was_up = store.up

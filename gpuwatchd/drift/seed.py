@@ -36,7 +36,7 @@ from gpuwatchd.drift.detector import (
 )
 from gpuwatchd.drift.versions import changed_versions
 from gpuwatchd.sessions.events import SessionFinished, WorkSkipped
-from gpuwatchd.store import SessionRow, StoredResult, StoreError, TuningStore
+from gpuwatchd.store import SessionRow, SqlStore, StoredResult, StoreError
 from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.telemetry.types import DeviceInfo
@@ -102,9 +102,7 @@ def _ended(session: SessionRow) -> float:
     return session.ended_at if session.ended_at is not None else session.started_at
 
 
-def _own_reference(
-    store: TuningStore, info: DeviceInfo, sessions: Sequence[SessionRow]
-) -> Reference:
+def _own_reference(store: SqlStore, info: DeviceInfo, sessions: Sequence[SessionRow]) -> Reference:
     """The reference of a GPU from its own completed sessions (newest first)."""
     latest = sessions[0]
     clock = None
@@ -139,7 +137,7 @@ def _served_rows(rows: Sequence[WinnerRow], current: Versions | None) -> list[Wi
 
 
 def served_reference(
-    store: TuningStore,
+    store: SqlStore,
     info: DeviceInfo,
     *,
     host: str | None = None,
@@ -184,7 +182,7 @@ def served_reference(
 
 
 def reference_from_store(
-    store: TuningStore,
+    store: SqlStore,
     info: DeviceInfo,
     *,
     host: str | None = None,
@@ -217,7 +215,7 @@ def reference_from_store(
 
 def seed_reference(
     detector: DriftDetector,
-    store: TuningStore,
+    store: SqlStore,
     info: DeviceInfo,
     *,
     host: str | None = None,
@@ -259,7 +257,7 @@ class ReferenceSync:
     def __init__(
         self,
         detector: DriftDetector,
-        store: TuningStore,
+        store: SqlStore,
         *,
         host: str | None = None,
         versions_now: VersionsNow | None = None,

@@ -24,7 +24,7 @@ from gpuwatchd.drift.fleet import (
 )
 from gpuwatchd.drift.fleet import clock_max_age_s as clock_age_rule
 from gpuwatchd.sessions.fleet_settings import FleetConfig
-from gpuwatchd.store import TuningStore
+from gpuwatchd.store import SqlStore
 from gpuwatchd.store.rows import Disagreement, WinnerRow
 
 FLEET_REPORT_FORMAT = "gpuwatchd-fleet-report/1"
@@ -44,7 +44,7 @@ def _disagreement_json(d: Disagreement) -> dict[str, Any]:
 
 
 def build_fleet_report(
-    store: TuningStore,
+    store: SqlStore,
     *,
     clock_max_age_s: float = DEFAULT_CLOCK_MAX_AGE_S,
     winner_max_age_s: float = DEFAULT_WINNER_MAX_AGE_S,
@@ -108,7 +108,7 @@ def build_fleet_report(
     }
 
 
-def _models(store: TuningStore, rows: Sequence[Any]) -> set[str]:
+def _models(store: SqlStore, rows: Sequence[Any]) -> set[str]:
     """Every GPU model with a winner or a fresh host clock."""
     return {w.gpu_model for w in store.winners()} | {r.gpu_model for r in rows}
 

@@ -13,7 +13,7 @@ import io
 from collections import defaultdict
 from typing import Any
 
-from gpuwatchd.store import TuningStore
+from gpuwatchd.store import SqlStore
 from gpuwatchd.store.rows import StoredResult
 from gpuwatchd.telemetry.types import ThrottleReason
 from gpuwatchd.tuning.session_spec import stats_to_json
@@ -68,7 +68,7 @@ def _differ(results: list[StoredResult]) -> dict[str, bool]:
     return out
 
 
-def build_report(store: TuningStore, gpu_model: str | None = None) -> dict[str, Any]:
+def build_report(store: SqlStore, gpu_model: str | None = None) -> dict[str, Any]:
     """The JSON document of ``report --format json``: the latest result per regime."""
     return report_from(store.latest_results(gpu_model=gpu_model))
 

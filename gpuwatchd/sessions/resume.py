@@ -29,7 +29,7 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import replace
 
-from gpuwatchd.store import SessionMeta, StoredResult, TuningStore
+from gpuwatchd.store import SessionMeta, SqlStore, StoredResult
 from gpuwatchd.tuning.session_spec import SessionSpec
 from gpuwatchd.tuning.types import Regime, Workload
 from gpuwatchd.tuning.versions import same_version
@@ -87,7 +87,7 @@ def workload_differs(spec: SessionSpec, name: str, source: SessionMeta) -> str |
     return None
 
 
-def oldest_reusable(store: TuningStore, gpu_uuid: str, since: float) -> float:
+def oldest_reusable(store: SqlStore, gpu_uuid: str, since: float) -> float:
     """``since``, or just after the GPU's last completed session ended if that is later:
     a completed session's winners supersede what was measured before it."""
     last = store.last_completed_at(gpu_uuid)
@@ -95,7 +95,7 @@ def oldest_reusable(store: TuningStore, gpu_uuid: str, since: float) -> float:
 
 
 def reusable_results(
-    store: TuningStore,
+    store: SqlStore,
     spec: SessionSpec,
     meta: SessionMeta,
     *,

@@ -47,7 +47,7 @@ from gpuwatchd.sessions.resume import (
     remaining_spec,
     reusable_results,
 )
-from gpuwatchd.store import SessionMeta, StoredResult, StoreError, TuningStore
+from gpuwatchd.store import SessionMeta, SqlStore, StoredResult, StoreError
 from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.session_spec import (
@@ -302,7 +302,7 @@ class TuneRunner:
 
     def __init__(
         self,
-        store: TuningStore,
+        store: SqlStore,
         python: str = sys.executable,
         env: dict[str, str] | None = None,
         *,

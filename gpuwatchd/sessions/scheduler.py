@@ -60,7 +60,7 @@ from gpuwatchd.sessions.readiness import (
     readiness,
 )
 from gpuwatchd.sessions.runner import TuneRunner
-from gpuwatchd.store import FINAL_STATUSES, TuningStore
+from gpuwatchd.store import FINAL_STATUSES, SqlStore
 from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.telemetry.backend import FeelsSessionLoad
@@ -146,7 +146,7 @@ class TuningSnapshot:
 class RunnerFactory(Protocol):
     """Makes the runner of one GPU; ``on_finished`` must hear of every session it ends."""
 
-    def __call__(self, store: TuningStore, *, on_finished: SessionListener) -> TuneRunner: ...
+    def __call__(self, store: SqlStore, *, on_finished: SessionListener) -> TuneRunner: ...
 
 
 class TuneScheduler:
@@ -164,7 +164,7 @@ class TuneScheduler:
         self,
         cfg: TuningSetup,
         board: StateBoard,
-        store: TuningStore,
+        store: SqlStore,
         backend_name: str,
         sim_time: Callable[[], float] = lambda: 0.0,
         runner_factory: RunnerFactory = TuneRunner,

@@ -5,7 +5,6 @@ imported only when a connection string (a ``postgresql://`` URL or a libpq key=v
 string) asks for it (:func:`open_store`).
 """
 
-from gpuwatchd.store.base import TuningStore
 from gpuwatchd.store.errors import StoreError
 from gpuwatchd.store.location import open_store
 from gpuwatchd.store.rows import (
@@ -19,7 +18,7 @@ from gpuwatchd.store.rows import (
     host_name,
 )
 from gpuwatchd.store.schema import MIGRATIONS, Migration, sql_migration
-from gpuwatchd.store.sqlite import Store
+from gpuwatchd.store.sqlite import sqlite_store
 from gpuwatchd.store.store import FINAL_STATUSES, SqlStore
 from gpuwatchd.store.urls import is_postgres_url, redact_url
 
@@ -33,14 +32,13 @@ __all__ = [
     "SessionMeta",
     "SessionRow",
     "SqlStore",
-    "Store",
     "StoreError",
     "StoredResult",
-    "TuningStore",
     "WinnerRow",
     "host_name",
     "is_postgres_url",
     "open_store",
     "redact_url",
     "sql_migration",
+    "sqlite_store",
 ]

@@ -10,8 +10,8 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.store.base import TuningStore
 from gpuwatchd.store.deadline import CALL_TIMEOUT_S
+from gpuwatchd.store.store import SqlStore
 from gpuwatchd.store.urls import store_target
 
 
@@ -22,7 +22,7 @@ def open_store(
     password_file: str | PathLike[str] | None = None,
     call_timeout_s: float = CALL_TIMEOUT_S,
     **kwargs: Any,
-) -> TuningStore:
+) -> SqlStore:
     """Open the store at a path or a PostgreSQL connection string (``[store] url``).
 
     ``call_timeout_s`` bounds each call to a PostgreSQL store (a local file needs none).
@@ -30,12 +30,12 @@ def open_store(
     """
     target = store_target(location)
     if isinstance(target, str):
-        from gpuwatchd.store.postgres import PostgresStore
+        from gpuwatchd.store.postgres import postgres_store
 
         pw = Path(password_file) if password_file else None
-        return PostgresStore(
+        return postgres_store(
             target, readonly=readonly, password_file=pw, call_timeout_s=call_timeout_s, **kwargs
         )
-    from gpuwatchd.store.sqlite import Store
+    from gpuwatchd.store.sqlite import sqlite_store
 
-    return Store(target, readonly=readonly, **kwargs)
+    return sqlite_store(target, readonly=readonly, **kwargs)

@@ -280,7 +280,7 @@ class PostgresEngine(Engine):
             raise
         finally:
             if WATCHDOG.disarm(alarm):
-                conn.broken = True  # the store logs the outage once (core.StoreCore)
+                conn.broken = True  # the store logs the outage once (transactions.Transactions)
 
     def begin(self, conn: Conn, *, write: bool) -> None:
         conn.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -382,40 +382,34 @@ class PostgresEngine(Engine):
             )
 
 
-class PostgresStore(SqlStore):
+def postgres_store(
+    url: str,
+    *,
+    readonly: bool = False,
+    password_file: Path | None = None,
+    migrations: Sequence[Migration] = MIGRATIONS,
+    now: Callable[[], float] = time.time,
+    connect_timeout_s: float = 10.0,
+    keep_connections: int = 4,
+    lock_timeout_s: float = LOCK_TIMEOUT_S,
+    statement_timeout_s: float = STATEMENT_TIMEOUT_S,
+    call_timeout_s: float = CALL_TIMEOUT_S,
+    connect_now: bool = True,
+) -> SqlStore:
     """The store in a PostgreSQL database (``[store] url = "postgresql://..."``)."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        readonly: bool = False,
-        password_file: Path | None = None,
-        migrations: Sequence[Migration] = MIGRATIONS,
-        now: Callable[[], float] = time.time,
-        connect_timeout_s: float = 10.0,
-        keep_connections: int = 4,
-        lock_timeout_s: float = LOCK_TIMEOUT_S,
-        statement_timeout_s: float = STATEMENT_TIMEOUT_S,
-        call_timeout_s: float = CALL_TIMEOUT_S,
-        connect_now: bool = True,
-    ) -> None:
-        engine = PostgresEngine(
-            url,
-            password_file=password_file,
-            connect_timeout_s=connect_timeout_s,
-            lock_timeout_s=lock_timeout_s,
-            statement_timeout_s=statement_timeout_s,
-            call_timeout_s=call_timeout_s,
-        )
-        super().__init__(
-            engine,
-            readonly=readonly,
-            migrations=migrations,
-            now=now,
-            keep_connections=keep_connections,
-            connect_now=connect_now,
-        )
-
-    def __enter__(self) -> PostgresStore:
-        return self
+    engine = PostgresEngine(
+        url,
+        password_file=password_file,
+        connect_timeout_s=connect_timeout_s,
+        lock_timeout_s=lock_timeout_s,
+        statement_timeout_s=statement_timeout_s,
+        call_timeout_s=call_timeout_s,
+    )
+    return SqlStore(
+        engine,
+        readonly=readonly,
+        migrations=migrations,
+        now=now,
+        keep_connections=keep_connections,
+        connect_now=connect_now,
+    )

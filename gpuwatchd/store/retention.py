@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from gpuwatchd.store.base import TuningStore
 from gpuwatchd.store.errors import StoreError, StoreUnavailable
+from gpuwatchd.store.store import SqlStore
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class Pruned:
     clocks: int
 
 
-def prune(store: TuningStore, *, keep_sessions_s: float, keep_clocks_s: float) -> Pruned:
+def prune(store: SqlStore, *, keep_sessions_s: float, keep_clocks_s: float) -> Pruned:
     """Delete sessions finished over ``keep_sessions_s`` ago (winners' sessions and each
     GPU's latest completed one stay) and clocks not reported for ``keep_clocks_s``."""
     return Pruned(store.prune(keep_sessions_s), store.prune_clocks(keep_clocks_s))
@@ -39,7 +39,7 @@ class Pruner:
 
     def __init__(
         self,
-        store: TuningStore,
+        store: SqlStore,
         *,
         host: str,
         machine: str,

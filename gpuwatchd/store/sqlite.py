@@ -174,32 +174,25 @@ def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-class Store(SqlStore):
-    """One store file. ``Store(path)`` opens (creating and migrating) it read-write.
+def sqlite_store(
+    path: str | PathLike[str],
+    *,
+    readonly: bool = False,
+    migrations: Sequence[Migration] = MIGRATIONS,
+    now: Callable[[], float] = time.time,
+    busy_timeout_s: float = 10.0,
+    keep_connections: int = 4,
+) -> SqlStore:
+    """The store in one file, opened (created and migrated) read-write.
 
     ``readonly=True`` opens with SQLite's ``mode=ro``: the file must exist at the
     current schema version and is never created, migrated or moved aside.
     """
-
-    def __init__(
-        self,
-        path: str | PathLike[str],
-        *,
-        readonly: bool = False,
-        migrations: Sequence[Migration] = MIGRATIONS,
-        now: Callable[[], float] = time.time,
-        busy_timeout_s: float = 10.0,
-        keep_connections: int = 4,
-    ) -> None:
-        self.path = Path(path)
-        engine = SqliteEngine(self.path, now=now, busy_timeout_s=busy_timeout_s)
-        super().__init__(
-            engine,
-            readonly=readonly,
-            migrations=migrations,
-            now=now,
-            keep_connections=keep_connections,
-        )
-
-    def __enter__(self) -> Store:
-        return self
+    engine = SqliteEngine(Path(path), now=now, busy_timeout_s=busy_timeout_s)
+    return SqlStore(
+        engine,
+        readonly=readonly,
+        migrations=migrations,
+        now=now,
+        keep_connections=keep_connections,
+    )

@@ -1,41 +1,63 @@
-"""The tuning store's logic: sessions, per-candidate statistics, results and winners.
+"""The tuning store: sessions, per-candidate statistics, results, winners and the fleet.
 
-Written once for every back end (:mod:`gpuwatchd.store.sqlite`, the embedded default,
-and :mod:`gpuwatchd.store.postgres`, the fleet's shared store); an
-:class:`~gpuwatchd.store.engine.Engine` supplies what differs, and
-:class:`~gpuwatchd.store.core.StoreCore` the connections and transactions. Every write
-is one transaction; a failure mid-write rolls back and loses nothing already stored.
-Reads skip rows they cannot parse, with a warning.
+One class, :class:`SqlStore`, holds every query, written once in SQLite's spelling; it
+is composed with an :class:`~gpuwatchd.store.engine.Engine` (SQLite, the embedded
+default, or PostgreSQL, the fleet's shared store) for what differs between databases,
+and runs each call in a :class:`~gpuwatchd.store.transactions.Transactions` on it.
+Every write is one transaction; a failure mid-write rolls back and loses nothing
+already stored. Reads skip rows they cannot parse, with a warning.
+
+The layer is hand-written, not SQLAlchemy Core: SQLAlchemy would add about three times
+this layer's memory to a daemon held to 32 MiB, for no import-time gain (bench/RESULTS.md,
+"The store's SQL layer against SQLAlchemy Core").
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from gpuwatchd.store import claims as claim_sql
 from gpuwatchd.store import codec
+from gpuwatchd.store.claims import HOST_CLAIM_PREFIX
 from gpuwatchd.store.commit import Found, commit_winners
 from gpuwatchd.store.conn import Conn
-from gpuwatchd.store.core import enum_value, filters, log
 from gpuwatchd.store.disagreement import DEFAULT_KEEP_INCUMBENT_S
+from gpuwatchd.store.engine import Engine
 from gpuwatchd.store.errors import StoreError
-from gpuwatchd.store.fleet import FleetStore
 from gpuwatchd.store.owner import Alive, orphaned, pid_alive
-from gpuwatchd.store.result_rows import insert_result
+from gpuwatchd.store.result_rows import (
+    RESULT_SELECT,
+    chunks,
+    insert_result,
+    load_results,
+    parse_results,
+)
 from gpuwatchd.store.rows import (
+    WHOLE_WATTS_SQL,
+    Claim,
+    ClockMedian,
+    Disagreement,
+    HostClock,
     SessionMeta,
     SessionRow,
     StoredResult,
     WinnerRow,
+    clock_medians,
     host_name,
 )
+from gpuwatchd.store.schema import MIGRATIONS, Migration
+from gpuwatchd.store.transactions import Transactions
 from gpuwatchd.store.winner_sql import FLEET, PREFERRING_HOST
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
 from gpuwatchd.tuning.winners import clear_winner, winners_differ
-from gpuwatchd.validate import need_number
+from gpuwatchd.validate import need_int, need_number
+
+log = logging.getLogger("gpuwatchd.store")
 
 #: Statuses a session can end in; ``gpuwatchd_tune_sessions_total`` has one series each.
 FINAL_STATUSES = tuple(s for s in SessionStatus if s is not SessionStatus.RUNNING)
@@ -48,16 +70,99 @@ ABANDONED_WHY = "abandoned: the process running it ended without finishing it"
 #: alert looks at the last day, and a person comparing hosts at the last few weeks.
 DISAGREEMENT_RETENTION_S = 30 * 86400.0
 
+_T = TypeVar("_T")
 
-class SqlStore(FleetStore):
-    """The store over one engine. ``readonly=True`` (the client API, ``gpuwatchd report``)
-    needs the database at the current schema version and never creates or migrates it.
 
+class SqlStore:
+    """The store on one engine; open one with :func:`gpuwatchd.store.open_store`.
+
+    ``readonly=True`` (the client API, ``gpuwatchd report``) needs the database at the
+    current schema version and never creates or migrates it. ``connect_now=False`` opens
+    (and migrates) it at the first call instead, so a process can start while it is down.
     :attr:`keep_incumbent_for_s` is how long a fleet winner another host disputes stays
     the fleet's: the daemon sets it to ``[fleet] max_winner_age_s``.
     """
 
-    _keep_incumbent_for_s: float = DEFAULT_KEEP_INCUMBENT_S
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        readonly: bool = False,
+        migrations: Sequence[Migration] = MIGRATIONS,
+        now: Callable[[], float] = time.time,
+        keep_connections: int = 4,
+        connect_now: bool = True,
+    ) -> None:
+        self._engine = engine
+        self._now = now
+        self._keep_incumbent_for_s = DEFAULT_KEEP_INCUMBENT_S
+        self._tx = Transactions(
+            engine,
+            readonly=readonly,
+            migrations=migrations,
+            keep_connections=keep_connections,
+            connect_now=connect_now,
+        )
+
+    @property
+    def readonly(self) -> bool:
+        """Opened read-only: every write is refused."""
+        return self._tx.readonly
+
+    @property
+    def where(self) -> str:
+        """The store as messages name it: a file's path, or a URL without its password."""
+        return self._engine.where
+
+    @property
+    def shared(self) -> bool:
+        """Several hosts use this store (PostgreSQL): the fleet's winners and claims."""
+        return self._engine.shared
+
+    @property
+    def up(self) -> bool:
+        """The store is open and its last call reached it (see :meth:`probe`)."""
+        return self._tx.up
+
+    def probe(self) -> None:
+        """Reach the store now, opening it if it never was; StoreError if it cannot
+        (:class:`~gpuwatchd.store.errors.StoreUnavailable` while it cannot be reached)."""
+        self._tx.probe()
+
+    def close(self) -> None:
+        """Close idle connections; ones in use close when their call returns."""
+        self._tx.close()
+
+    def __enter__(self) -> SqlStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def schema_version(self) -> int:
+        """The schema version the database is at."""
+        with self._tx.read("read the schema version") as conn:
+            return self._engine.version(conn)
+
+    def _parsed(
+        self, table: str, rows: list[Any], parse: Callable[[Any], _T], key: Callable[[Any], object]
+    ) -> list[_T]:
+        """``rows`` parsed; one that cannot be is skipped with a warning naming ``key(row)``."""
+        out = []
+        for row in rows:
+            try:
+                out.append(parse(row))
+            except (ValueError, TypeError) as e:
+                self._tx.skip(table, key(row), e)
+        return out
+
+    def _winners(self, rows: list[Any]) -> list[WinnerRow]:
+        return self._parsed(
+            "winners",
+            rows,
+            codec.winner_from_row,
+            lambda row: (row["gpu_model"], row["workload"], row["regime"]),
+        )
 
     @property
     def keep_incumbent_for_s(self) -> float:
@@ -77,7 +182,7 @@ class SqlStore(FleetStore):
         codec.check_meta(meta)
         started = meta.started_at if meta.started_at is not None else self._now()
         v = meta.versions
-        with self._write("start a session") as conn:
+        with self._tx.write("start a session") as conn:
             cur = conn.execute(
                 """INSERT INTO sessions (gpu_uuid, gpu_index, gpu_model, host, backend,
                        versions_json, driver_version, cuda_version, torch_version,
@@ -114,7 +219,7 @@ class SqlStore(FleetStore):
         """Replace a running session's versions (the worker reports torch/Triton/cuDNN)."""
         if not isinstance(versions, Versions):
             raise StoreError(f"versions must be Versions, got {type(versions).__name__}")
-        with self._write("set session versions") as conn:
+        with self._tx.write("set session versions") as conn:
             self._require_running(conn, session_id, "set its versions")
             conn.execute(
                 """UPDATE sessions SET versions_json = ?, driver_version = ?, cuda_version = ?,
@@ -148,7 +253,7 @@ class SqlStore(FleetStore):
         if ended_at is not None:
             codec.check_number(ended_at, "ended_at")
         end = ended_at if ended_at is not None else self._now()
-        with self._write("finish a session") as conn:
+        with self._tx.write("finish a session") as conn:
             self._require_running(conn, session_id, "finish it")
             conn.execute(
                 "UPDATE sessions SET status = ?, why = ?, ended_at = ? WHERE id = ?",
@@ -192,7 +297,7 @@ class SqlStore(FleetStore):
             status=SessionStatus.RUNNING.value,
             host=host_name() if self._engine.shared else None,
         )
-        with self._write("abandon running sessions") as conn:
+        with self._tx.write("abandon running sessions") as conn:
             rows = conn.execute(f"SELECT id, owner_pid FROM sessions {where}", args).fetchall()
             gone = [int(r["id"]) for r in rows if orphaned(_pid(r["owner_pid"]), alive)]
             now = self._now()
@@ -223,7 +328,7 @@ class SqlStore(FleetStore):
 
     def session(self, session_id: int) -> SessionRow | None:
         """One session, or None if it does not exist (or cannot be parsed)."""
-        with self._read("read a session") as conn:
+        with self._tx.read("read a session") as conn:
             row = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
         return None if row is None else self._parse_session(row)
 
@@ -237,7 +342,7 @@ class SqlStore(FleetStore):
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise StoreError(f"limit must be a positive integer, got {limit!r}")
         where, args = filters(status=enum_value(status), gpu_uuid=gpu_uuid)
-        with self._read("list sessions") as conn:
+        with self._tx.read("list sessions") as conn:
             rows = conn.execute(
                 f"SELECT * FROM sessions {where} ORDER BY started_at DESC, id DESC LIMIT ?",
                 (*args, limit),
@@ -248,7 +353,7 @@ class SqlStore(FleetStore):
         try:
             return codec.session_from_row(row)
         except (ValueError, TypeError) as e:
-            self._skip("sessions", row["id"], e)
+            self._tx.skip("sessions", row["id"], e)
             return None
 
     def session_totals(self) -> dict[SessionStatus, int]:
@@ -257,7 +362,7 @@ class SqlStore(FleetStore):
         Kept in its own table so the count survives restarts and :meth:`prune`.
         """
         totals: dict[SessionStatus, int] = dict.fromkeys(FINAL_STATUSES, 0)
-        with self._read("count sessions") as conn:
+        with self._tx.read("count sessions") as conn:
             rows = conn.execute("SELECT status, n FROM session_totals").fetchall()
         for row in rows:
             try:
@@ -266,14 +371,14 @@ class SqlStore(FleetStore):
                 if status is SessionStatus.RUNNING or not isinstance(n, int) or n < 0:
                     raise ValueError(f"bad count {n!r}")
             except ValueError as e:
-                self._skip("session_totals", row["status"], e)
+                self._tx.skip("session_totals", row["status"], e)
                 continue
             totals[status] = n
         return totals
 
     def running_count(self) -> int:
         """Sessions currently marked running."""
-        with self._read("count running sessions") as conn:
+        with self._tx.read("count running sessions") as conn:
             row = conn.execute(
                 "SELECT COUNT(*) FROM sessions WHERE status = ?", (SessionStatus.RUNNING.value,)
             ).fetchone()
@@ -282,7 +387,7 @@ class SqlStore(FleetStore):
     def last_completed_at(self, gpu_uuid: str | None = None) -> float | None:
         """When the most recent completed session ended (unix seconds), or None."""
         where, args = filters(status=SessionStatus.COMPLETED.value, gpu_uuid=gpu_uuid)
-        with self._read("read the last completed session") as conn:
+        with self._tx.read("read the last completed session") as conn:
             row = conn.execute(f"SELECT MAX(ended_at) FROM sessions {where}", args).fetchone()
         value = row[0]
         return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
@@ -296,7 +401,7 @@ class SqlStore(FleetStore):
         Winners are updated when the session finishes completed.
         """
         codec.check_result(result)
-        with self._write("record a result") as conn:
+        with self._tx.write("record a result") as conn:
             self._require_running(conn, session_id, "record a result")
             insert_result(conn, session_id, result, self._now())
 
@@ -304,24 +409,24 @@ class SqlStore(FleetStore):
         """Every result of each session, in the order recorded: one read for them all."""
         ids = sorted({int(i) for i in session_ids})
         out: dict[int, list[StoredResult]] = {i: [] for i in ids}
-        with self._read("read results") as conn:
+        with self._tx.read("read results") as conn:
             rows: list[Any] = []
-            for chunk in _chunks(ids):
+            for chunk in chunks(ids):
                 marks = ", ".join("?" for _ in chunk)
                 rows += conn.execute(
-                    f"{_RESULT_SELECT} WHERE r.session_id IN ({marks}) ORDER BY r.id", chunk
+                    f"{RESULT_SELECT} WHERE r.session_id IN ({marks}) ORDER BY r.id", chunk
                 ).fetchall()
-            for stored in self._load_results(conn, rows):
+            for stored in load_results(conn, rows, self._tx.skip):
                 out[stored.session_id].append(stored)
         return out
 
     def results(self, session_id: int) -> list[StoredResult]:
         """Every result of one session, in the order recorded."""
-        with self._read("read results") as conn:
+        with self._tx.read("read results") as conn:
             rows = conn.execute(
-                f"{_RESULT_SELECT} WHERE r.session_id = ? ORDER BY r.id", (session_id,)
+                f"{RESULT_SELECT} WHERE r.session_id = ? ORDER BY r.id", (session_id,)
             ).fetchall()
-            return self._load_results(conn, rows)
+            return load_results(conn, rows, self._tx.skip)
 
     def latest_results(
         self,
@@ -342,7 +447,7 @@ class SqlStore(FleetStore):
         marks = ", ".join("?" for _ in statuses)
         where = f"{where} {'AND' if where else 'WHERE'} s.status IN ({marks})"
         args = (*args, *(enum_value(s) for s in statuses))
-        with self._read("read the latest results") as conn:
+        with self._tx.read("read the latest results") as conn:
             rows = conn.execute(
                 f"""SELECT * FROM (
                         SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json,
@@ -353,33 +458,7 @@ class SqlStore(FleetStore):
                     WHERE rn = 1 ORDER BY gpu_model, workload, regime""",
                 args,
             ).fetchall()
-            return self._load_results(conn, rows)
-
-    def _load_results(self, conn: Conn, rows: list[Any]) -> list[StoredResult]:
-        return [stored for _, stored in self._parse_results(conn, rows)]
-
-    def _parse_results(self, conn: Conn, rows: list[Any]) -> list[tuple[int, StoredResult]]:
-        """Results with their candidates and row ids; unparsable rows skipped with a warning.
-        The candidates of all of them are read in one query per :data:`IN_CHUNK` results."""
-        out: list[tuple[int, StoredResult]] = []
-        by_result = _candidate_rows(conn, [row["id"] for row in rows])
-        for row in rows:
-            try:
-                regime = codec.result_regime(row)
-            except ValueError as e:
-                self._skip("results", row["id"], e)
-                continue
-            candidates = []
-            for c in by_result.get(row["id"], ()):
-                try:
-                    candidates.append(codec.candidate_from_row(c, regime))
-                except (ValueError, TypeError) as e:
-                    self._skip("candidate_stats", c["id"], e)
-            try:
-                out.append((int(row["id"]), codec.result_from_rows(row, tuple(candidates))))
-            except (ValueError, TypeError) as e:
-                self._skip("results", row["id"], e)
-        return out
+            return load_results(conn, rows, self._tx.skip)
 
     # -- resuming a preempted session ------------------------------------------------------
 
@@ -413,7 +492,7 @@ class SqlStore(FleetStore):
         )
         names = sorted({w for w, _ in wanted})
         marks = ", ".join("?" for _ in names)
-        with self._read("read resumable results") as conn:
+        with self._tx.read("read resumable results") as conn:
             rows = conn.execute(
                 f"""SELECT * FROM (
                         SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json,
@@ -425,7 +504,7 @@ class SqlStore(FleetStore):
                     WHERE rn = 1""",
                 (*args, since, *names),
             ).fetchall()
-            found = self._load_results(conn, rows)
+            found = load_results(conn, rows, self._tx.skip)
         return {
             key: stored
             for stored in found
@@ -446,7 +525,7 @@ class SqlStore(FleetStore):
             if key in seen:
                 raise StoreError(f"results[{i}]: {key[0]}/{key[1].value} appears twice")
             seen.add(key)
-        with self._write("carry results into a session") as conn:
+        with self._tx.write("carry results into a session") as conn:
             self._require_running(conn, to_session_id, "carry results into it")
             row = conn.execute(
                 "SELECT gpu_uuid FROM sessions WHERE id = ?", (to_session_id,)
@@ -464,13 +543,13 @@ class SqlStore(FleetStore):
 
     def _commit_winners(self, conn: Conn, session_id: int) -> list[Found]:
         host = conn.execute("SELECT host FROM sessions WHERE id = ?", (session_id,)).fetchone()
-        rows = conn.execute(f"{_RESULT_SELECT} WHERE r.session_id = ?", (session_id,)).fetchall()
-        results = self._parse_results(conn, rows)
+        rows = conn.execute(f"{RESULT_SELECT} WHERE r.session_id = ?", (session_id,)).fetchall()
+        results = parse_results(conn, rows, self._tx.skip)
         # Hosts committing the same keys take turns (the incumbent read, then written).
         groups = {(r.gpu_model, r.versions.key()) for _, r in results}
         self._engine.lock_winners(conn, sorted(groups))
         return commit_winners(
-            conn, str(host[0]), results, self._now(), self._skip, self.keep_incumbent_for_s
+            conn, str(host[0]), results, self._now(), self._tx.skip, self.keep_incumbent_for_s
         )
 
     def winners(
@@ -501,7 +580,7 @@ class SqlStore(FleetStore):
             regime=enum_value(regime),
             versions_key=versions.key() if versions is not None else None,
         )
-        with self._read("read winners") as conn:
+        with self._tx.read("read winners") as conn:
             rows = conn.execute(
                 f"""SELECT * FROM (
                         SELECT *, ROW_NUMBER() OVER (
@@ -512,7 +591,7 @@ class SqlStore(FleetStore):
                     ORDER BY gpu_model, workload, regime, measured_at DESC""",
                 (*source_args, *args),
             ).fetchall()
-        return self._winner_rows(rows)
+        return self._winners(rows)
 
     def winners_differ(self, workload: str, gpu_model: str | None = None) -> bool | None:
         """Whether the unthrottled and sustained winners are different kernels.
@@ -539,6 +618,204 @@ class SqlStore(FleetStore):
             clear_winner(cool.candidate, cool.tie), clear_winner(hot.candidate, hot.tie)
         )
 
+    # -- the fleet's winners --------------------------------------------------------------
+
+    def fleet_winners(
+        self,
+        gpu_model: str,
+        max_age_s: float,
+        *,
+        versions: Versions | None = None,
+        exclude_host: str | None = None,
+    ) -> list[WinnerRow]:
+        """The fleet's winners for a GPU model measured in the last ``max_age_s`` (store clock).
+
+        Optionally only those of one versions stack, or not measured by ``exclude_host``
+        (what other hosts did). Ordered by workload, regime.
+        """
+        codec.check_text(gpu_model, "gpu_model")
+        need_number(max_age_s, "max_age_s", minimum=0, error=StoreError)
+        if versions is not None and not isinstance(versions, Versions):
+            raise StoreError(f"versions must be Versions, got {type(versions).__name__}")
+        if exclude_host is not None:
+            codec.check_text(exclude_host, "exclude_host")
+        sql = f"SELECT * FROM ({FLEET}) AS src WHERE gpu_model = ? AND measured_at >= ?"
+        args: list[object] = [gpu_model, self._now() - max_age_s]
+        if versions is not None:
+            sql += " AND versions_key = ?"
+            args.append(versions.key())
+        if exclude_host is not None:
+            sql += " AND host <> ?"
+            args.append(exclude_host)
+        with self._tx.read("read fleet winners") as conn:
+            rows = conn.execute(f"{sql} ORDER BY workload, regime, measured_at DESC", args)
+            return self._winners(rows.fetchall())
+
+    # -- claims ----------------------------------------------------------------------------
+
+    def claim(self, key: str, host: str, gpu_uuid: str, ttl_s: float) -> bool:
+        """Take the lease on ``key`` for ``ttl_s`` seconds; False when another holds it.
+
+        Succeeds when the key is free, its lease expired, or this (host, GPU) holds it
+        already (a renewal). Atomic: of hosts racing for one key, exactly one wins.
+        """
+        for name, value in (("key", key), ("host", host), ("gpu_uuid", gpu_uuid)):
+            codec.check_text(value, name)
+        need_number(ttl_s, "ttl_s", minimum=0, error=StoreError)
+        if ttl_s <= 0:
+            raise StoreError(f"ttl_s: expected a positive number of seconds, got {ttl_s!r}")
+        with self._tx.write("claim work") as conn:
+            return claim_sql.take(conn, key, host, gpu_uuid, os.getpid(), self._now(), ttl_s)
+
+    def release(self, key: str, host: str, gpu_uuid: str) -> None:
+        """Give a lease back before it expires; only the holder's own claim is removed."""
+        for name, value in (("key", key), ("host", host), ("gpu_uuid", gpu_uuid)):
+            codec.check_text(value, name)
+        with self._tx.write("release a claim") as conn:
+            claim_sql.release(conn, key, host, gpu_uuid)
+
+    def claim_host(self, host: str, machine: str, ttl_s: float) -> str | None:
+        """Hold the name ``host`` for the machine ``machine`` for ``ttl_s`` seconds (a
+        lease like a work claim, renewed the same way). Returns None when this machine
+        holds it now, else the id of the other live machine that holds it."""
+        for name, value in (("host", host), ("machine", machine)):
+            codec.check_text(value, name)
+        need_number(ttl_s, "ttl_s", minimum=0, error=StoreError)
+        key = HOST_CLAIM_PREFIX + host
+        with self._tx.write("claim the host name") as conn:
+            now = self._now()
+            if claim_sql.take(conn, key, host, machine, os.getpid(), now, ttl_s):
+                return None
+            row = conn.execute("SELECT gpu_uuid FROM claims WHERE claim_key = ?", (key,))
+            return str(row.fetchone()[0])
+
+    def release_host(self, host: str, machine: str) -> None:
+        """Give the name back (a clean stop): another machine may take it at once."""
+        self.release(HOST_CLAIM_PREFIX + host, host, machine)
+
+    def claims(self) -> list[Claim]:
+        """The leases not yet expired, by key."""
+        with self._tx.read("read claims") as conn:
+            rows = conn.execute(
+                "SELECT * FROM claims WHERE expires_at > ? ORDER BY claim_key", (self._now(),)
+            ).fetchall()
+        return self._parsed("claims", rows, codec.claim_from_row, lambda row: row["claim_key"])
+
+    # -- disagreements ---------------------------------------------------------------------
+
+    def disagreements(self, limit: int = 100) -> list[Disagreement]:
+        """Recorded disagreements between hosts, newest first."""
+        need_int(limit, "limit", minimum=1, error=StoreError)
+        with self._tx.read("read disagreements") as conn:
+            rows = conn.execute(
+                "SELECT * FROM disagreements ORDER BY recorded_at DESC, id DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return self._parsed(
+            "disagreements", rows, codec.disagreement_from_row, lambda row: row["id"]
+        )
+
+    def disagreement_counts(self, since: float | None = None) -> dict[tuple[str, str, str], int]:
+        """Disagreements per (GPU model, workload, regime): every one kept, or only those
+        recorded at or after ``since`` (unix seconds, the store's clock)."""
+        where = ""
+        args: tuple[float, ...] = ()
+        if since is not None:
+            need_number(since, "since", error=StoreError)
+            where, args = "WHERE recorded_at >= ?", (since,)
+        with self._tx.read("count disagreements") as conn:
+            rows = conn.execute(
+                f"""SELECT gpu_model, workload, regime, COUNT(*) AS n FROM disagreements {where}
+                    GROUP BY gpu_model, workload, regime ORDER BY gpu_model, workload, regime""",
+                args,
+            ).fetchall()
+        return {(r["gpu_model"], r["workload"], r["regime"]): int(r["n"]) for r in rows}
+
+    # -- host clocks -----------------------------------------------------------------------
+
+    def report_host_clock(self, clock: HostClock) -> None:
+        """Record a GPU's learned sustained clock; an older report never replaces a newer one."""
+        codec.check_host_clock(clock)
+        with self._tx.write("report a host clock") as conn:
+            conn.execute(
+                """INSERT INTO host_clocks (host, gpu_uuid, gpu_model, power_limit_w,
+                       sustained_clock_hz, updated_at)
+                   VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (host, gpu_uuid) DO UPDATE SET
+                       gpu_model = excluded.gpu_model,
+                       power_limit_w = excluded.power_limit_w,
+                       sustained_clock_hz = excluded.sustained_clock_hz,
+                       updated_at = excluded.updated_at
+                   WHERE excluded.updated_at >= host_clocks.updated_at""",
+                (
+                    clock.host,
+                    clock.gpu_uuid,
+                    clock.gpu_model,
+                    clock.power_limit_w,
+                    clock.sustained_clock_hz,
+                    clock.updated_at,
+                ),
+            )
+
+    def clock_medians(self, max_age_s: float) -> list[ClockMedian]:
+        """Per group of GPUs (model, whole watts) the median of the clocks reported in the
+        last ``max_age_s`` and how many there are: one row per group, computed by the
+        database where it can (PostgreSQL), so a host never reads every host's clocks."""
+        need_number(max_age_s, "max_age_s", minimum=0, error=StoreError)
+        since = self._now() - max_age_s
+        median = self._engine.median_sql("sustained_clock_hz")
+        if median is None:  # SQLite: one host's own clocks, medians in Python
+            return clock_medians(self.host_clocks(max_age_s=max_age_s))
+        with self._tx.read("read the fleet's clock medians") as conn:
+            rows = conn.execute(
+                f"""SELECT gpu_model, {WHOLE_WATTS_SQL} AS watts, {median} AS median_hz,
+                        COUNT(*) AS peers
+                    FROM host_clocks WHERE updated_at >= ?
+                    GROUP BY gpu_model, {WHOLE_WATTS_SQL} ORDER BY gpu_model, watts""",
+                (since,),
+            ).fetchall()
+        return [
+            ClockMedian(
+                str(r["gpu_model"]),
+                None if r["watts"] is None else int(r["watts"]),
+                float(r["median_hz"]),
+                int(r["peers"]),
+            )
+            for r in rows
+        ]
+
+    def prune_clocks(self, older_than_s: float) -> int:
+        """Delete GPUs' clocks not reported for ``older_than_s`` (their hosts left the
+        fleet). Returns how many."""
+        need_number(older_than_s, "older_than_s", minimum=0, error=StoreError)
+        with self._tx.write("prune old host clocks") as conn:
+            cur = conn.execute(
+                "DELETE FROM host_clocks WHERE updated_at < ?", (self._now() - older_than_s,)
+            )
+            return int(cur.rowcount)
+
+    def host_clocks(self, max_age_s: float | None = None) -> list[HostClock]:
+        """Every GPU's reported clock (only those reported in the last ``max_age_s``).
+
+        Ordered by GPU model, host, GPU UUID.
+        """
+        where = ""
+        args: tuple[float, ...] = ()
+        if max_age_s is not None:
+            need_number(max_age_s, "max_age_s", minimum=0, error=StoreError)
+            where = "WHERE updated_at >= ?"
+            args = (self._now() - max_age_s,)
+        with self._tx.read("read host clocks") as conn:
+            rows = conn.execute(
+                f"SELECT * FROM host_clocks {where} ORDER BY gpu_model, host, gpu_uuid", args
+            ).fetchall()
+        return self._parsed(
+            "host_clocks",
+            rows,
+            codec.host_clock_from_row,
+            lambda row: (row["host"], row["gpu_uuid"]),
+        )
+
     # -- retention -------------------------------------------------------------------------
 
     def prune(self, older_than_s: float) -> int:
@@ -552,7 +829,7 @@ class SqlStore(FleetStore):
         codec.check_number(older_than_s, "older_than_s")
         cutoff = self._now() - older_than_s
         disagreements_cutoff = self._now() - min(older_than_s, DISAGREEMENT_RETENTION_S)
-        with self._write("prune old sessions") as conn:
+        with self._tx.write("prune old sessions") as conn:
             cur = conn.execute(
                 """DELETE FROM sessions
                    WHERE status != ? AND COALESCE(ended_at, started_at) < ?
@@ -570,31 +847,6 @@ class SqlStore(FleetStore):
             claim_sql.drop_expired(conn, self._now())
             conn.execute("DELETE FROM disagreements WHERE recorded_at < ?", (disagreements_cutoff,))
             return pruned
-
-
-_RESULT_SELECT = """SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json
-    FROM results r JOIN sessions s ON s.id = r.session_id"""
-
-
-#: How many ids one ``IN (...)`` list holds (SQLite allows 32766 parameters).
-IN_CHUNK = 500
-
-
-def _chunks(ids: Sequence[Any]) -> list[Sequence[Any]]:
-    return [ids[i : i + IN_CHUNK] for i in range(0, len(ids), IN_CHUNK)]
-
-
-def _candidate_rows(conn: Conn, result_ids: Sequence[Any]) -> dict[Any, list[Any]]:
-    """The candidate rows of each result, in the order recorded."""
-    out: dict[Any, list[Any]] = {}
-    for chunk in _chunks(list(dict.fromkeys(result_ids))):
-        marks = ", ".join("?" for _ in chunk)
-        for c in conn.execute(
-            f"SELECT * FROM candidate_stats WHERE result_id IN ({marks}) ORDER BY result_id, id",
-            chunk,
-        ):
-            out.setdefault(c["result_id"], []).append(c)
-    return out
 
 
 def _bump_total(conn: Conn, status: SessionStatus, by: int = 1) -> None:
@@ -627,3 +879,20 @@ def _pid(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
+
+
+def enum_value(v: Regime | SessionStatus | None) -> str | None:
+    """An enum filter's stored text; anything but the enum is refused with a clear error."""
+    if v is None:
+        return None
+    if not isinstance(v, Regime | SessionStatus):
+        raise StoreError(f"expected a Regime or SessionStatus, got {v!r}")
+    return v.value
+
+
+def filters(**columns: object) -> tuple[str, tuple[object, ...]]:
+    """``WHERE a = ? AND b = ?`` for the columns whose value is not None."""
+    used = {k: v for k, v in columns.items() if v is not None}
+    if not used:
+        return "", ()
+    return "WHERE " + " AND ".join(f"{k} = ?" for k in used), tuple(used.values())

@@ -1,10 +1,13 @@
-"""The store's machinery, whichever database holds it: connections, transactions, warnings.
+"""The store's transactions on one engine: a small connection pool, outages, warnings.
 
-:class:`StoreCore` lends each call a connection from a small pool (so the scheduler
+:class:`Transactions` lends each call a connection from a small pool (so the scheduler
 thread can write while HTTP threads read), runs it in one transaction that rolls back
 on any failure, within the engine's bound on the wait (:meth:`Engine.bounded`), refuses
 writes once a newer gpuwatchd has migrated the database, and warns once per unreadable
-row. The queries live in the classes built on it.
+row. :class:`~gpuwatchd.store.store.SqlStore` holds one and runs its queries in it.
+The pool is the store's own, not psycopg_pool: it serves SQLite too, costs no extra
+round trip per call and starts no threads (bench/RESULTS.md, "The store's pool against
+psycopg_pool").
 """
 
 from __future__ import annotations
@@ -12,15 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
-from typing import Any
 
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.engine import Engine
 from gpuwatchd.store.errors import StoreError, StoreUnavailable
 from gpuwatchd.store.schema import MIGRATIONS, Migration, check_migrations, latest_version
-from gpuwatchd.tuning.types import Regime, SessionStatus
 
 log = logging.getLogger("gpuwatchd.store")
 
@@ -30,7 +31,7 @@ log = logging.getLogger("gpuwatchd.store")
 RETRY_UNREACHABLE_S = 2.0
 
 
-class StoreCore:
+class Transactions:
     """One engine's connections and transactions. ``readonly=True`` (the client API,
     ``gpuwatchd report``) needs the database at the current schema version and never
     creates or migrates it. ``connect_now=False`` opens (and migrates) the database at
@@ -49,14 +50,12 @@ class StoreCore:
         *,
         readonly: bool = False,
         migrations: Sequence[Migration] = MIGRATIONS,
-        now: Callable[[], float] = time.time,
         keep_connections: int = 4,
         connect_now: bool = True,
     ) -> None:
         self.readonly = readonly
         self._engine = engine
         self._migrations = tuple(migrations)
-        self._now = now
         self._keep = keep_connections
         self._lock = threading.Lock()
         self._open_lock = threading.Lock()
@@ -86,12 +85,6 @@ class StoreCore:
         """The store is open and its last call reached it."""
         return self._opened and self._down_since is None
 
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def close(self) -> None:
         """Close idle connections; ones in use close when their call returns."""
         with self._lock:
@@ -104,7 +97,7 @@ class StoreCore:
         """Reach the store now (opening it first if it never was): returns once it
         answers, else raises :class:`StoreError` (:class:`StoreUnavailable` while it
         cannot be reached)."""
-        with self._transaction(False, "reach the store", probe=True) as conn:
+        with self.transaction(False, "reach the store", probe=True) as conn:
             conn.execute("SELECT 1")
 
     # -- connections and transactions ------------------------------------------------------
@@ -203,7 +196,9 @@ class StoreCore:
                         time.monotonic() - since)  # fmt: skip
 
     @contextmanager
-    def _transaction(self, write: bool, what: str, *, probe: bool = False) -> Iterator[Conn]:
+    def transaction(self, write: bool, what: str, *, probe: bool = False) -> Iterator[Conn]:
+        """One transaction on a pooled connection (see the class docstring); ``probe``
+        tries even while the store is marked down."""
         engine = self._engine
         self._may_try(probe)
         try:
@@ -246,17 +241,17 @@ class StoreCore:
                 f" knows ({latest}); this host refuses to {what} until gpuwatchd is upgraded"
             )
 
-    def _write(self, what: str) -> AbstractContextManager[Conn]:
+    def write(self, what: str) -> AbstractContextManager[Conn]:
         """A write transaction, serialised with every other writer (no upgrade deadlocks)."""
         if self.readonly:
             raise StoreError(f"store {self.where} is open read-only; cannot {what}")
-        return self._transaction(True, what)
+        return self.transaction(True, what)
 
-    def _read(self, what: str) -> AbstractContextManager[Conn]:
+    def read(self, what: str) -> AbstractContextManager[Conn]:
         """A read transaction: every query inside sees one snapshot."""
-        return self._transaction(False, what)
+        return self.transaction(False, what)
 
-    def _skip(self, table: str, key: object, err: Exception) -> None:
+    def skip(self, table: str, key: object, err: Exception) -> None:
         """Warn (once per row and problem) about a stored row that cannot be parsed."""
         msg = f"{table} row {key}: {err}"
         with self._lock:
@@ -264,24 +259,3 @@ class StoreCore:
                 return
             self._warned.add(msg)
         log.warning("store %s: skipping unreadable %s", self.where, msg)
-
-    def schema_version(self) -> int:
-        with self._read("read the schema version") as conn:
-            return self._engine.version(conn)
-
-
-def enum_value(v: Regime | SessionStatus | None) -> str | None:
-    """An enum filter's stored text; anything but the enum is refused with a clear error."""
-    if v is None:
-        return None
-    if not isinstance(v, Regime | SessionStatus):
-        raise StoreError(f"expected a Regime or SessionStatus, got {v!r}")
-    return v.value
-
-
-def filters(**columns: object) -> tuple[str, tuple[object, ...]]:
-    """``WHERE a = ? AND b = ?`` for the columns whose value is not None."""
-    used = {k: v for k, v in columns.items() if v is not None}
-    if not used:
-        return "", ()
-    return "WHERE " + " AND ".join(f"{k} = ?" for k in used), tuple(used.values())
