@@ -8,15 +8,17 @@ writers are serialised on both engines, so of two hosts racing exactly one wins.
 
 from __future__ import annotations
 
+from gpuwatchd.store.columns import CLAIM_COLUMNS, insert
 from gpuwatchd.store.conn import Conn
 
 #: The claim on a host name (held by one machine id at a time) is keyed by this and the
 #: name; its ``gpu_uuid`` column holds the machine id. Work claims never start so.
 HOST_CLAIM_PREFIX = "host:"
 
-_TAKE = """INSERT INTO claims (claim_key, host, gpu_uuid, owner_pid, claimed_at, expires_at)
-    VALUES (?, ?, ?, ?, ?, ?)
-    ON CONFLICT (claim_key) DO UPDATE SET
+_TAKE = insert(
+    "claims",
+    CLAIM_COLUMNS,
+    """ON CONFLICT (claim_key) DO UPDATE SET
         claimed_at = CASE
             WHEN claims.host = excluded.host AND claims.gpu_uuid = excluded.gpu_uuid
                  AND claims.expires_at > excluded.claimed_at
@@ -27,7 +29,8 @@ _TAKE = """INSERT INTO claims (claim_key, host, gpu_uuid, owner_pid, claimed_at,
         expires_at = excluded.expires_at
     WHERE claims.expires_at <= excluded.claimed_at
        OR (claims.host = excluded.host AND claims.gpu_uuid = excluded.gpu_uuid)
-    RETURNING claim_key"""
+    RETURNING claim_key""",
+)
 
 
 def take(

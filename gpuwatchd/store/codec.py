@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
+from dataclasses import fields
 from typing import Any, TypeVar
 
 from gpuwatchd.store.disagreement import Incumbent
@@ -280,25 +282,6 @@ def result_from_rows(row: sqlite3.Row, candidates: tuple[CandidateStats, ...]) -
     )
 
 
-def winner_from_row(row: sqlite3.Row) -> WinnerRow:
-    return WinnerRow(
-        gpu_model=_text(row, "gpu_model"),
-        versions=_versions(row, "versions_key"),
-        workload=_text(row, "workload"),
-        regime=_enum(Regime, row["regime"], "regime"),
-        candidate=_text(row, "candidate"),
-        family=_text(row, "family"),
-        median_s=_opt_float(row, "median_s"),
-        sm_clock_hz=_opt_float(row, "sm_clock_hz"),
-        margin=_opt_float(row, "margin"),
-        tie=bool(_int(row, "tie")),
-        session_id=_int(row, "session_id"),
-        gpu_uuid=_text(row, "gpu_uuid"),
-        measured_at=_float(row, "measured_at"),
-        host=_opt_text(row, "host"),
-    )
-
-
 def incumbent_from_row(row: sqlite3.Row) -> Incumbent:
     """A fleet winner joined with its session's host, as the disagreement rule reads it."""
     return Incumbent(
@@ -309,42 +292,50 @@ def incumbent_from_row(row: sqlite3.Row) -> Incumbent:
     )
 
 
-def disagreement_from_row(row: sqlite3.Row) -> Disagreement:
-    return Disagreement(
-        gpu_model=_text(row, "gpu_model"),
-        versions=_versions(row, "versions_key"),
-        workload=_text(row, "workload"),
-        regime=_enum(Regime, row["regime"], "regime"),
-        kept_candidate=_text(row, "kept_candidate"),
-        kept_host=_text(row, "kept_host"),
-        kept_gpu_uuid=_text(row, "kept_gpu_uuid"),
-        kept_median_s=_opt_float(row, "kept_median_s"),
-        new_candidate=_text(row, "new_candidate"),
-        new_host=_text(row, "new_host"),
-        new_gpu_uuid=_text(row, "new_gpu_uuid"),
-        new_median_s=_opt_float(row, "new_median_s"),
-        gap=_float(row, "gap"),
-        noise=_opt_float(row, "noise"),
-        recorded_at=_float(row, "recorded_at"),
+#: How a column is read, by the type of the dataclass field it fills.
+_READERS: dict[str, Callable[[Any, str], Any]] = {
+    "str": _text,
+    "str | None": _opt_text,
+    "float": _float,
+    "float | None": _opt_float,
+    "int": _int,
+    "bool": lambda row, col: bool(_int(row, col)),
+    "Versions": _versions,
+    "Regime": lambda row, col: _enum(Regime, row[col], col),
+}
+
+_D = TypeVar("_D", WinnerRow, Disagreement, Claim, HostClock)
+
+#: The row types read field for field, each with the columns its fields are not named as.
+RENAMED: dict[type, dict[str, str]] = {
+    WinnerRow: {"versions": "versions_key"},
+    Disagreement: {"versions": "versions_key"},
+    Claim: {"key": "claim_key"},
+    HostClock: {},
+}
+
+
+def from_row(cls: type[_D], row: Any) -> _D:
+    """A ``cls`` whose every field is read from the column of its name (or the one
+    :data:`RENAMED` gives), by the reader of its type: the row mapping follows the
+    dataclass and the table's columns (:mod:`gpuwatchd.store.columns`), written once."""
+    names = RENAMED[cls]
+    return cls(
+        **{f.name: _READERS[str(f.type)](row, names.get(f.name, f.name)) for f in fields(cls)}
     )
 
 
-def claim_from_row(row: sqlite3.Row) -> Claim:
-    return Claim(
-        key=_text(row, "claim_key"),
-        host=_text(row, "host"),
-        gpu_uuid=_text(row, "gpu_uuid"),
-        claimed_at=_float(row, "claimed_at"),
-        expires_at=_float(row, "expires_at"),
-    )
+def winner_from_row(row: Any) -> WinnerRow:
+    return from_row(WinnerRow, row)
 
 
-def host_clock_from_row(row: sqlite3.Row) -> HostClock:
-    return HostClock(
-        host=_text(row, "host"),
-        gpu_uuid=_text(row, "gpu_uuid"),
-        gpu_model=_text(row, "gpu_model"),
-        power_limit_w=_opt_float(row, "power_limit_w"),
-        sustained_clock_hz=_float(row, "sustained_clock_hz"),
-        updated_at=_float(row, "updated_at"),
-    )
+def disagreement_from_row(row: Any) -> Disagreement:
+    return from_row(Disagreement, row)
+
+
+def claim_from_row(row: Any) -> Claim:
+    return from_row(Claim, row)
+
+
+def host_clock_from_row(row: Any) -> HostClock:
+    return from_row(HostClock, row)

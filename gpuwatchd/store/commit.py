@@ -15,38 +15,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from gpuwatchd.store import codec
+from gpuwatchd.store.columns import (
+    DISAGREEMENT_COLUMNS,
+    VERSION_COLUMNS,
+    WINNER_COLUMNS,
+    WINNER_KEY,
+    insert,
+    version_values,
+)
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.disagreement import Incumbent, disagreement_gap, keeps_incumbent
 from gpuwatchd.store.rows import Disagreement, StoredResult
 from gpuwatchd.tuning.types import CandidateStats
 from gpuwatchd.tuning.winners import pick_winner
 
-#: A winner's columns, in the order :func:`_values` gives them (both winner tables).
-WINNER_COLUMNS = (
-    "gpu_model",
-    "versions_key",
-    "driver_version",
-    "cuda_version",
-    "torch_version",
-    "triton_version",
-    "cudnn_version",
-    "workload",
-    "regime",
-    "candidate",
-    "family",
-    "median_s",
-    "sm_clock_hz",
-    "margin",
-    "tie",
-    "session_id",
-    "result_id",
-    "gpu_uuid",
-    "measured_at",
-)
-_KEY = ("gpu_model", "versions_key", "workload", "regime")
-_VERSION_FIELDS = ("driver", "cuda", "torch", "triton", "cudnn")
 #: What a newer pick replaces; the key and the versions it implies stay.
-_REPLACED = tuple(c for c in WINNER_COLUMNS if c not in _KEY and not c.endswith("_version"))
+_REPLACED = tuple(c for c in WINNER_COLUMNS if c not in WINNER_KEY and c not in VERSION_COLUMNS)
 
 #: Called with (table, key, error) for a stored row that cannot be parsed.
 Skip = Callable[[str, object, Exception], None]
@@ -63,12 +47,13 @@ class Found:
 
 def _upsert(table: str, *extra: str) -> str:
     """Insert a winner (``extra`` columns first) or replace an older one for its key."""
-    columns = (*extra, *WINNER_COLUMNS)
     updates = ", ".join(f"{c} = excluded.{c}" for c in _REPLACED)
-    return f"""INSERT INTO {table} ({", ".join(columns)})
-        VALUES ({", ".join("?" for _ in columns)})
-        ON CONFLICT ({", ".join((*extra, *_KEY))}) DO UPDATE SET {updates}
-        WHERE excluded.measured_at >= {table}.measured_at"""
+    return insert(
+        table,
+        (*extra, *WINNER_COLUMNS),
+        f"""ON CONFLICT ({", ".join((*extra, *WINNER_KEY))}) DO UPDATE SET {updates}
+        WHERE excluded.measured_at >= {table}.measured_at""",
+    )
 
 
 _UPSERT_FLEET = _upsert("winners")
@@ -76,31 +61,31 @@ _UPSERT_HOST = _upsert("host_winners", "host")
 _INCUMBENT = """SELECT w.candidate, w.median_s, w.gpu_uuid, w.measured_at, s.host
     FROM winners w JOIN sessions s ON s.id = w.session_id
     WHERE w.gpu_model = ? AND w.versions_key = ? AND w.workload = ? AND w.regime = ?"""
-_RECORD_DISAGREEMENT = """INSERT INTO disagreements (gpu_model, versions_key, workload, regime,
-        kept_candidate, kept_host, kept_gpu_uuid, kept_median_s, new_candidate, new_host,
-        new_gpu_uuid, new_median_s, gap, noise, recorded_at)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+_RECORD_DISAGREEMENT = insert("disagreements", DISAGREEMENT_COLUMNS)
+#: A disagreement's columns after the winner's key: :class:`Disagreement`'s fields.
+_DISAGREEMENT_TAIL = DISAGREEMENT_COLUMNS[len(WINNER_KEY) :]
 
 
 def _values(stored: StoredResult, result_id: int, pick: CandidateStats) -> tuple[object, ...]:
     res, v = stored.result, stored.versions
-    return (
-        stored.gpu_model,
-        v.key(),
-        *(getattr(v, f) for f in _VERSION_FIELDS),
-        res.workload,
-        res.regime.value,
-        pick.name,
-        pick.family,
-        pick.median_s,
-        pick.sm_clock_hz,
-        res.margin,
-        int(res.tie),
-        stored.session_id,
-        result_id,
-        stored.gpu_uuid,
-        stored.recorded_at,
-    )
+    row = {
+        "gpu_model": stored.gpu_model,
+        "versions_key": v.key(),
+        **version_values(v),
+        "workload": res.workload,
+        "regime": res.regime.value,
+        "candidate": pick.name,
+        "family": pick.family,
+        "median_s": pick.median_s,
+        "sm_clock_hz": pick.sm_clock_hz,
+        "margin": res.margin,
+        "tie": int(res.tie),
+        "session_id": stored.session_id,
+        "result_id": result_id,
+        "gpu_uuid": stored.gpu_uuid,
+        "measured_at": stored.recorded_at,
+    }
+    return tuple(row[c] for c in WINNER_COLUMNS)
 
 
 def _incumbent(conn: Conn, key: tuple[object, ...], skip: Skip) -> Incumbent | None:
@@ -185,16 +170,4 @@ def _disagreement(
 
 
 def _disagreement_tail(d: Disagreement) -> tuple[object, ...]:
-    return (
-        d.kept_candidate,
-        d.kept_host,
-        d.kept_gpu_uuid,
-        d.kept_median_s,
-        d.new_candidate,
-        d.new_host,
-        d.new_gpu_uuid,
-        d.new_median_s,
-        d.gap,
-        d.noise,
-        d.recorded_at,
-    )
+    return tuple(getattr(d, c) for c in _DISAGREEMENT_TAIL)

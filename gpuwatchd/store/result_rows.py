@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuwatchd.store import codec
+from gpuwatchd.store.columns import CANDIDATE_COLUMNS, RESULT_COLUMNS, insert
 from gpuwatchd.store.commit import Skip
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.rows import StoredResult
@@ -20,6 +21,9 @@ from gpuwatchd.tuning.types import RegimeResult
 #: add ``WHERE`` and ``ORDER BY``.
 RESULT_SELECT = """SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json
     FROM results r JOIN sessions s ON s.id = r.session_id"""
+
+_INSERT_RESULT = insert("results", RESULT_COLUMNS, "RETURNING id")
+_INSERT_CANDIDATE = insert("candidate_stats", CANDIDATE_COLUMNS)
 
 #: How many ids one ``IN (...)`` list holds (SQLite allows 32766 parameters).
 IN_CHUNK = 500
@@ -84,10 +88,7 @@ def insert_result(conn: Conn, session_id: int, result: RegimeResult, recorded_at
         (session_id, result.workload, result.regime.value),
     )
     cur = conn.execute(
-        """INSERT INTO results (session_id, workload, regime, winner, tie, margin,
-               noise, recorded_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-           RETURNING id""",
+        _INSERT_RESULT,
         (
             session_id,
             result.workload,
@@ -101,10 +102,7 @@ def insert_result(conn: Conn, session_id: int, result: RegimeResult, recorded_at
     )
     result_id = int(cur.fetchone()[0])
     conn.executemany(
-        """INSERT INTO candidate_stats (result_id, candidate, family, median_s, spread,
-               samples, rejected, sm_clock_hz, power_w, temp_c, energy_j_per_call,
-               reasons, meta_json)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        _INSERT_CANDIDATE,
         [
             (
                 result_id,

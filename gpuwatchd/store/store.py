@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from gpuwatchd.store import claims as claim_sql
-from gpuwatchd.store import codec
+from gpuwatchd.store import codec, columns
 from gpuwatchd.store.claims import HOST_CLAIM_PREFIX
 from gpuwatchd.store.commit import Found, commit_winners
 from gpuwatchd.store.conn import Conn
@@ -62,7 +62,19 @@ log = logging.getLogger("gpuwatchd.store")
 #: Statuses a session can end in; ``gpuwatchd_tune_sessions_total`` has one series each.
 FINAL_STATUSES = tuple(s for s in SessionStatus if s is not SessionStatus.RUNNING)
 
-_VERSION_COLUMNS = ("driver", "cuda", "torch", "triton", "cudnn")
+_INSERT_SESSION = columns.insert("sessions", columns.SESSION_COLUMNS, "RETURNING id")
+_SET_VERSIONS = "UPDATE sessions SET versions_json = ?, {} WHERE id = ?".format(
+    ", ".join(f"{c} = ?" for c in columns.VERSION_COLUMNS)
+)
+#: A host's clock replaces the one it reported before, never a newer one.
+_CLOCK_KEY = ("host", "gpu_uuid")
+_REPORT_CLOCK = columns.insert(
+    "host_clocks",
+    columns.HOST_CLOCK_COLUMNS,
+    f"ON CONFLICT ({', '.join(_CLOCK_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in columns.HOST_CLOCK_COLUMNS if c not in _CLOCK_KEY)
+    + " WHERE excluded.updated_at >= host_clocks.updated_at",
+)
 
 #: Why :meth:`SqlStore.abandon_running` fails a session whose process is gone.
 ABANDONED_WHY = "abandoned: the process running it ended without finishing it"
@@ -182,37 +194,28 @@ class SqlStore:
         codec.check_meta(meta)
         started = meta.started_at if meta.started_at is not None else self._now()
         v = meta.versions
+        row = {
+            "gpu_uuid": meta.gpu_uuid,
+            "gpu_index": meta.gpu_index,
+            "gpu_model": meta.gpu_model,
+            "host": meta.host,
+            "backend": meta.backend,
+            "versions_json": v.key(),
+            **columns.version_values(v),
+            "workloads_json": codec.dumps([w.to_json() for w in meta.workloads], "meta.workloads"),
+            "regimes_json": codec.dumps([str(r) for r in meta.regimes], "meta.regimes"),
+            "started_at": started,
+            "status": SessionStatus.RUNNING.value,
+            "max_sm_clock_hz": meta.max_sm_clock_hz,
+            "power_limit_w": meta.power_limit_w,
+            "sm_clock_at_start_hz": meta.sm_clock_at_start_hz,
+            "temp_at_start_c": meta.temp_at_start_c,
+            "power_at_start_w": meta.power_at_start_w,
+            "extra_json": codec.dumps(meta.extra, "meta.extra"),
+            "owner_pid": os.getpid(),
+        }
         with self._tx.write("start a session") as conn:
-            cur = conn.execute(
-                """INSERT INTO sessions (gpu_uuid, gpu_index, gpu_model, host, backend,
-                       versions_json, driver_version, cuda_version, torch_version,
-                       triton_version, cudnn_version, workloads_json, regimes_json,
-                       started_at, status, max_sm_clock_hz, power_limit_w,
-                       sm_clock_at_start_hz, temp_at_start_c, power_at_start_w, extra_json,
-                       owner_pid)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                   RETURNING id""",
-                (
-                    meta.gpu_uuid,
-                    meta.gpu_index,
-                    meta.gpu_model,
-                    meta.host,
-                    meta.backend,
-                    v.key(),
-                    *(getattr(v, c) for c in _VERSION_COLUMNS),
-                    codec.dumps([w.to_json() for w in meta.workloads], "meta.workloads"),
-                    codec.dumps([str(r) for r in meta.regimes], "meta.regimes"),
-                    started,
-                    SessionStatus.RUNNING.value,
-                    meta.max_sm_clock_hz,
-                    meta.power_limit_w,
-                    meta.sm_clock_at_start_hz,
-                    meta.temp_at_start_c,
-                    meta.power_at_start_w,
-                    codec.dumps(meta.extra, "meta.extra"),
-                    os.getpid(),
-                ),
-            )
+            cur = conn.execute(_INSERT_SESSION, [row[c] for c in columns.SESSION_COLUMNS])
             return int(cur.fetchone()[0])
 
     def set_session_versions(self, session_id: int, versions: Versions) -> None:
@@ -222,10 +225,8 @@ class SqlStore:
         with self._tx.write("set session versions") as conn:
             self._require_running(conn, session_id, "set its versions")
             conn.execute(
-                """UPDATE sessions SET versions_json = ?, driver_version = ?, cuda_version = ?,
-                       torch_version = ?, triton_version = ?, cudnn_version = ?
-                   WHERE id = ?""",
-                (versions.key(), *(getattr(versions, c) for c in _VERSION_COLUMNS), session_id),
+                _SET_VERSIONS,
+                (versions.key(), *columns.version_values(versions).values(), session_id),
             )
 
     def finish_session(
@@ -737,25 +738,7 @@ class SqlStore:
         """Record a GPU's learned sustained clock; an older report never replaces a newer one."""
         codec.check_host_clock(clock)
         with self._tx.write("report a host clock") as conn:
-            conn.execute(
-                """INSERT INTO host_clocks (host, gpu_uuid, gpu_model, power_limit_w,
-                       sustained_clock_hz, updated_at)
-                   VALUES (?, ?, ?, ?, ?, ?)
-                   ON CONFLICT (host, gpu_uuid) DO UPDATE SET
-                       gpu_model = excluded.gpu_model,
-                       power_limit_w = excluded.power_limit_w,
-                       sustained_clock_hz = excluded.sustained_clock_hz,
-                       updated_at = excluded.updated_at
-                   WHERE excluded.updated_at >= host_clocks.updated_at""",
-                (
-                    clock.host,
-                    clock.gpu_uuid,
-                    clock.gpu_model,
-                    clock.power_limit_w,
-                    clock.sustained_clock_hz,
-                    clock.updated_at,
-                ),
-            )
+            conn.execute(_REPORT_CLOCK, [getattr(clock, c) for c in columns.HOST_CLOCK_COLUMNS])
 
     def clock_medians(self, max_age_s: float) -> list[ClockMedian]:
         """Per group of GPUs (model, whole watts) the median of the clocks reported in the
@@ -890,9 +873,9 @@ def enum_value(v: Regime | SessionStatus | None) -> str | None:
     return v.value
 
 
-def filters(**columns: object) -> tuple[str, tuple[object, ...]]:
+def filters(**where: object) -> tuple[str, tuple[object, ...]]:
     """``WHERE a = ? AND b = ?`` for the columns whose value is not None."""
-    used = {k: v for k, v in columns.items() if v is not None}
+    used = {k: v for k, v in where.items() if v is not None}
     if not used:
         return "", ()
     return "WHERE " + " AND ".join(f"{k} = ?" for k in used), tuple(used.values())

@@ -7,7 +7,7 @@ with :func:`gpuwatchd.store.codec.winner_from_row`.
 
 from __future__ import annotations
 
-from gpuwatchd.store.commit import WINNER_COLUMNS
+from gpuwatchd.store.columns import WINNER_COLUMNS
 
 
 def _columns(alias: str) -> str:
