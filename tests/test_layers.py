@@ -229,6 +229,46 @@ def test_torch_and_triton_only_in_the_worker_and_job_side(heavy: str) -> None:
     assert offenders == [], "\n".join(offenders)
 
 
+#: The store is one class composed with its engine: a store class may subclass another
+#: only to implement an interface with several implementations, or as an exception.
+STORE_BASES_OK = {
+    "Engine": "the dialect interface: SQLite's and PostgreSQL's engines implement it",
+    "StoreError": "an exception: the store's unreachable kind",
+}
+
+
+def _store_subclasses(paths: Iterable[Path]) -> list[str]:
+    """``module.Class(Base)`` for each class under ``paths`` whose base is a class
+    defined under ``paths`` too and not in :data:`STORE_BASES_OK`."""
+    trees = {path: ast.parse(path.read_text(), str(path)) for path in paths}
+    defined = {
+        n.name for tree in trees.values() for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
+    }
+    out = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for base in node.bases:
+                name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
+                if name in defined and name not in STORE_BASES_OK:
+                    out.append(f"{path.stem}.{node.name}({name})")
+    return out
+
+
+def test_no_store_class_is_built_on_another() -> None:
+    bad = _store_subclasses(sorted((PKG / "store").rglob("*.py")))
+    assert bad == [], f"store classes layered on store classes: {bad}"
+
+
+def test_the_store_check_sees_a_planted_layer(tmp_path: Path) -> None:
+    (tmp_path / "core.py").write_text("class StoreCore:\n    pass\n")
+    (tmp_path / "store.py").write_text(
+        "from core import StoreCore\nclass SqlStore(StoreCore):\n    pass\n"
+    )
+    assert _store_subclasses(sorted(tmp_path.glob("*.py"))) == ["store.SqlStore(StoreCore)"]
+
+
 def test_the_checks_see_a_planted_upward_import_and_cycle(tmp_path: Path) -> None:
     """The helpers read real source: an upward import and a two-module loop are found."""
     planted = tmp_path / "nvml.py"

@@ -44,6 +44,10 @@ from gpuwatchd.validate import (
     require,
 )
 
+#: Called with (table, key, error) for a stored row that cannot be parsed: the store
+#: skips it with a warning (:meth:`~gpuwatchd.store.transactions.Transactions.skip`).
+Skip = Callable[[str, object, Exception], None]
+
 
 def dumps(value: Any, what: str) -> str:
     """Canonical JSON, or a StoreError naming ``what`` when the value is not JSON."""

@@ -11,10 +11,11 @@ or later, so a session finishing late does not overwrite a newer pick.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gpuwatchd.store import codec
+from gpuwatchd.store.codec import Skip
 from gpuwatchd.store.columns import (
     DISAGREEMENT_COLUMNS,
     VERSION_COLUMNS,
@@ -31,9 +32,6 @@ from gpuwatchd.tuning.winners import pick_winner
 
 #: What a newer pick replaces; the key and the versions it implies stay.
 _REPLACED = tuple(c for c in WINNER_COLUMNS if c not in WINNER_KEY and c not in VERSION_COLUMNS)
-
-#: Called with (table, key, error) for a stored row that cannot be parsed.
-Skip = Callable[[str, object, Exception], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuwatchd.store import codec
+from gpuwatchd.store.codec import Skip
 from gpuwatchd.store.columns import CANDIDATE_COLUMNS, RESULT_COLUMNS, insert
-from gpuwatchd.store.commit import Skip
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.rows import StoredResult
 from gpuwatchd.tuning.types import RegimeResult
