@@ -71,16 +71,6 @@ class Transactions:
             self._idle.append(self._open())
 
     @property
-    def where(self) -> str:
-        """The store as messages name it: a file's path, or a URL without its password."""
-        return self._engine.where
-
-    @property
-    def shared(self) -> bool:
-        """Several hosts use this store (PostgreSQL): the fleet's winners and claims."""
-        return self._engine.shared
-
-    @property
     def up(self) -> bool:
         """The store is open and its last call reached it."""
         return self._opened and self._down_since is None
@@ -112,7 +102,7 @@ class Transactions:
         """A connection and whether it came from the pool (it may have died there)."""
         with self._lock:
             if self._closed:
-                raise StoreError(f"store {self.where} is closed")
+                raise StoreError(f"store {self._engine.where} is closed")
             conn = self._idle.pop() if self._idle else None
         if conn is not None:
             return conn, True
@@ -170,7 +160,9 @@ class Transactions:
                 return
             now = time.monotonic()
             if not probe and now < self._next_try:
-                raise StoreUnavailable(f"store {self.where} is unreachable: {self._down_why}")
+                raise StoreUnavailable(
+                    f"store {self._engine.where} is unreachable: {self._down_why}"
+                )
             self._next_try = now + RETRY_UNREACHABLE_S
 
     def _note(self, error: StoreError, *, lost: bool = True) -> None:
@@ -192,7 +184,7 @@ class Transactions:
         with self._lock:
             since, self._down_since = self._down_since, None
         if since is not None:
-            log.warning("store %s reachable again after %.0f s", self.where,
+            log.warning("store %s reachable again after %.0f s", self._engine.where,
                         time.monotonic() - since)  # fmt: skip
 
     @contextmanager
@@ -237,14 +229,15 @@ class Transactions:
         latest = latest_version(self._migrations)
         if version > latest:
             raise StoreError(
-                f"store {self.where} has schema version {version}, newer than this gpuwatchd"
-                f" knows ({latest}); this host refuses to {what} until gpuwatchd is upgraded"
+                f"store {self._engine.where} has schema version {version}, newer than this"
+                f" gpuwatchd knows ({latest}); this host refuses to {what} until gpuwatchd"
+                " is upgraded"
             )
 
     def write(self, what: str) -> AbstractContextManager[Conn]:
         """A write transaction, serialised with every other writer (no upgrade deadlocks)."""
         if self.readonly:
-            raise StoreError(f"store {self.where} is open read-only; cannot {what}")
+            raise StoreError(f"store {self._engine.where} is open read-only; cannot {what}")
         return self.transaction(True, what)
 
     def read(self, what: str) -> AbstractContextManager[Conn]:
@@ -258,4 +251,4 @@ class Transactions:
             if msg in self._warned:
                 return
             self._warned.add(msg)
-        log.warning("store %s: skipping unreadable %s", self.where, msg)
+        log.warning("store %s: skipping unreadable %s", self._engine.where, msg)
