@@ -244,24 +244,5 @@ class ClockMedian:
     peers: int
 
 
-def clock_medians(clocks: list[HostClock]) -> list[ClockMedian]:
-    """:meth:`SqlStore.clock_medians` computed in Python, for a database without medians."""
-    groups: dict[tuple[str, int | None], list[float]] = {}
-    for c in clocks:
-        groups.setdefault((c.gpu_model, whole_watts(c.power_limit_w)), []).append(
-            c.sustained_clock_hz
-        )
-    if not groups:
-        return []
-    import statistics  # loaded once a fleet shows clocks (a lone host never pays its memory)
-
-    # ordered as PostgreSQL orders them: by model, then watts, an unknown limit last
-    ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] is None, kv[0][1] or 0))
-    return [
-        ClockMedian(model, watts, statistics.median(values), len(values))
-        for (model, watts), values in ordered
-    ]
-
-
 def _hz(mhz: float | None) -> float | None:
     return None if mhz is None else mhz * _MHZ

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from gpuwatchd.store import claims as claim_sql
-from gpuwatchd.store import codec, columns
+from gpuwatchd.store import clocks, codec, columns
 from gpuwatchd.store.claims import HOST_CLAIM_PREFIX
 from gpuwatchd.store.commit import Found, commit_winners
 from gpuwatchd.store.conn import Conn
@@ -38,7 +38,6 @@ from gpuwatchd.store.result_rows import (
     parse_results,
 )
 from gpuwatchd.store.rows import (
-    WHOLE_WATTS_SQL,
     Claim,
     ClockMedian,
     Disagreement,
@@ -47,7 +46,6 @@ from gpuwatchd.store.rows import (
     SessionRow,
     StoredResult,
     WinnerRow,
-    clock_medians,
     host_name,
 )
 from gpuwatchd.store.schema import MIGRATIONS, Migration
@@ -65,15 +63,6 @@ FINAL_STATUSES = tuple(s for s in SessionStatus if s is not SessionStatus.RUNNIN
 _INSERT_SESSION = columns.insert("sessions", columns.SESSION_COLUMNS, "RETURNING id")
 _SET_VERSIONS = "UPDATE sessions SET versions_json = ?, {} WHERE id = ?".format(
     ", ".join(f"{c} = ?" for c in columns.VERSION_COLUMNS)
-)
-#: A host's clock replaces the one it reported before, never a newer one.
-_CLOCK_KEY = ("host", "gpu_uuid")
-_REPORT_CLOCK = columns.insert(
-    "host_clocks",
-    columns.HOST_CLOCK_COLUMNS,
-    f"ON CONFLICT ({', '.join(_CLOCK_KEY)}) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in columns.HOST_CLOCK_COLUMNS if c not in _CLOCK_KEY)
-    + " WHERE excluded.updated_at >= host_clocks.updated_at",
 )
 
 #: Why :meth:`SqlStore.abandon_running` fails a session whose process is gone.
@@ -738,63 +727,39 @@ class SqlStore:
         """Record a GPU's learned sustained clock; an older report never replaces a newer one."""
         codec.check_host_clock(clock)
         with self._tx.write("report a host clock") as conn:
-            conn.execute(_REPORT_CLOCK, [getattr(clock, c) for c in columns.HOST_CLOCK_COLUMNS])
+            clocks.report(conn, clock)
 
     def clock_medians(self, max_age_s: float) -> list[ClockMedian]:
         """Per group of GPUs (model, whole watts) the median of the clocks reported in the
         last ``max_age_s`` and how many there are: one row per group, computed by the
         database where it can (PostgreSQL), so a host never reads every host's clocks."""
         need_number(max_age_s, "max_age_s", minimum=0, error=StoreError)
-        since = self._now() - max_age_s
         median = self._engine.median_sql("sustained_clock_hz")
         if median is None:  # SQLite: one host's own clocks, medians in Python
-            return clock_medians(self.host_clocks(max_age_s=max_age_s))
+            return clocks.medians_in_python(self.host_clocks(max_age_s=max_age_s))
         with self._tx.read("read the fleet's clock medians") as conn:
-            rows = conn.execute(
-                f"""SELECT gpu_model, {WHOLE_WATTS_SQL} AS watts, {median} AS median_hz,
-                        COUNT(*) AS peers
-                    FROM host_clocks WHERE updated_at >= ?
-                    GROUP BY gpu_model, {WHOLE_WATTS_SQL} ORDER BY gpu_model, watts""",
-                (since,),
-            ).fetchall()
-        return [
-            ClockMedian(
-                str(r["gpu_model"]),
-                None if r["watts"] is None else int(r["watts"]),
-                float(r["median_hz"]),
-                int(r["peers"]),
-            )
-            for r in rows
-        ]
+            return clocks.medians_in_sql(conn, self._now() - max_age_s, median)
 
     def prune_clocks(self, older_than_s: float) -> int:
         """Delete GPUs' clocks not reported for ``older_than_s`` (their hosts left the
         fleet). Returns how many."""
         need_number(older_than_s, "older_than_s", minimum=0, error=StoreError)
         with self._tx.write("prune old host clocks") as conn:
-            cur = conn.execute(
-                "DELETE FROM host_clocks WHERE updated_at < ?", (self._now() - older_than_s,)
-            )
-            return int(cur.rowcount)
+            return clocks.prune(conn, self._now() - older_than_s)
 
     def host_clocks(self, max_age_s: float | None = None) -> list[HostClock]:
         """Every GPU's reported clock (only those reported in the last ``max_age_s``).
 
         Ordered by GPU model, host, GPU UUID.
         """
-        where = ""
-        args: tuple[float, ...] = ()
         if max_age_s is not None:
             need_number(max_age_s, "max_age_s", minimum=0, error=StoreError)
-            where = "WHERE updated_at >= ?"
-            args = (self._now() - max_age_s,)
+        since = None if max_age_s is None else self._now() - max_age_s
         with self._tx.read("read host clocks") as conn:
-            rows = conn.execute(
-                f"SELECT * FROM host_clocks {where} ORDER BY gpu_model, host, gpu_uuid", args
-            ).fetchall()
+            found = clocks.rows(conn, since)
         return self._parsed(
             "host_clocks",
-            rows,
+            found,
             codec.host_clock_from_row,
             lambda row: (row["host"], row["gpu_uuid"]),
         )
