@@ -14,7 +14,6 @@ SQL layer against SQLAlchemy Core").
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -49,13 +48,11 @@ from gpuwatchd.store.rows import (
     host_name,
 )
 from gpuwatchd.store.schema import MIGRATIONS, Migration
-from gpuwatchd.store.transactions import Transactions
+from gpuwatchd.store.transactions import Transactions, log
 from gpuwatchd.store.winner_sql import FLEET, PREFERRING_HOST
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
 from gpuwatchd.tuning.winners import clear_winner, winners_differ
 from gpuwatchd.validate import need_int, need_number
-
-log = logging.getLogger("gpuwatchd.store")
 
 #: Statuses a session can end in; ``gpuwatchd_tune_sessions_total`` has one series each.
 FINAL_STATUSES = tuple(s for s in SessionStatus if s is not SessionStatus.RUNNING)
