@@ -63,7 +63,7 @@ def main() -> int:
         for bound in args.bounds:
             store = open_store(server.url(server.new_database()), call_timeout_s=bound)
             with store._tx.read("find the backend") as conn:
-                backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+                backend = int(conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"])
             pids = (postmaster, backend)
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)

@@ -33,7 +33,7 @@ def _postmaster_pid(server: PostgresServer) -> int:
 
 def _backend_pid(store: SqlStore) -> int:
     with store._tx.read("find the backend") as conn:  # the pooled connection the next call uses
-        return int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+        return int(conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"])
 
 
 @contextmanager

@@ -563,10 +563,11 @@ def test_every_postgres_session_bounds_its_waits(backend: Backend) -> None:
         for write in (False, True):
             with store._tx.transaction(write, "read the timeouts") as conn:
                 row = conn.execute(
-                    """SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),
-                          current_setting('idle_in_transaction_session_timeout')"""
+                    """SELECT current_setting('lock_timeout') AS lock,
+                          current_setting('statement_timeout') AS statement,
+                          current_setting('idle_in_transaction_session_timeout') AS idle"""
                 ).fetchone()
-            assert tuple(row) == ("2500ms", "20s", "1min")
+            assert (row["lock"], row["statement"], row["idle"]) == ("2500ms", "20s", "1min")
     finally:
         store.close()
     for bad in (0, -1, float("inf"), "10s"):

@@ -151,4 +151,5 @@ def test_no_server_side_prepared_statements_so_a_transaction_pooler_works(
             store.sessions()
         (conn,) = store._tx._idle
         assert conn.raw.prepare_threshold is None
-        assert conn.raw.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
+        prepared = conn.raw.execute("SELECT count(*) AS n FROM pg_prepared_statements").fetchone()
+        assert prepared["n"] == 0

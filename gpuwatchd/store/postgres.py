@@ -49,6 +49,7 @@ try:
     from psycopg import errors as pg_errors
     from psycopg import pq
     from psycopg.conninfo import conninfo_to_dict
+    from psycopg.rows import dict_row
 except ImportError as _missing:  # pragma: no cover - depends on the installed extras
     raise StoreError(
         "a postgresql:// store needs psycopg 3: pip install 'gpuwatchd[postgres]'"
@@ -103,30 +104,6 @@ def postgres_ddl(statement: str) -> str:
     for pattern, replacement in _DDL_TYPES:
         statement = pattern.sub(replacement, statement)
     return statement
-
-
-class Row(tuple[Any, ...]):
-    """A result row readable by position and by column name, as ``sqlite3.Row`` is."""
-
-    _names: dict[str, int]
-
-    def __new__(cls, names: dict[str, int], values: Sequence[Any]) -> Row:
-        row = super().__new__(cls, values)
-        row._names = names
-        return row
-
-    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
-        if isinstance(key, str):
-            return tuple.__getitem__(self, self._names[key])
-        return tuple.__getitem__(self, key)
-
-    def keys(self) -> list[str]:
-        return list(self._names)
-
-
-def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
-    names = {c.name: i for i, c in enumerate(cursor.description or ())}
-    return lambda values: Row(names, values)
 
 
 def winners_lock_key(gpu_model: str, versions_key: str) -> int:
@@ -246,7 +223,7 @@ class PostgresEngine(Engine):
             raw = psycopg.connect(
                 self._url,
                 autocommit=True,
-                row_factory=_row_factory,
+                row_factory=dict_row,  # rows read by column name, as sqlite3.Row is
                 # no server-side prepared statements: behind a transaction pooler the
                 # next transaction may run on a server connection that never prepared it
                 prepare_threshold=None,
@@ -333,10 +310,11 @@ class PostgresEngine(Engine):
         conn.execute(f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (version BIGINT NOT NULL)")
 
     def version(self, conn: Conn) -> int:
-        if conn.execute("SELECT to_regclass(?)", (VERSION_TABLE,)).fetchone()[0] is None:
+        found = conn.execute("SELECT to_regclass(?) AS relation", (VERSION_TABLE,)).fetchone()
+        if found["relation"] is None:
             return 0
-        row = conn.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}").fetchone()
-        return int(row[0] or 0)
+        row = conn.execute(f"SELECT MAX(version) AS version FROM {VERSION_TABLE}").fetchone()
+        return int(row["version"] or 0)
 
     def set_version(self, conn: Conn, version: int) -> None:
         conn.execute(f"DELETE FROM {VERSION_TABLE}")
@@ -375,7 +353,8 @@ class PostgresEngine(Engine):
             )
 
     def _refuse_foreign(self, conn: Conn, version: int) -> None:
-        if version == 0 and conn.execute("SELECT to_regclass('sessions')").fetchone()[0]:
+        sessions = conn.execute("SELECT to_regclass('sessions') AS relation").fetchone()
+        if version == 0 and sessions["relation"] is not None:
             raise StoreError(
                 f"store {self.where} has a sessions table but no gpuwatchd schema version;"
                 " point [store] url at another database"

@@ -100,7 +100,7 @@ def insert_result(conn: Conn, session_id: int, result: RegimeResult, recorded_at
             recorded_at,
         ),
     )
-    result_id = int(cur.fetchone()[0])
+    result_id = int(cur.fetchone()["id"])
     conn.executemany(
         _INSERT_CANDIDATE,
         [

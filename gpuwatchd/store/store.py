@@ -202,7 +202,7 @@ class SqlStore:
         }
         with self._tx.write("start a session") as conn:
             cur = conn.execute(_INSERT_SESSION, [row[c] for c in columns.SESSION_COLUMNS])
-            return int(cur.fetchone()[0])
+            return int(cur.fetchone()["id"])
 
     def set_session_versions(self, session_id: int, versions: Versions) -> None:
         """Replace a running session's versions (the worker reports torch/Triton/cuDNN)."""
@@ -367,16 +367,19 @@ class SqlStore:
         """Sessions currently marked running."""
         with self._tx.read("count running sessions") as conn:
             row = conn.execute(
-                "SELECT COUNT(*) FROM sessions WHERE status = ?", (SessionStatus.RUNNING.value,)
+                "SELECT COUNT(*) AS n FROM sessions WHERE status = ?",
+                (SessionStatus.RUNNING.value,),
             ).fetchone()
-        return int(row[0])
+        return int(row["n"])
 
     def last_completed_at(self, gpu_uuid: str | None = None) -> float | None:
         """When the most recent completed session ended (unix seconds), or None."""
         where, args = filters(status=SessionStatus.COMPLETED.value, gpu_uuid=gpu_uuid)
         with self._tx.read("read the last completed session") as conn:
-            row = conn.execute(f"SELECT MAX(ended_at) FROM sessions {where}", args).fetchone()
-        value = row[0]
+            row = conn.execute(
+                f"SELECT MAX(ended_at) AS ended_at FROM sessions {where}", args
+            ).fetchone()
+        value = row["ended_at"]
         return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
     # -- results ---------------------------------------------------------------------------
@@ -536,7 +539,7 @@ class SqlStore:
         groups = {(r.gpu_model, r.versions.key()) for _, r in results}
         self._engine.lock_winners(conn, sorted(groups))
         return commit_winners(
-            conn, str(host[0]), results, self._now(), self._tx.skip, self.keep_incumbent_for_s
+            conn, str(host["host"]), results, self._now(), self._tx.skip, self.keep_incumbent_for_s
         )
 
     def winners(
@@ -674,7 +677,7 @@ class SqlStore:
             if claim_sql.take(conn, key, host, machine, os.getpid(), now, ttl_s):
                 return None
             row = conn.execute("SELECT gpu_uuid FROM claims WHERE claim_key = ?", (key,))
-            return str(row.fetchone()[0])
+            return str(row.fetchone()["gpu_uuid"])
 
     def release_host(self, host: str, machine: str) -> None:
         """Give the name back (a clean stop): another machine may take it at once."""
