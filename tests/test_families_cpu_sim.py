@@ -173,7 +173,7 @@ def test_cpu_matmul_end_to_end_both_regimes() -> None:
         assert (r.winner is None) == r.tie
         assert r.winner is None or r.winner == r.candidates[0].name
         medians = [c.median_s for c in r.candidates]
-        assert all(m is not None and 0 < m < 0.01 for m in medians)
+        assert all(m is not None and m > 0 for m in medians)
         assert medians == sorted(medians)  # type: ignore[type-var]
         for c in r.candidates:
             assert c.family == "cpu.matmul" and c.samples >= CPU_CFG.min_rounds
