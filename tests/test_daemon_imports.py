@@ -17,6 +17,9 @@ from daemon_helpers import http_get, wait_http
 #: web config's YAML and password hashes, the CLI's tables, and torch (the worker's).
 NOT_IMPORTED = ("statistics", "yaml", "bcrypt", "rich", "torch")
 
+#: The CLI modules ``gpuwatchd run`` needs: no other command's module or parser.
+RUN_CLI = ("gpuwatchd.cli", "gpuwatchd.cli.common", "gpuwatchd.cli.main", "gpuwatchd.cli.run")
+
 #: Runs ``gpuwatchd run`` and writes the process's module names to a file on SIGUSR1.
 WRAPPER = """
 import json, os, signal, sys
@@ -65,3 +68,5 @@ def test_a_scraped_monitoring_daemon_imports_nothing_it_does_not_use(tmp_path: P
     assert "gpuwatchd.daemon.process" in loaded, out
     heavy = sorted(m for m in loaded if m.split(".")[0] in NOT_IMPORTED)
     assert heavy == [], heavy
+    cli = sorted(m for m in loaded if m.startswith("gpuwatchd.cli"))
+    assert cli == sorted(RUN_CLI)

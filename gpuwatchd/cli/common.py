@@ -5,9 +5,9 @@ user can fix are raised as :class:`CliError` and printed by ``cli.main`` as one 
 stderr: exit 2 for bad configuration or arguments, 1 for a runtime failure (no NVML,
 daemon unreachable). This module must not import ``cli.main`` (main imports the commands).
 
-``cli.main`` imports every command module to build its parser, so neither this module nor
-a command imports the config, the store or the daemon's layers at module level: they are
-imported when a command runs, and ``gpuwatchd --help`` starts without them.
+``cli.main`` imports every command module to build ``gpuwatchd --help``, so neither this
+module nor a command imports the config, the store or the daemon's layers at module level:
+they are imported when a command runs, and ``gpuwatchd --help`` starts without them.
 """
 
 from __future__ import annotations

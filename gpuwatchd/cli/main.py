@@ -1,51 +1,54 @@
 """The ``gpuwatchd`` command: assemble the subcommands' parsers and dispatch to one.
 
-Each command is a module of this package exposing ``add_parser(subparsers)`` and
-``run(args) -> int`` (see :class:`~gpuwatchd.cli.common.Command`); what they share is
-in ``cli.common``, which never imports this module. A :class:`CliError` is printed here
-as one line on stderr and becomes the exit status (2 bad configuration or arguments,
-1 runtime failure); Ctrl-C exits 130. A reader that leaves early (``| head``) ends the
+Each command is a module of this package, named after the command (``check-config`` is
+``cli.check_config``), exposing ``add_parser(subparsers)`` and ``run(args) -> int`` (see
+:class:`~gpuwatchd.cli.common.Command`); what they share is in ``cli.common``, which
+never imports this module. A command line that names a command imports and builds only
+that command's parser (the daemon pays for no other command's modules or help texts);
+``--help``, ``--version`` and an unknown command build them all. A :class:`CliError` is
+printed here as one line on stderr and becomes the exit status (2 bad configuration or
+arguments, 1 runtime failure); Ctrl-C exits 130. A reader that leaves early (``| head``) ends the
 command quietly with 141, as a shell reports a process killed by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from gpuwatchd import __version__
-from gpuwatchd.cli import (
-    check_config,
-    plot_timeline,
-    record,
-    report,
-    retune,
-    run,
-    status,
-    store,
-    tune,
-    workloads,
-)
 from gpuwatchd.cli.common import EXIT_BROKEN_PIPE, CliError, Command
 
 #: The subcommands in the order ``gpuwatchd --help`` lists them.
-COMMANDS: tuple[Command, ...] = (
-    run,
-    status,
-    record,
-    tune,
-    report,
-    plot_timeline,
-    retune,
-    workloads,
-    store,
-    check_config,
+COMMANDS: tuple[str, ...] = (
+    "run",
+    "status",
+    "record",
+    "tune",
+    "report",
+    "plot-timeline",
+    "retune",
+    "workloads",
+    "store",
+    "check-config",
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_module(name: str) -> Command:
+    """The module that implements command ``name`` (one of :data:`COMMANDS`)."""
+    return cast(Command, importlib.import_module(f"gpuwatchd.cli.{name.replace('-', '_')}"))
+
+
+def commands_for(argv: Sequence[str]) -> tuple[str, ...]:
+    """The commands whose parsers ``argv`` needs: the one it names first, else all."""
+    return (argv[0],) if argv and argv[0] in COMMANDS else COMMANDS
+
+
+def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuwatchd",
         description="Thermal-aware GPU profiling daemon: telemetry, gate, gated autotuning.",
@@ -56,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpuwatchd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
-        command.add_parser(sub)
+    for name in commands:
+        command_module(name).add_parser(sub)
     return parser
 
 
@@ -74,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(commands_for(argv))
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
