@@ -17,6 +17,9 @@ every protocol runs on its own fresh copy of the same simulated GPU, in simulate
 Reported per protocol and regime: the share of wrong picks, the mean, 95th-percentile
 and worst regret (how much slower the pick truly is than the best), and per set the
 time the protocol held the GPU, the time the GPU ran kernels, and the energy drawn.
+For gpuwatchd's protocols, where the GPU time went: timed batches (accepted and
+rejected, as measured), pauses (between batches and to cool), the sustained regime's
+settling, and the rest (warm-ups, the power probe, L2 flushes).
 
     nice -n 10 python3 bench/protocol_vs_anchors.py --sets 1000 \
         --out bench/data/sim-protocol-vs-anchors.json
@@ -44,7 +47,7 @@ from protocol_history import CLASSIC, ROUND_1
 from sim_world import BenchKernel, CandidateSet, NoisySession, make_set
 
 from gpuwatchd.tuning.settings import ProtocolConfig
-from gpuwatchd.tuning.types import RegimeResult, Workload
+from gpuwatchd.tuning.types import BatchRecord, Regime, RegimeResult, Workload
 from gpuwatchd.tuning.worker.protocol import tune_queue
 
 REGIMES = ("unthrottled", "sustained")
@@ -63,7 +66,17 @@ def gpuwatchd_runner(cfg: ProtocolConfig) -> Runner:
              session.kernels(c))
             for c in csets
         ]  # fmt: skip
-        results = tune_queue(queue, session, REGIMES, cfg)
+
+        def on_batch(rec: BatchRecord) -> None:
+            session.timed_s += rec.seconds_per_call * rec.calls
+
+        results = tune_queue(queue, session, REGIMES, cfg, on_batch)
+        session.settle_s += sum(
+            float(r.candidates[0].meta.get("settle_s", 0.0))
+            for rs in results
+            for r in rs
+            if r.candidates and r.regime is Regime.SUSTAINED
+        )
         return [{r.regime.value: _first(r) for r in rs} for rs in results]
 
     return run
@@ -140,6 +153,9 @@ class Row:
     wall_s: float  # simulated seconds the protocol held the GPU
     busy_s: float  # simulated seconds the GPU ran kernels (flushes included)
     energy_j: float  # energy the GPU drew meanwhile (idle power included)
+    timed_s: float  # gpuwatchd's: the timed batches, as measured (0 for an anchor)
+    paused_s: float  # the GPU left idle on purpose (between batches, to cool)
+    settle_s: float  # gpuwatchd's: the sustained regime's settling
 
 
 def run_group(args: tuple[Sequence[int], int, Sequence[str]]) -> list[Row]:
@@ -167,6 +183,9 @@ def run_group(args: tuple[Sequence[int], int, Sequence[str]]) -> list[Row]:
                         wall_s=session.elapsed_s() * share,
                         busy_s=session.busy_s * share,
                         energy_j=session.used_energy_j() * share,
+                        timed_s=session.timed_s * share,
+                        paused_s=session.paused_s * share,
+                        settle_s=session.settle_s * share,
                     )
                 )
     return rows
@@ -189,7 +208,7 @@ def summarize(rows: Iterable[Row]) -> dict[str, Any]:
                 "p95_regret": regrets[min(len(regrets) - 1, math.ceil(0.95 * len(regrets)) - 1)],
                 "worst_regret": regrets[-1],
             }
-        for key in ("wall_s", "busy_s", "energy_j"):
+        for key in ("wall_s", "busy_s", "energy_j", "timed_s", "paused_s", "settle_s"):
             entry[f"mean_{key}"] = sum(getattr(r, key) for r in rs) / len(rs)
         out[name] = entry
     return out
@@ -222,6 +241,27 @@ def markdown(summary: dict[str, Any]) -> str:
                 f" | {e['mean_wall_s']:.2f} s | {ratio} | {e['mean_busy_s']:.2f} s"
                 f" | {e['mean_energy_j']:.0f} J |"
             )
+    return "\n".join(lines)
+
+
+def time_markdown(summary: dict[str, Any]) -> str:
+    """Where each gpuwatchd protocol's GPU time went, per set."""
+    lines = [
+        "| protocol | GPU held per set | timed batches | pauses | settling | warm-ups, probe,"
+        " flushes |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, e in summary.items():
+        if e["mean_timed_s"] <= 0:
+            continue  # an anchor: its time is its measurement
+        wall, timed, paused, settle = (
+            e[f"mean_{k}"] for k in ("wall_s", "timed_s", "paused_s", "settle_s")
+        )
+        rest = wall - timed - paused - settle
+        lines.append(
+            f"| {name} | {wall:.2f} s | {timed:.2f} s | {paused:.2f} s | {settle:.2f} s"
+            f" | {rest:.2f} s |"
+        )
     return "\n".join(lines)
 
 
@@ -264,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [r for chunk in chunks for r in chunk]
     summary = summarize(rows)
     print(markdown(summary))
+    print(f"\n{time_markdown(summary)}")
     for field in ("kind", "start"):
         for value, s in breakdown(rows, field).items():
             print(f"\n{field} = {value}: {s[names[0]]['sets']} sets\n{markdown(s)}")
@@ -287,7 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 #: One row per protocol and set in the JSON output, as a list in this order.
 ROW_FIELDS = ("protocol", "set", "kind", "start", "n", "regret_unthrottled",
-              "regret_sustained", "wall_s", "busy_s", "energy_j")  # fmt: skip
+              "regret_sustained", "wall_s", "busy_s", "energy_j", "timed_s", "paused_s",
+              "settle_s")  # fmt: skip
 
 
 def _row_json(r: Row) -> list[Any]:
@@ -302,6 +344,9 @@ def _row_json(r: Row) -> list[Any]:
         round(r.wall_s, 3),
         round(r.busy_s, 3),
         round(r.energy_j, 1),
+        round(r.timed_s, 3),
+        round(r.paused_s, 3),
+        round(r.settle_s, 3),
     ]
 
 

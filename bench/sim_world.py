@@ -243,8 +243,11 @@ HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e: what an L2 flush's memset runs at
 class NoisySession(SimSession):
     """``SimSession`` plus timing noise, clock steps, throttle episodes and meters.
 
-    Meters: ``busy_s`` (seconds the GPU ran kernels, flushes included) and
-    :meth:`energy_j` (the model's exact energy since the backend started).
+    Meters: ``busy_s`` (seconds the GPU ran kernels, flushes included), ``paused_s``
+    (seconds a protocol left it idle on purpose) and :meth:`energy_j` (the model's exact
+    energy since the backend started); ``timed_s`` (the timed batches, as measured) and
+    ``settle_s`` (the sustained regime's settling) are filled in by the gpuwatchd runner
+    of bench/protocol_vs_anchors.py.
     ``flush_bytes`` is how much ``flush_l2`` writes (each anchor flushes its own way).
     """
 
@@ -260,6 +263,9 @@ class NoisySession(SimSession):
         if cset.start == "hot":
             self._preheat()
         self.busy_s = 0.0
+        self.paused_s = 0.0
+        self.timed_s = 0.0
+        self.settle_s = 0.0
         self.t0 = self.now()
         self.e0 = self.energy_j()
 
@@ -308,6 +314,10 @@ class NoisySession(SimSession):
         hits = _outliers(rng, calls, n.outlier_p)
         extra = sum(rng.uniform(0.1, 1.0) * per_call for _ in range(hits))
         return exact * max(0.5, 1.0 + rel) + extra
+
+    def pause(self, seconds: float) -> None:
+        super().pause(seconds)
+        self.paused_s += max(0.0, seconds)
 
     def flush_l2(self) -> None:
         """The memset takes its HBM time; the GPU stays loaded as by the last kernel.

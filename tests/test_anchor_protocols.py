@@ -434,3 +434,17 @@ def test_new_protocol_settings_are_validated() -> None:
             ProtocolConfig.from_mapping(mapping)
         assert str(exc.value).startswith(message)
     assert math.isfinite(ProtocolConfig().power_probe_s)
+
+
+def test_the_bench_splits_gpuwatchds_gpu_time_into_its_parts() -> None:
+    """Timed batches, pauses and settling of a heavy set are each measured and fit in the
+    time the protocol held the GPU; an anchor's time is all its own measurement."""
+    from protocol_vs_anchors import run_group
+
+    rows = {r.protocol: r for r in run_group(([4], 0, ["gpuwatchd", "triton.do_bench"]))}
+    ours = rows["gpuwatchd"]
+    assert ours.kind == "heavy"
+    assert ours.timed_s > 0 and ours.paused_s > 0 and ours.settle_s > 0
+    assert ours.timed_s + ours.paused_s + ours.settle_s < ours.wall_s
+    anchor = rows["triton.do_bench"]
+    assert (anchor.timed_s, anchor.settle_s) == (0.0, 0.0)
