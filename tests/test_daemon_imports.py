@@ -20,28 +20,40 @@ NOT_IMPORTED = ("statistics", "yaml", "bcrypt", "rich", "torch")
 #: The CLI modules ``gpuwatchd run`` needs: no other command's module or parser.
 RUN_CLI = ("gpuwatchd.cli", "gpuwatchd.cli.common", "gpuwatchd.cli.main", "gpuwatchd.cli.run")
 
-#: Runs ``gpuwatchd run`` and writes the process's module names to a file on SIGUSR1.
+#: The simulator's modules: a daemon on real GPUs reads ``[sim]`` (its settings) and no more.
+SIMULATOR = "gpuwatchd.telemetry.sim."
+SIM_SETTINGS = "gpuwatchd.telemetry.sim.settings"
+
+#: Runs ``gpuwatchd run`` and writes the process's module names to a file on SIGUSR1;
+#: with a tests directory as its second argument, ``import pynvml`` finds one fake GPU.
 WRAPPER = """
 import json, os, signal, sys
-out = sys.argv[1]
+out, tests = sys.argv[1], sys.argv[2]
+if tests:
+    sys.path.append(tests)
+    from fakes_nvml import FakeNvml
+    sys.modules["pynvml"] = FakeNvml(1)
 def dump(_signum, _frame):
     with open(out + ".tmp", "w") as f:
         json.dump(sorted(sys.modules), f)
     os.replace(out + ".tmp", out)
 signal.signal(signal.SIGUSR1, dump)
 from gpuwatchd.cli.main import main
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[3:]))
 """
 
 
-def test_a_scraped_monitoring_daemon_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
+def _scraped_daemon_modules(tmp_path: Path, backend: list[str], fake_nvml: bool) -> set[str]:
+    """The modules of a monitoring daemon (tuning and drift off) scraped three times,
+    after its first fleet sync."""
     config = tmp_path / "config.toml"
     config.write_text("[tuning]\nenabled = false\n\n[drift]\nenabled = false\n")
     port = free_port()
     modules = tmp_path / "modules.json"
+    tests = str(Path(__file__).resolve().parent) if fake_nvml else ""
     argv = [
-        sys.executable, "-c", WRAPPER, str(modules),
-        "run", "--config", str(config), "--backend", "sim", "--gpus", "1",
+        sys.executable, "-c", WRAPPER, str(modules), tests,
+        "run", "--config", str(config), *backend,
         "--poll-interval", "0.2", "--listen", f"127.0.0.1:{port}", "--log-level", "warning",
         "--state-dir", str(tmp_path), "--control-socket", str(tmp_path / "c.sock"),
     ]  # fmt: skip
@@ -66,7 +78,19 @@ def test_a_scraped_monitoring_daemon_imports_nothing_it_does_not_use(tmp_path: P
         proc.terminate()
         out, _ = proc.communicate(timeout=20)
     assert "gpuwatchd.daemon.process" in loaded, out
+    return loaded
+
+
+def test_a_scraped_monitoring_daemon_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
+    loaded = _scraped_daemon_modules(tmp_path, ["--backend", "sim", "--gpus", "1"], False)
     heavy = sorted(m for m in loaded if m.split(".")[0] in NOT_IMPORTED)
     assert heavy == [], heavy
     cli = sorted(m for m in loaded if m.startswith("gpuwatchd.cli"))
     assert cli == sorted(RUN_CLI)
+
+
+def test_a_daemon_on_real_gpus_does_not_load_the_simulator(tmp_path: Path) -> None:
+    loaded = _scraped_daemon_modules(tmp_path, ["--backend", "nvml"], True)
+    assert "gpuwatchd.telemetry.nvml" in loaded
+    sim = sorted(m for m in loaded if m.startswith(SIMULATOR) and m != SIM_SETTINGS)
+    assert sim == []
