@@ -20,11 +20,13 @@ from gpuwatchd.telemetry.types import ThrottleReason
 FINE_STEP_S = 0.05
 COARSE_STEP_S = 1.0
 
-_IDLE = ThrottleReason.GPU_IDLE
-_NONE = ThrottleReason(0)
-_POWER = ThrottleReason.SW_POWER_CAP
-_SW_THERMAL = ThrottleReason.SW_THERMAL_SLOWDOWN
-_HW_THERMAL = ThrottleReason.HW_THERMAL_SLOWDOWN
+# The controllers' reasons as int bits (a Flag's ``|`` builds a new member per call, and
+# a model step wants only the power): a ThrottleReason once, for the state read.
+_IDLE = ThrottleReason.GPU_IDLE.value
+_NONE = 0
+_POWER = ThrottleReason.SW_POWER_CAP.value
+_SW_THERMAL = ThrottleReason.SW_THERMAL_SLOWDOWN.value
+_HW_THERMAL = ThrottleReason.HW_THERMAL_SLOWDOWN.value
 #: Hardware thermal slowdown halves the clock, as the real clamp does.
 _HW_SLOWDOWN_CLOCK_RATIO = 0.5
 #: The power controller regulates slightly under the limit: the H200 trace sits at
@@ -106,7 +108,7 @@ class ModelState(NamedTuple):
 class _Control(NamedTuple):
     clock: float
     power: float
-    reasons: ThrottleReason
+    reasons: int  # ThrottleReason bits
 
 
 class GpuModel:
@@ -198,7 +200,7 @@ class GpuModel:
             avg_power_w=self._average_power(),
             energy_j=self._energy,
             sm_clock_mhz=c.clock,
-            reasons=c.reasons,
+            reasons=ThrottleReason(c.reasons),
             util=self._util,
             mem_util=self._mem_util,
             procs=self._procs,

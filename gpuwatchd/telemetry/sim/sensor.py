@@ -28,9 +28,10 @@ IDLE_REASON_P = 0.9  # idle GPUs report GPU_IDLE, else 0, like the H200 does
 
 _IDLE = ThrottleReason.GPU_IDLE
 _NONE = ThrottleReason(0)
-_POWER = ThrottleReason.SW_POWER_CAP
-_SW_THERMAL = ThrottleReason.SW_THERMAL_SLOWDOWN
-_HW_THERMAL = ThrottleReason.HW_THERMAL_SLOWDOWN
+# Bits, tested on a reason's int value: a Flag's ``&`` builds a new member per call.
+_POWER = ThrottleReason.SW_POWER_CAP.value
+_SW_THERMAL = ThrottleReason.SW_THERMAL_SLOWDOWN.value
+_HW_THERMAL = ThrottleReason.HW_THERMAL_SLOWDOWN.value
 
 
 class Sensor:
@@ -52,12 +53,13 @@ class Sensor:
         # around the effective clock, so reports average to it.
         bins, frac = divmod(s.sm_clock_mhz, self._bin)
         clock = (bins + (rng.random() < frac / self._bin)) * self._bin
-        if reasons & _HW_THERMAL:
+        bits = reasons.value
+        if bits & _HW_THERMAL:
             pass  # a hard clamp to a fixed clock: no hunting
-        elif reasons & _POWER:
+        elif bits & _POWER:
             pick = bisect.bisect_right(_CAP_CUMULATIVE, rng.random() * _CAP_CUMULATIVE[-1])
             clock += _CAP_JITTER_BINS[pick] * self._bin
-        elif reasons & _SW_THERMAL:
+        elif bits & _SW_THERMAL:
             u = rng.random()
             if u < THERMAL_JITTER_P:
                 clock -= self._bin
