@@ -54,6 +54,17 @@ def test_commands_are_listed_in_order_and_dispatch_to_their_module() -> None:
         assert sub.get_default("func") is cli_main.command_module(name).run, name
 
 
+def test_a_command_line_builds_only_the_parser_of_the_command_it_names() -> None:
+    """Its parser and help are those of the full one; --help and typos still see them all."""
+    assert cli_main.commands_for(["run", "--backend", "sim"]) == ("run",)
+    assert cli_main.commands_for(["--help"]) == cli_main.COMMANDS
+    assert cli_main.commands_for(["rn"]) == cli_main.COMMANDS
+    alone = _subcommands(cli_main.build_parser(("run",)))
+    assert list(alone) == ["run"]
+    full = _subcommands(cli_main.build_parser())["run"]
+    assert alone["run"].format_help() == full.format_help()
+
+
 def test_a_cli_error_is_one_line_with_its_exit_code(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
