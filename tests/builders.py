@@ -224,9 +224,10 @@ class SettableClock:
 
 
 def wait_until(
-    probe: Callable[[], T], timeout: float = 3.0, what: str | None = None, interval: float = 0.01
+    probe: Callable[[], T], timeout: float = 15.0, what: str | None = None, interval: float = 0.01
 ) -> T:
-    """The first truthy result of ``probe`` within ``timeout`` seconds, else its last one.
+    """The first truthy result of ``probe`` within ``timeout`` seconds, else its last one
+    (the default is generous: a loaded CI machine is slow, and a met condition returns at once).
 
     With ``what`` a timeout is an AssertionError naming what was awaited.
     """
