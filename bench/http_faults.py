@@ -74,7 +74,7 @@ def rss_mib(pid: int | None = None) -> float:
 
 
 def serve_gpuwatchd(board: object, registry: object) -> tuple[tuple[str, int], Callable[[], None]]:
-    from gpuwatchd.exporter import HttpServer
+    from gpuwatchd.serve import HttpServer
 
     server = HttpServer(board, registry, ("127.0.0.1", 0))  # type: ignore[arg-type]
     server.start()

@@ -33,10 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure this tree's code
 
-from gpuwatchd.exporter import DaemonInfo, HttpServer, build_registry
+from gpuwatchd.exporter import DaemonInfo, build_registry
 from gpuwatchd.exporter.render import DEFAULT_MAX_AGE_S, MetricsRenderer
 from gpuwatchd.gate import GateDecision, GateState
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.serve import HttpServer
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 
 TARGET_P99_MS = 5.0

@@ -11,8 +11,9 @@ import pytest
 from builders import DAEMON_INFO
 from pg_server import PostgresServer, start_server
 
-from gpuwatchd.exporter import HttpServer, build_registry
+from gpuwatchd.exporter import build_registry
 from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.serve import HttpServer
 from gpuwatchd.sessions import readiness
 from gpuwatchd.store import SqlStore, sqlite_store
 

@@ -32,9 +32,9 @@ import gpuwatchd.client.discovery
 import gpuwatchd.config
 from gpuwatchd.api.winners import parse_winners_query, winners_json
 from gpuwatchd.client import Client, GpuwatchdError, GpuwatchdUnavailable, parse_winners
-from gpuwatchd.exporter.http import HttpServer
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.serve.http import HttpServer
 from gpuwatchd.store import sqlite_store
 from gpuwatchd.telemetry.types import ThrottleReason
 from gpuwatchd.tuning.types import (

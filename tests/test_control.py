@@ -27,7 +27,9 @@ from gpuwatchd.cli.retune import add_retune_args
 from gpuwatchd.cli.retune import run as run_retune
 from gpuwatchd.config import Config
 from gpuwatchd.config.loader import TuningConfig
-from gpuwatchd.daemon.control_server import (
+from gpuwatchd.daemon.ops import Op, OpTable
+from gpuwatchd.daemon.retune import MANUAL_REASON, parse_retune, retune_ops
+from gpuwatchd.serve.control import (
     MAX_LINE,
     ControlError,
     ControlServer,
@@ -37,8 +39,6 @@ from gpuwatchd.daemon.control_server import (
     decode_request,
     default_socket_path,
 )
-from gpuwatchd.daemon.ops import Op, OpTable
-from gpuwatchd.daemon.retune import MANUAL_REASON, parse_retune, retune_ops
 from gpuwatchd.tuning.types import Workload
 
 CFG = Config()
@@ -465,7 +465,7 @@ def test_peer_refused_gets_an_error_and_a_log_line(
     srv = ControlServer(sockdir / "c.sock", handler_for(sched), allowed=nobody)
     srv.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="gpuwatchd.daemon.control_server"):
+        with caplog.at_level(logging.WARNING, logger="gpuwatchd.serve.control"):
             resp = ask_json(srv.path, {"op": "retune", "gpu": 0})
     finally:
         srv.stop()

@@ -25,10 +25,10 @@ from user_kernels_fakes import sample_request
 
 from gpuwatchd.config import Config, ConfigError, parse_config, spool_path
 from gpuwatchd.daemon.added_workloads import FILE_NAME, AddedWorkloads
-from gpuwatchd.daemon.control_server import ControlServer, PeerCred, RequestError
 from gpuwatchd.daemon.process import Daemon
 from gpuwatchd.daemon.user_work import MAX_FAILURES, UserWork
 from gpuwatchd.jobside.requests import Submitter
+from gpuwatchd.serve.control import ControlServer, PeerCred, RequestError
 from gpuwatchd.sessions.events import SessionFinished, WorkSkipped
 from gpuwatchd.sessions.fleet import SKIP_REASON
 from gpuwatchd.sessions.runner import TuneRunner

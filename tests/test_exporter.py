@@ -25,12 +25,13 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 from slow_fields import GIB, full_slow_reading
 
-from gpuwatchd.exporter import HttpServer, build_registry
+from gpuwatchd.exporter import build_registry
 from gpuwatchd.exporter.render import MetricsRenderer
 from gpuwatchd.exporter.singleflight import SharedFailure, SingleFlight
 from gpuwatchd.gate import GateConfig, GateDecision, GateState
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.monitor.poller import Poller
+from gpuwatchd.serve import HttpServer
 from gpuwatchd.telemetry.backend import Backend, GpuLost
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.nvml import NvmlBackend

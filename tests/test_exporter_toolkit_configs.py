@@ -25,8 +25,9 @@ from builders import DAEMON_INFO, board_of, full_h200
 from tls_pki import cert_pem, key_pem, make_cert, server_for_localhost, write_pair
 
 from gpuwatchd.cli.main import main
-from gpuwatchd.exporter import HttpServer, build_registry
-from gpuwatchd.exporter.web.config import load_web_config
+from gpuwatchd.exporter import build_registry
+from gpuwatchd.serve import HttpServer
+from gpuwatchd.serve.web.config import load_web_config
 
 DATA = Path(__file__).parent / "data" / "webconfig"
 CASES = sorted(p.name for p in DATA.glob("*.yml"))

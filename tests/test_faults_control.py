@@ -29,12 +29,12 @@ from gpuwatchd.client.own_gate import _DaemonJobGate
 from gpuwatchd.config import Config, ConfigError, parse_config
 from gpuwatchd.control import wire
 from gpuwatchd.daemon.added_workloads import FILE_NAME, AddedWorkloads
-from gpuwatchd.daemon.control_server import ControlServer, PeerCred, RequestError
 from gpuwatchd.daemon.ops import Op, OpTable
 from gpuwatchd.daemon.process import Daemon
 from gpuwatchd.daemon.user_ops import parse_list
 from gpuwatchd.jobside.requests import Submission
 from gpuwatchd.jobside.workload_submit import submit_workloads
+from gpuwatchd.serve.control import ControlServer, PeerCred, RequestError
 from gpuwatchd.telemetry.factory import open_backend
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.workload_requests import parse_add_request

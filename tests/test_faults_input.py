@@ -26,8 +26,8 @@ from daemon_helpers import start_daemon
 
 from gpuwatchd.cli.main import main
 from gpuwatchd.control import wire
-from gpuwatchd.daemon.control_server import ControlServer
 from gpuwatchd.daemon.ops import OpTable
+from gpuwatchd.serve.control import ControlServer
 from gpuwatchd.tuning.spool import REJECTED_DIR, read_spool
 from gpuwatchd.tuning.workload_spool import SUBDIR, read_workload_spool
 from gpuwatchd.validate import MAX_DEPTH, load_json, load_toml

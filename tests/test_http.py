@@ -14,11 +14,13 @@ import pytest
 from builders import DAEMON_INFO, board_of, capped, h200, judged
 
 from gpuwatchd.api.state import STATE_FORMAT, build_state_json
-from gpuwatchd.exporter import DEFAULT_PORT, HttpServer, build_registry, parse_listen
-from gpuwatchd.exporter.http import Request, Routes, request_path
+from gpuwatchd.config.listen import DEFAULT_PORT, parse_listen
+from gpuwatchd.exporter import build_registry
 from gpuwatchd.exporter.render import MetricsRenderer
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import PollHealth, StateBoard
+from gpuwatchd.serve import HttpServer
+from gpuwatchd.serve.http import Request, Routes, request_path
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 
 R = ThrottleReason

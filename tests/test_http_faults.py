@@ -22,13 +22,14 @@ from builders import DAEMON_INFO, board_of, full_h200
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from gpuwatchd.exporter import GpuwatchdCollector, HttpServer, build_registry
+from gpuwatchd.exporter import GpuwatchdCollector, build_registry
 from gpuwatchd.exporter.collectors.gpu import GpuCollector
-from gpuwatchd.exporter.http import Limits
-from gpuwatchd.exporter.http_loop import LoopServer
 from gpuwatchd.exporter.render import MetricsRenderer
-from gpuwatchd.exporter.routes import Routes
 from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.serve import HttpServer
+from gpuwatchd.serve.http import Limits
+from gpuwatchd.serve.http_loop import LoopServer
+from gpuwatchd.serve.routes import Routes
 
 FAST = Limits(request_timeout_s=1.0, idle_timeout_s=2.0, handshake_timeout_s=1.0)
 

@@ -21,15 +21,16 @@ from builders import h200, idle
 
 from gpuwatchd.api.state import parse_gpu_state
 from gpuwatchd.client import Client
-from gpuwatchd.daemon.control_server import ControlServer, PeerCred, RequestError
 from gpuwatchd.daemon.history import SampleHistory, horizon
 from gpuwatchd.daemon.job_gate import JUDGED_BY, JobGates, job_ops
 from gpuwatchd.daemon.jobs import JobError, JobRegistry, ProcFs
 from gpuwatchd.daemon.ops import OpTable
-from gpuwatchd.exporter import DaemonInfo, HttpServer, build_registry
+from gpuwatchd.exporter import DaemonInfo, build_registry
 from gpuwatchd.gate import GateConfig, GateState
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
+from gpuwatchd.serve import HttpServer
+from gpuwatchd.serve.control import ControlServer, PeerCred, RequestError
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 
 JOB, CHILD, STRANGER, OTHER_USER = 4242, 4250, 999, 4260

@@ -11,7 +11,9 @@ import cycle fails here. Three process boundaries are checked on top of the orde
 * the worker package (``tuning.worker``) runs in its own process: nothing but the worker
   and the job side imports it, so no daemon module can pull its code (and torch) in;
 * the job side (``JOB_SIDE``: what a job's process imports) never imports the daemon,
-  its command line, its exporter or its store (``JOB_SIDE_FORBIDDEN``);
+  its command line, its exporter, its servers or its store (``JOB_SIDE_FORBIDDEN``);
+* the servers (``serve``) put rendered metrics on the wire and never reach into the
+  collectors that make them (``SERVE_FORBIDDEN``): the daemon wires collectors in;
 * torch and Triton are imported only by the worker package and the job side.
 
 Imports are read from the source (``ast``), function-level and ``TYPE_CHECKING`` ones
@@ -44,6 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("api",),
     ("exporter",),
     ("config",),
+    ("serve",),  # the HTTP server and the control socket, on one event loop
     ("daemon",),
     ("report",),
     ("cli", "__main__"),
@@ -51,7 +54,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 #: What a job imports. It may use any daemon-free layer; nothing in the daemon uses it.
 JOB_SIDE = ("client", "jobside", "torch", "triton", "triton_configs")
 #: Layers the job side may not import: the daemon's process, command line, exporter, store.
-JOB_SIDE_FORBIDDEN = ("daemon", "cli", "__main__", "exporter", "store")
+JOB_SIDE_FORBIDDEN = ("daemon", "cli", "__main__", "exporter", "serve", "store")
+#: What the servers may not import, though it sits below them.
+SERVE = "serve"
+SERVE_FORBIDDEN = ("exporter.collectors",)
 #: Job-side imports of a forbidden layer that stay, each with the reason.
 JOB_SIDE_EXCEPTIONS = {
     ("client.client", "store"): "the client reads winners from the store, read-only, "
@@ -177,6 +183,8 @@ def _violations(edges: Iterable[tuple[str, str]]) -> list[str]:
         elif s in JOB_SIDE:
             if d in JOB_SIDE_FORBIDDEN and (src, dst) not in JOB_SIDE_EXCEPTIONS:
                 out.append(f"{src} -> {dst} (job side imports the daemon's {d})")
+        elif s == SERVE and _owner(dst, SERVE_FORBIDDEN):
+            out.append(f"{src} -> {dst} (the servers import the collectors)")
         elif d in JOB_SIDE:
             if s not in TOP:
                 out.append(f"{src} -> {dst} (daemon side imports the job side)")
@@ -288,6 +296,9 @@ PLANTED = [
     ("exporter.planted", "from ..tuning.worker.stats import median\n", "imports the tuning worker"),
     ("tuning.planted", "from .worker import stats\n", "imports the tuning worker"),
     ("jobside.planted", "from gpuwatchd.exporter import metrics\n", "daemon's exporter"),
+    ("jobside.planted", "from gpuwatchd.serve.control import PeerCred\n", "daemon's serve"),
+    ("serve.planted", "from gpuwatchd.exporter.collectors.tls import X\n",
+     "the servers import the collectors"),
     ("torch", "from gpuwatchd.store import open_store\n", "daemon's store"),
     ("triton", "import gpuwatchd.store.rows\n", "daemon's store"),
     ("client.planted", "from ..store.rows import host_name\n", "daemon's store"),

@@ -17,10 +17,11 @@ import pynvml  # type: ignore[import-untyped]
 import pytest
 from fakes_nvml import FakeNvml
 
-from gpuwatchd.exporter import DaemonInfo, HttpServer, build_registry
+from gpuwatchd.exporter import DaemonInfo, build_registry
 from gpuwatchd.gate import GateConfig
 from gpuwatchd.monitor.board import GpuSnapshot, StateBoard
 from gpuwatchd.monitor.poller import Poller
+from gpuwatchd.serve import HttpServer
 from gpuwatchd.telemetry.nvml import NvmlBackend
 
 CAPPED = 'gpuwatchd_gpu_throttle_active{gpu="1",reason="sw_power_cap",uuid="GPU-fake-1"} 1.0'

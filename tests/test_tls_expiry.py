@@ -10,16 +10,20 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from builders import DAEMON_INFO, board_of, full_h200
 from prometheus_client.parser import text_string_to_metric_families
 from tls_pki import cert_pem, make_cert, server_for_localhost, write_pair
 
-from gpuwatchd.exporter import HttpServer, build_registry
-from gpuwatchd.exporter import http as http_module
-from gpuwatchd.exporter.web.certinfo import read_certificates
-from gpuwatchd.exporter.web.config import WebConfig, load_web_config
+from gpuwatchd.exporter import build_registry
+from gpuwatchd.exporter.collectors.tls import TlsCertificateCollector
+from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.serve import HttpServer
+from gpuwatchd.serve import http as http_module
+from gpuwatchd.serve.web.certinfo import read_certificates
+from gpuwatchd.serve.web.config import WebConfig, load_web_config
 
 METRIC = "gpuwatchd_tls_certificate_expiry_timestamp_seconds"
 UTC = dt.UTC
@@ -70,6 +74,14 @@ def tls_config(directory: Path, days_left: float) -> WebConfig:
     return load_web_config(path)
 
 
+def served(board: StateBoard, config: WebConfig | None = None, **kw: Any) -> HttpServer:
+    """An HTTP server whose registry exports its certificates, as the daemon wires it."""
+    registry = build_registry(board, DAEMON_INFO)
+    srv = HttpServer(board, registry, ("127.0.0.1", 0), web_config=config, **kw)
+    registry.register(TlsCertificateCollector(srv.certificates))
+    return srv
+
+
 def scrape(srv: HttpServer) -> str:
     ctx = ssl.create_default_context()
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the cert may be expired
@@ -92,9 +104,7 @@ def test_an_expired_certificate_is_warned_about_and_exported(
     config = tls_config(tmp_path, days_left=-3)
     board = board_of(full_h200())
     with caplog.at_level(logging.WARNING, logger="gpuwatchd"):
-        srv = HttpServer(
-            board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0), web_config=config
-        )
+        srv = served(board, config)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "TLS certificate 'localhost'" in warnings[0]
     assert "expired at" in warnings[0] and "renew it" in warnings[0]
@@ -110,13 +120,10 @@ def test_the_warning_repeats_periodically_and_a_reload_shows_the_renewed_cert(
 ) -> None:
     monkeypatch.setattr(http_module, "CERT_CHECK_INTERVAL_S", 0.2)
     board = board_of(full_h200())
-    registry = build_registry(board, DAEMON_INFO)
     config = tls_config(tmp_path, days_left=5)
     with (
         caplog.at_level(logging.WARNING, logger="gpuwatchd"),
-        HttpServer(
-            board, registry, ("127.0.0.1", 0), web_config=config, metrics_max_age_s=0
-        ) as srv,
+        served(board, config, metrics_max_age_s=0) as srv,
     ):
         time.sleep(0.7)
         soon = [r.getMessage() for r in caplog.records if "expires at" in r.getMessage()]
@@ -133,7 +140,7 @@ def test_the_warning_repeats_periodically_and_a_reload_shows_the_renewed_cert(
 
 def test_plain_http_exports_no_certificate() -> None:
     board = board_of(full_h200())
-    with HttpServer(board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0)) as srv:
+    with served(board) as srv:
         text = urllib.request.urlopen(srv.url + "/metrics", timeout=5).read().decode()
     assert METRIC not in text
 
@@ -142,9 +149,7 @@ def test_plain_http_exports_no_certificate() -> None:
 def test_promtool_accepts_the_metric(tmp_path: Path) -> None:
     board = board_of(full_h200())
     config = tls_config(tmp_path, days_left=30)
-    with HttpServer(
-        board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0), web_config=config
-    ) as srv:
+    with served(board, config) as srv:
         text = scrape(srv)
     assert METRIC in text
     result = subprocess.run(

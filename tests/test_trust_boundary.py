@@ -30,7 +30,7 @@ from test_daemon_user_work import call, make_config, make_daemon
 from gpuwatchd.client.control import ask
 from gpuwatchd.config import ConfigError, parse_config
 from gpuwatchd.daemon.added_workloads import ASIDE_NAME, FILE_NAME, FORMAT
-from gpuwatchd.daemon.control_server import RequestError
+from gpuwatchd.serve.control import RequestError
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.store import SqlStore, sqlite_store
 from gpuwatchd.telemetry.sim import SimBackend

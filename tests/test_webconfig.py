@@ -29,20 +29,21 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpuwatchd.exporter import HttpServer, build_registry
-from gpuwatchd.exporter.http import Limits
-from gpuwatchd.exporter.web import auth as webauth
-from gpuwatchd.exporter.web.auth import WWW_AUTHENTICATE, BasicAuth, parse_basic_credentials
-from gpuwatchd.exporter.web.config import (
+from gpuwatchd.exporter import build_registry
+from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.serve import HttpServer
+from gpuwatchd.serve.http import Limits
+from gpuwatchd.serve.web import auth as webauth
+from gpuwatchd.serve.web.auth import WWW_AUTHENTICATE, BasicAuth, parse_basic_credentials
+from gpuwatchd.serve.web.config import (
     WebConfig,
     load_web_config,
     parse_go_duration,
     parse_web_config,
 )
-from gpuwatchd.exporter.web.ratelimit import RateLimiter
-from gpuwatchd.exporter.web.security import Admission, WebSecurity
-from gpuwatchd.exporter.web.tls import ClientAuth
-from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.serve.web.ratelimit import RateLimiter
+from gpuwatchd.serve.web.security import Admission, WebSecurity
+from gpuwatchd.serve.web.tls import ClientAuth
 
 PASSWORD = "s3cret pass"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()

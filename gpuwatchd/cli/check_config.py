@@ -49,8 +49,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from gpuwatchd.config import ConfigError, check_store_access
     from gpuwatchd.daemon.process import read_web_config
-    from gpuwatchd.exporter.web.certinfo import refuse_expired
-    from gpuwatchd.exporter.web.tls import load_tls
+    from gpuwatchd.serve.web.certinfo import refuse_expired
+    from gpuwatchd.serve.web.tls import load_tls
 
     cfg, _ = load_with_overrides(args)
     try:

@@ -53,8 +53,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Start the daemon; a config, backend, store or socket problem is one line."""
     from gpuwatchd.config import ConfigError, check_store_access
-    from gpuwatchd.daemon.control_server import ControlError
     from gpuwatchd.daemon.process import Daemon, read_web_config, setup_logging
+    from gpuwatchd.serve.control import ControlError
     from gpuwatchd.store import StoreError
     from gpuwatchd.telemetry.backend import BackendUnavailable
     from gpuwatchd.telemetry.trace import TraceError
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _os_error_line(exc: OSError) -> str:
     """One line for a file or socket the daemon could not use, its name said once."""
-    from gpuwatchd.exporter.http import ListenError
+    from gpuwatchd.serve.http import ListenError
 
     if isinstance(exc, ListenError):  # its message names the address
         return exc.strerror or str(exc)

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
 def local_url(listen: str, https: bool = False) -> str:
     """The base URL of a daemon on this host listening on ``listen`` (any address: loopback)."""
-    from gpuwatchd.exporter import parse_listen
+    from gpuwatchd.config.listen import parse_listen
 
     host, port = parse_listen(listen)
     if host in ("", "0.0.0.0", "::"):

@@ -58,7 +58,7 @@ def _known_group(name: str) -> bool:
 
 
 def _valid_listen(text: str) -> bool:
-    from gpuwatchd.exporter.http import parse_listen
+    from gpuwatchd.config.listen import parse_listen
 
     try:
         parse_listen(text)

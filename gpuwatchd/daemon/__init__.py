@@ -1,1 +1,1 @@
-"""The daemon process (process.py), its control socket (control_server, ops, retune), sd_notify."""
+"""The daemon process (process.py), its control operations (ops, retune, user_ops), sd_notify."""

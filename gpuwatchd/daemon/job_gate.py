@@ -27,13 +27,13 @@ from typing import Any
 
 from gpuwatchd.api.state import snapshot_json
 from gpuwatchd.control.wire import JOB_GATE, JUDGED_FOR_JOB, REGISTER_JOB
-from gpuwatchd.daemon.control_server import PeerCred, RequestError
 from gpuwatchd.daemon.history import SampleHistory
 from gpuwatchd.daemon.jobs import Job, JobError, JobRegistry
 from gpuwatchd.daemon.ops import Op, Request, Response
 from gpuwatchd.gate import GateConfig, GateDecision, GateState
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.watch import GpuWatch
+from gpuwatchd.serve.control import PeerCred, RequestError
 from gpuwatchd.telemetry.types import normalize_uuid
 
 JUDGED_BY = JUDGED_FOR_JOB

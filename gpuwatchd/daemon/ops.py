@@ -4,7 +4,7 @@ A request names its operation in ``op``; the table checks the name and the keys 
 accepts (declared in :mod:`gpuwatchd.control.wire`), lets the op validate its values,
 and calls its handler with the caller's credentials. A new operation is its declaration
 in the wire module and one more :class:`Op` registered on the daemon's table; neither
-the table nor :class:`~gpuwatchd.daemon.control_server.ControlServer` changes.
+the table nor :class:`~gpuwatchd.serve.control.ControlServer` changes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwatchd.control.wire import UNKNOWN_OP, WireError, check_keys, op_keys
-from gpuwatchd.daemon.control_server import PeerCred, RequestError
+from gpuwatchd.serve.control import PeerCred, RequestError
 
 Request = dict[str, Any]
 Response = dict[str, Any]

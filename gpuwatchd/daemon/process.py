@@ -34,9 +34,9 @@ from gpuwatchd.config import (
     store_location,
     store_password_file,
 )
+from gpuwatchd.config.listen import parse_listen
 from gpuwatchd.daemon.added_workloads import FILE_NAME as ADDED_FILE
 from gpuwatchd.daemon.added_workloads import AddedWorkloads
-from gpuwatchd.daemon.control_server import ControlServer, default_socket_path
 from gpuwatchd.daemon.fleet_sync import FleetSync
 from gpuwatchd.daemon.history import SampleHistory
 from gpuwatchd.daemon.host_identity import HostIdentity, HostNameTaken, lease_s
@@ -56,21 +56,18 @@ from gpuwatchd.drift import (
     current_versions,
 )
 from gpuwatchd.drift.fleet import FleetSnapshot, clock_max_age_s
-from gpuwatchd.exporter import (
-    DaemonInfo,
-    HttpServer,
-    build_registry,
-    build_state_json,
-    parse_listen,
-)
+from gpuwatchd.exporter import DaemonInfo, build_registry, build_state_json
 from gpuwatchd.exporter.collectors.base import Versioned
 from gpuwatchd.exporter.collectors.drift import DriftCollector
 from gpuwatchd.exporter.collectors.fleet import FleetCollector
 from gpuwatchd.exporter.collectors.store import StoreCollector
+from gpuwatchd.exporter.collectors.tls import TlsCertificateCollector
 from gpuwatchd.exporter.collectors.tuning import TuningCollector
-from gpuwatchd.exporter.web.config import WebConfig, load_web_config
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
+from gpuwatchd.serve import HttpServer
+from gpuwatchd.serve.control import ControlServer, default_socket_path
+from gpuwatchd.serve.web.config import WebConfig, load_web_config
 from gpuwatchd.sessions.fleet import fleet_policy
 from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
 from gpuwatchd.sessions.readiness import WorkerProbe
@@ -339,6 +336,7 @@ class Daemon:
             web_config=read_web_config(cfg),
             json_routes={"/api/v1/winners": self.winners.document},
         )
+        self.registry.register(TlsCertificateCollector(self.http.certificates))
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
         )

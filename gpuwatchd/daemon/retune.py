@@ -1,6 +1,6 @@
 """The ``retune`` and ``status`` control operations: queue tuning work, show what is queued.
 
-On the wire (see :mod:`gpuwatchd.daemon.control_server` for the framing)::
+On the wire (see :mod:`gpuwatchd.serve.control` for the framing)::
 
     {"op": "retune", "gpu": 0, "workloads": ["sim-gemm"]}
         -> {"ok": true, "queued": {"0": ["sim-gemm"]}}
@@ -18,8 +18,8 @@ from typing import Protocol
 
 from gpuwatchd.config import Config
 from gpuwatchd.control.wire import RETUNE, STATUS
-from gpuwatchd.daemon.control_server import PeerCred, RequestError
 from gpuwatchd.daemon.ops import Op, Request, Response
+from gpuwatchd.serve.control import PeerCred, RequestError
 from gpuwatchd.tuning.types import Workload
 
 MANUAL_REASON = "manual request"

@@ -1,6 +1,6 @@
 """The control operations of users' own work: kernel tuning requests and added workloads.
 
-On the wire (framing in :mod:`gpuwatchd.daemon.control_server`)::
+On the wire (framing in :mod:`gpuwatchd.serve.control`)::
 
     {"op": "tune_kernel", "request": {...gpuwatchd-kernel-request/1...}}
         -> {"ok": true, "workload": "triton.user:mod.kernel@1a2b3c4d/n=4096;float16",
@@ -33,9 +33,9 @@ from gpuwatchd.control.wire import (
     check_page,
     page,
 )
-from gpuwatchd.daemon.control_server import PeerCred, RequestError
 from gpuwatchd.daemon.ops import Op, Request, Response
 from gpuwatchd.daemon.user_work import TrustRefused, UserWork, UserWorkError
+from gpuwatchd.serve.control import PeerCred, RequestError
 from gpuwatchd.tuning.kernels import FAMILY, KernelRequest, KernelRequestError
 from gpuwatchd.tuning.kernels import MAX_NAME_CHARS as MAX_KERNEL_NAME_CHARS
 from gpuwatchd.tuning.types import Workload

@@ -1,4 +1,7 @@
-"""Prometheus exporter and read-only HTTP API over the daemon's state board."""
+"""Prometheus exporter over the daemon's state board: collectors, registry, formats.
+
+The servers that put it on the wire live in :mod:`gpuwatchd.serve`.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +9,13 @@ from gpuwatchd.api.state import build_state_json
 from gpuwatchd.exporter.collectors.base import GpuwatchdCollector, SubCollector
 from gpuwatchd.exporter.collectors.build_info import DaemonInfo
 from gpuwatchd.exporter.collectors.gpu import GpuCollector
-from gpuwatchd.exporter.http import HttpServer, Routes, parse_listen
 from gpuwatchd.exporter.registry import build_registry
 
-#: Default TCP port of the HTTP server. Not 9400 (dcgm-exporter) nor 9835
-#: (nvidia_gpu_exporter), so gpuwatchd can run beside either.
-DEFAULT_PORT = 9844
-
 __all__ = [
-    "DEFAULT_PORT",
     "DaemonInfo",
     "GpuCollector",
     "GpuwatchdCollector",
-    "HttpServer",
-    "Routes",
     "SubCollector",
     "build_registry",
     "build_state_json",
-    "parse_listen",
 ]

@@ -7,22 +7,35 @@ start failing (``... - time() < 14 * 86400``). Absent while the server speaks pl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from gpuwatchd.exporter.web.security import WebSecurity
+
+class ServedCertificate(Protocol):
+    """What the exporter shows of one certificate the HTTP server serves."""
+
+    @property
+    def source(self) -> str: ...
+    @property
+    def subject_cn(self) -> str: ...
+    @property
+    def serial_number(self) -> str: ...
+    @property
+    def not_after(self) -> float: ...
 
 
 class TlsCertificateCollector:
-    """Reads the HTTP server's live web config, so a reload shows the renewed certificate."""
+    """Asks the HTTP server for its certificates at each scrape, so a reload shows the
+    renewed certificate."""
 
-    def __init__(self, security: Callable[[], WebSecurity | None]) -> None:
-        self._security = security
+    def __init__(self, certificates: Callable[[], Sequence[ServedCertificate]]) -> None:
+        self._certificates = certificates
 
     def collect(self) -> Iterator[Metric]:
-        security = self._security()
-        if security is None or not security.certificates:
+        certificates = self._certificates()
+        if not certificates:
             return
         family = GaugeMetricFamily(
             "gpuwatchd_tls_certificate_expiry_timestamp_seconds",
@@ -31,6 +44,6 @@ class TlsCertificateCollector:
             labels=("cert", "subject_cn", "serial_number"),
             unit="seconds",
         )
-        for cert in security.certificates:
+        for cert in certificates:
             family.add_metric([cert.source, cert.subject_cn, cert.serial_number], cert.not_after)
         yield family

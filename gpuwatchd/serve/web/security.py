@@ -1,7 +1,7 @@
 """A web config made live: what the HTTP server checks on each connection and request.
 
 :class:`WebSecurity` bundles the SSL context, the authenticator, the rate limiter and
-the extra headers built from one :class:`~gpuwatchd.exporter.web.config.WebConfig`; the
+the extra headers built from one :class:`~gpuwatchd.serve.web.config.WebConfig`; the
 server swaps the whole object on a reload, so no request sees half of each config. What
 a reload should not forget (verified credentials, the limiter's tokens while its settings
 stay) is carried over from the object it replaces.
@@ -16,11 +16,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwatchd.exporter.web.auth import BasicAuth
-from gpuwatchd.exporter.web.certinfo import CertInfo
-from gpuwatchd.exporter.web.config import WebConfig
-from gpuwatchd.exporter.web.ratelimit import RateLimiter
-from gpuwatchd.exporter.web.tls import load_tls, peer_has_allowed_san
+from gpuwatchd.serve.web.auth import BasicAuth
+from gpuwatchd.serve.web.certinfo import CertInfo
+from gpuwatchd.serve.web.config import WebConfig
+from gpuwatchd.serve.web.ratelimit import RateLimiter
+from gpuwatchd.serve.web.tls import load_tls, peer_has_allowed_san
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 /metrics, the /api/v1 JSON documents, /healthz and an index. Every route reads
 in-memory state only; no request ever starts GPU work. The HTTP server
-(:mod:`gpuwatchd.exporter.http`) handles the wire, TLS and admission around it.
+(:mod:`gpuwatchd.serve.http`) handles the wire, TLS and admission around it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 One asyncio loop in one thread holds every connection, so an idle or dripping client
 costs a file descriptor and a few hundred bytes, never a thread. Routes run on a small
-thread pool, bcrypt on its own (:mod:`gpuwatchd.exporter.web.logins`). Limits:
+thread pool, bcrypt on its own (:mod:`gpuwatchd.serve.web.logins`). Limits:
 
 * at most ``max_connections`` at once (and at most half the fd limit); at the cap, or when
   ``accept()`` runs out of file descriptors, the connection waiting longest for a request
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from gpuwatchd.exporter.http_wire import (
+from gpuwatchd.serve.http_wire import (
     MAX_BODY,
     MAX_HEAD,
     HeadScanner,
@@ -45,12 +45,12 @@ from gpuwatchd.exporter.http_wire import (
     frame_response,
     parse_head,
 )
-from gpuwatchd.exporter.routes import Request, Response, Routes, error_response
-from gpuwatchd.exporter.web.auth import WWW_AUTHENTICATE
-from gpuwatchd.exporter.web.logins import LoginPool
-from gpuwatchd.exporter.web.security import Admission, WebSecurity
+from gpuwatchd.serve.routes import Request, Response, Routes, error_response
+from gpuwatchd.serve.web.auth import WWW_AUTHENTICATE
+from gpuwatchd.serve.web.logins import LoginPool
+from gpuwatchd.serve.web.security import Admission, WebSecurity
 
-log = logging.getLogger("gpuwatchd.exporter.http")
+log = logging.getLogger("gpuwatchd.serve.http")
 
 #: What a plain-HTTP client on the TLS port gets (the words Go's net/http uses).
 PLAIN_HTTP_ON_TLS = (

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from gpuwatchd.exporter.web.tls import (
+from gpuwatchd.serve.web.tls import (
     CIPHERS,
     CLIENT_AUTH_ALIASES,
     CURVES,
@@ -127,7 +127,7 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
 
     Raises ValueError with one line naming the file and the bad key.
     """
-    from gpuwatchd.exporter.web.strict_yaml import load_strict  # PyYAML: only to read one
+    from gpuwatchd.serve.web.strict_yaml import load_strict  # PyYAML: only to read one
 
     source = Path(path)
     try:

@@ -13,7 +13,7 @@ import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from gpuwatchd.exporter.web.security import Admission, WebSecurity
+from gpuwatchd.serve.web.security import Admission, WebSecurity
 
 #: Concurrent bcrypt checks: enough that one flood leaves room for scrapers, few enough
 #: that a flood from many addresses cannot take every core.

@@ -4,7 +4,7 @@
 SSLContext, reading every certificate and key file each time it runs: the HTTP server
 calls it again on a reload (SIGHUP), which is how renewed certificates are picked up.
 Where :mod:`ssl` cannot do what Go does, the web config refuses the setting or
-:mod:`gpuwatchd.exporter.web.config` states the difference.
+:mod:`gpuwatchd.serve.web.config` states the difference.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.exporter.web.certinfo import CertInfo, read_certificates
+from gpuwatchd.serve.web.certinfo import CertInfo, read_certificates
 from gpuwatchd.validate import one_line
 
 

@@ -2,19 +2,17 @@
 """The read-only HTTP server: /metrics, the /api/v1 JSON documents, /healthz, an index.
 
 Three layers, so TLS and basic auth wrap the socket side without touching routing:
-:class:`~gpuwatchd.exporter.routes.Routes` maps a request to a response (no sockets),
-:mod:`~gpuwatchd.exporter.http_loop` holds the connections on one event loop (cap,
+:class:`~gpuwatchd.serve.routes.Routes` maps a request to a response (no sockets),
+:mod:`~gpuwatchd.serve.http_loop` holds the connections on one event loop (cap,
 deadlines, TLS, admission) and :class:`HttpServer` owns the listening socket and the
-web config. The web config (:mod:`gpuwatchd.exporter.web.config`) is the exporter-toolkit
-format; :class:`~gpuwatchd.exporter.web.security.WebSecurity` is that config made live.
+web config. The web config (:mod:`gpuwatchd.serve.web.config`) is the exporter-toolkit
+format; :class:`~gpuwatchd.serve.web.security.WebSecurity` is that config made live.
 Every route reads in-memory state only; no request ever starts GPU work.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import re
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,10 +20,11 @@ from typing import Any
 from prometheus_client.registry import CollectorRegistry
 
 from gpuwatchd.api.state import build_state_json
-from gpuwatchd.exporter.collectors.tls import TlsCertificateCollector
-from gpuwatchd.exporter.http_loop import DEFAULT_LIMITS, Limits, LoopServer
+from gpuwatchd.config.listen import format_listen
 from gpuwatchd.exporter.render import DEFAULT_MAX_AGE_S, MetricsRenderer
-from gpuwatchd.exporter.routes import (
+from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.serve.http_loop import DEFAULT_LIMITS, Limits, LoopServer
+from gpuwatchd.serve.routes import (
     ALLOWED_METHODS,
     JsonRoute,
     Request,
@@ -35,9 +34,9 @@ from gpuwatchd.exporter.routes import (
     json_response,
     request_path,
 )
-from gpuwatchd.exporter.web.config import WebConfig
-from gpuwatchd.exporter.web.security import WebSecurity
-from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.serve.web.certinfo import CertInfo
+from gpuwatchd.serve.web.config import WebConfig
+from gpuwatchd.serve.web.security import WebSecurity
 
 __all__ = [
     "ALLOWED_METHODS",
@@ -48,9 +47,7 @@ __all__ = [
     "Response",
     "Routes",
     "error_response",
-    "format_listen",
     "json_response",
-    "parse_listen",
     "request_path",
 ]
 
@@ -59,49 +56,6 @@ log = logging.getLogger(__name__)
 #: How often served certificates are checked for (coming) expiry after the load-time check.
 CERT_CHECK_INTERVAL_S = 3600.0
 _LISTEN_BACKLOG = 512  # scrapers connecting at once must not find the SYN queue full
-_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``"HOST:PORT"`` -> ``(host, port)``; ``":9844"`` is every interface, IPv6 in brackets.
-
-    Raises ValueError with a one-line message naming the bad part.
-    """
-    value = text.strip()
-    where = f"listen address {text!r}"
-    if value.startswith("["):
-        end = value.find("]")
-        if end < 0:
-            raise ValueError(f"{where}: missing ']' after the IPv6 address")
-        host, rest = value[1:end], value[end + 1 :]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{where}: {host!r} is not an IPv6 address") from None
-        if not rest.startswith(":"):
-            raise ValueError(f"{where}: expected ':PORT' after ']', e.g. [::1]:9844")
-        port_text = rest[1:]
-    else:
-        host, sep, port_text = value.rpartition(":")
-        if not sep:
-            raise ValueError(f"{where}: expected HOST:PORT, e.g. 127.0.0.1:9844 or :9844")
-        if ":" in host:
-            raise ValueError(f"{where}: put an IPv6 address in brackets, e.g. [::1]:9844")
-        if host and not _HOSTNAME.match(host):
-            raise ValueError(f"{where}: host {host!r} is not a valid hostname or IP address")
-    if not port_text:
-        raise ValueError(f"{where}: missing port")
-    if not (port_text.isascii() and port_text.isdigit()):
-        raise ValueError(f"{where}: port {port_text!r} is not a number")
-    port = int(port_text)
-    if port > 65535:
-        raise ValueError(f"{where}: port {port} is out of range 0-65535")
-    return host, port
-
-
-def format_listen(host: str, port: int) -> str:
-    """Inverse of :func:`parse_listen` (brackets IPv6 hosts)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class ListenError(OSError):
@@ -164,8 +118,7 @@ class HttpServer:
     ``web_config`` adds TLS, basic auth, rate limiting and response headers; None serves
     plain, open HTTP. Raises ValueError when its certificate files cannot be loaded.
     ``limits`` sets the connection cap and deadlines. The served TLS certificates'
-    expiry is exported through ``collector_registry``
-    (``gpuwatchd_tls_certificate_expiry_timestamp_seconds``) and warned about in the log.
+    expiry is warned about in the log; :meth:`certificates` lists them for the exporter.
     """
 
     def __init__(
@@ -190,7 +143,6 @@ class HttpServer:
         self._security = WebSecurity(web_config) if web_config is not None else None
         if self._security is not None:
             self._security.warn_about_expiry()
-        collector_registry.register(TlsCertificateCollector(lambda: self._security))
         self._server: LoopServer | None = None
 
     def reload_web_config(self, web_config: WebConfig | None) -> None:
@@ -211,6 +163,11 @@ class HttpServer:
         )
         if security is not None:
             security.warn_about_expiry()
+
+    def certificates(self) -> tuple[CertInfo, ...]:
+        """The certificates served now (leaf first); empty over plain HTTP."""
+        security = self._security
+        return security.certificates if security is not None else ()
 
     @property
     def tls(self) -> bool:
