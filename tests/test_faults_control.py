@@ -381,3 +381,40 @@ def test_every_op_the_daemon_serves_is_declared_on_the_wire(short_dir: Path) -> 
         assert set(d.control_ops.names) == set(wire.OPS)
     finally:
         d.store.close()
+
+
+def test_a_busy_answer_sent_before_the_request_was_read_still_reaches_the_client(
+    short_dir: Path,
+) -> None:
+    """The server turns a client away at accept and closes: the client's send then fails
+    (EPIPE), and the busy line already in its receive buffer is still its answer."""
+    from gpuwatchd.client.control import ask
+
+    path = short_dir / "c.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    closed = threading.Event()
+
+    def turn_away() -> None:
+        conn, _ = listener.accept()
+        conn.sendall((json.dumps(wire.busy_answer("too many control connections")) + "\n").encode())
+        conn.close()
+        closed.set()
+
+    server = threading.Thread(target=turn_away)
+    server.start()
+    real_connect = socket.socket.connect
+
+    def connect_then_wait(self: socket.socket, address: Any) -> None:
+        real_connect(self, address)
+        assert closed.wait(5)  # the server has answered and closed before we send
+
+    try:
+        socket.socket.connect = connect_then_wait  # type: ignore[method-assign]
+        answer = ask(path, '{"op":"status"}', timeout=5.0, patience_s=0)
+    finally:
+        socket.socket.connect = real_connect  # type: ignore[method-assign]
+        server.join(5)
+        listener.close()
+    assert answer["ok"] is False and wire.is_busy(answer)

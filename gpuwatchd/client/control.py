@@ -11,6 +11,7 @@ for up to ``patience_s``; the caller sees a busy answer only once that ran out.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -72,7 +73,9 @@ def _ask_once(where: Path, line: str, timeout: float) -> dict[str, Any]:
     sock.settimeout(timeout)
     try:
         sock.connect(os.fspath(where))
-        sock.sendall(line.encode() + b"\n")
+        # Turned away (busy) before the request was read: the answer is waiting anyway.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(line.encode() + b"\n")
         data = _read_line(sock)
     except OSError as e:
         raise Unreachable(_unreachable(where, e)) from None

@@ -67,6 +67,7 @@ from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.serve import HttpServer
 from gpuwatchd.serve.control import ControlServer, default_socket_path
+from gpuwatchd.serve.loop import ServeLoop
 from gpuwatchd.serve.web.config import WebConfig, load_web_config
 from gpuwatchd.sessions.fleet import fleet_policy
 from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
@@ -328,6 +329,8 @@ class Daemon:
                 ),
             ],
         )
+        # The HTTP server and the control socket share one event loop and its thread.
+        self.serve_loop = ServeLoop()
         self.http = HttpServer(
             self.board,
             self.registry,
@@ -335,6 +338,7 @@ class Daemon:
             state_json=self.state_json,
             web_config=read_web_config(cfg),
             json_routes={"/api/v1/winners": self.winners.document},
+            serve_loop=self.serve_loop,
         )
         self.registry.register(TlsCertificateCollector(self.http.certificates))
         self.scheduler = BackgroundScheduler(
@@ -353,6 +357,7 @@ class Daemon:
             cfg.daemon.control_socket or default_socket_path(),
             self.control_ops,
             allowed_group=cfg.daemon.control_group or None,
+            serve_loop=self.serve_loop,
         )
         self.notifier = Notifier.from_env()
         self._stop = threading.Event()

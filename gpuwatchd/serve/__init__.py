@@ -1,5 +1,6 @@
 """The daemon's servers: the read-only HTTP endpoint and the control socket.
 
+Both hold their connections on one event loop (:class:`gpuwatchd.serve.loop.ServeLoop`).
 What they serve comes from below: the exporter's rendered metrics, the JSON API, the
 daemon's op table (handed in); no server module imports a collector.
 """

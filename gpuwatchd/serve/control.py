@@ -8,27 +8,29 @@ optional ``control_group``. One JSON object per line in, one per line out (the w
 
 This module knows nothing of what the operations mean: it decodes the line into a JSON
 object and hands it, with the caller's credentials, to a :data:`Handler` (in the daemon,
-an :class:`~gpuwatchd.daemon.ops.OpTable`). Each connection gets its own thread (at most
-``max_clients``, of which one user holds at most ``max_per_peer``) and a short deadline
-for its request line, so a silent, slow or garbage-sending client, or one user's pile of
-idle connections, never holds up anybody else: they get ``busy`` and ask again.
+an :class:`~gpuwatchd.daemon.ops.OpTable`). Connections are held on the servers' event
+loop (:class:`~gpuwatchd.serve.loop.ServeLoop`, shared with the HTTP server), at most
+``max_clients`` at once, of which one user holds at most ``max_per_peer``, each with a
+short deadline for its request line, so a silent, slow or garbage-sending client, or one
+user's pile of idle connections, never holds up anybody else (they get ``busy`` and ask
+again) and costs no thread. The handler runs on a pool of ``max_clients`` threads: an
+operation may wait on a lock or the store, and the loop must not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import grp
 import json
 import logging
 import os
 import pwd
-import selectors
 import socket
 import stat
 import struct
-import threading
-import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from gpuwatchd.control.wire import (
     busy_answer,
     error_answer,
 )
+from gpuwatchd.serve.loop import ServeLoop
 from gpuwatchd.validate import load_json
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ SYSTEM_SOCKET_DIR = SYSTEM_RUNTIME_DIR
 SOCKET_MODE = 0o660
 DIR_MODE = 0o750
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python lacks the name
+_ACCEPT_BACKOFF_S = 0.1  # after a failed accept() (out of fds): never spin on the listener
 
 
 class ControlError(Exception):
@@ -107,13 +111,21 @@ class PeerPolicy:
             except KeyError:
                 raise ControlError(f"control_group: no group named {group!r}") from None
 
-    def __call__(self, peer: PeerCred) -> bool:
+    def at_once(self, peer: PeerCred) -> bool | None:
+        """The verdict from the credentials alone, or None when it needs the group
+        database (which may be a slow network service: not for the event loop)."""
         if peer.uid in (0, self.own_uid):
             return True
         if self.gid is None:
             return False
         if peer.gid == self.gid or self.gid in peer.groups:
             return True
+        return None
+
+    def __call__(self, peer: PeerCred) -> bool:
+        verdict = self.at_once(peer)
+        if verdict is not None or self.gid is None:
+            return bool(verdict)
         try:  # listed in /etc/group but not (yet) in this process's groups
             name = pwd.getpwuid(peer.uid).pw_name
             return name in grp.getgrgid(self.gid).gr_mem
@@ -158,7 +170,8 @@ class _ClientGone(Exception):
 class ControlServer:
     """Serves ``handler`` on a Unix socket at ``path``; see the module docstring.
 
-    ``allowed`` replaces the default :class:`PeerPolicy` (root, own uid, ``allowed_group``).
+    ``allowed`` replaces the default :class:`PeerPolicy` (root, own uid, ``allowed_group``);
+    ``serve_loop`` is the loop shared with the HTTP server (None: a loop of its own).
     """
 
     def __init__(
@@ -171,6 +184,7 @@ class ControlServer:
         max_clients: int = MAX_CLIENTS,
         max_per_peer: int = MAX_CLIENTS_PER_PEER,
         client_timeout_s: float = CLIENT_TIMEOUT_S,
+        serve_loop: ServeLoop | None = None,
     ) -> None:
         self.path = Path(path)
         self.handler = handler
@@ -180,13 +194,14 @@ class ControlServer:
         self.client_timeout_s = client_timeout_s
         self.max_clients = max_clients
         self.max_per_peer = max_per_peer
+        self._given_loop = serve_loop
+        self._serve_loop: ServeLoop | None = None
+        # Touched on the loop's thread only:
         self._per_peer: dict[int, int] = {}  # open connections by uid
         self._active: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
+        self._clients: set[asyncio.Task[None]] = set()
+        self._workers: ThreadPoolExecutor | None = None
         self._sock: socket.socket | None = None
-        self._wake: tuple[socket.socket, socket.socket] | None = None
-        self._thread: threading.Thread | None = None
         self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
 
     # -- lifecycle -------------------------------------------------------------------
@@ -208,30 +223,27 @@ class ControlServer:
         self._sock = sock
         st = os.lstat(self.path)
         self._ident = (st.st_dev, st.st_ino)
-        self._wake = socket.socketpair()
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._serve, name="gpuwatchd-control", daemon=True)
-        self._thread.start()
+        self._workers = ThreadPoolExecutor(self.max_clients, "gpuwatchd-control")
+        serve_loop = self._given_loop or ServeLoop("gpuwatchd-control")
+        serve_loop.acquire()
+        self._serve_loop = serve_loop
+        loop = serve_loop.loop
+        loop.call_soon_threadsafe(loop.add_reader, sock.fileno(), self._accept)
         group = f", group {self._policy.group}" if self._policy.group else ""
         log.info("control socket listening on %s (mode 0660%s)", self.path, group)
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop accepting, cut open connections, and remove the socket file if still ours."""
-        if self._sock is None or self._wake is None:
+        serve_loop = self._serve_loop
+        if self._sock is None or serve_loop is None:
             return
-        self._stopping.set()
-        self._wake[1].send(b"x")
-        if self._thread is not None:
-            self._thread.join(timeout)
-        with self._lock:
-            active = list(self._active)
-        for conn in active:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-        for s in self._wake:
-            s.close()
-        self._sock = self._wake = self._thread = None
+        serve_loop.run(self._shutdown, timeout)
+        serve_loop.release(timeout)
+        self._serve_loop = None
+        if self._workers is not None:
+            self._workers.shutdown(wait=False, cancel_futures=True)
+        self._sock.close()  # a no-op when the loop closed it
+        self._sock = self._workers = None
         try:
             st = os.lstat(self.path)
             if (st.st_dev, st.st_ino) == self._ident:  # never remove a successor's socket
@@ -339,27 +351,45 @@ class ControlServer:
 
     # -- serving ---------------------------------------------------------------------
 
-    def _serve(self) -> None:
-        assert self._sock is not None and self._wake is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._sock, selectors.EVENT_READ, "accept")
-            sel.register(self._wake[0], selectors.EVENT_READ, "wake")
-            while not self._stopping.is_set():
-                for key, _ in sel.select():
-                    if key.data == "wake":
-                        return
-                    self._accept(self._sock)
+    def _shutdown(self) -> None:
+        """On the loop: stop accepting and end every client's task (their finally closes)."""
+        assert self._sock is not None
+        with contextlib.suppress(ValueError, OSError):
+            self._loop().remove_reader(self._sock.fileno())
+        self._sock.close()
+        for task in list(self._clients):
+            task.cancel()
+        for conn in list(self._active):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
-    def _accept(self, listener: socket.socket) -> None:
-        try:
-            conn, _ = listener.accept()
-        except BlockingIOError:
-            return  # the client gave up between select and accept
-        except OSError as exc:  # EMFILE and friends: back off instead of spinning
-            log.warning("control socket: accept failed: %s", _why(exc))
-            self._stopping.wait(0.1)
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        assert self._serve_loop is not None
+        return self._serve_loop.loop
+
+    def _accept(self) -> None:
+        listener = self._sock
+        if listener is None or listener.fileno() < 0:
             return
-        conn.settimeout(self.client_timeout_s)
+        for _ in range(self.max_clients + 1):  # a burst, not an unbounded flood, per wake-up
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return  # none left, or the client gave up between wake-up and accept
+            except OSError as exc:  # EMFILE and friends: back off instead of spinning
+                log.warning("control socket: accept failed: %s", _why(exc))
+                loop = self._loop()
+                loop.remove_reader(listener.fileno())
+                loop.call_later(_ACCEPT_BACKOFF_S, self._resume_accept)
+                return
+            self._admit(conn)
+
+    def _resume_accept(self) -> None:
+        if self._sock is not None and self._sock.fileno() >= 0:
+            self._loop().add_reader(self._sock.fileno(), self._accept)
+
+    def _admit(self, conn: socket.socket) -> None:
+        conn.setblocking(False)
         try:
             peer = peer_credentials(conn)
         except OSError:
@@ -368,31 +398,28 @@ class ControlServer:
         why = self._take_slot(conn, peer.uid)
         if why is not None:
             log.warning("control socket: %s, turning uid %d away (busy)", why, peer.uid)
-            self._reply(conn, busy_answer(why))
+            with contextlib.suppress(OSError):  # one short line into an empty socket buffer
+                conn.send(_encode(busy_answer(why)))
             conn.close()
             return
-        threading.Thread(
-            target=self._serve_client,
-            args=(conn, peer),
-            name="gpuwatchd-control-client",
-            daemon=True,
-        ).start()
+        task = self._loop().create_task(self._serve_client(conn, peer))
+        self._clients.add(task)
+        task.add_done_callback(self._clients.discard)
 
     def _take_slot(self, conn: socket.socket, uid: int) -> str | None:
         """Count ``conn`` in, or say why not: all slots taken, or this user's share."""
-        with self._lock:
-            if len(self._active) >= self.max_clients:
-                return "too many control connections"
-            if self._per_peer.get(uid, 0) >= self.max_per_peer:
-                return f"too many control connections from uid {uid}"
-            self._active.add(conn)
-            self._per_peer[uid] = self._per_peer.get(uid, 0) + 1
-            return None
+        if len(self._active) >= self.max_clients:
+            return "too many control connections"
+        if self._per_peer.get(uid, 0) >= self.max_per_peer:
+            return f"too many control connections from uid {uid}"
+        self._active.add(conn)
+        self._per_peer[uid] = self._per_peer.get(uid, 0) + 1
+        return None
 
-    def _serve_client(self, conn: socket.socket, peer: PeerCred) -> None:
-        deadline = time.monotonic() + self.client_timeout_s
+    async def _serve_client(self, conn: socket.socket, peer: PeerCred) -> None:
+        deadline = self._loop().time() + self.client_timeout_s
         try:
-            if not self._allowed(peer):
+            if not await self._permitted(peer):
                 log.warning(
                     "control socket: refused uid %d gid %d (pid %d): not allowed to use it",
                     peer.uid,
@@ -400,24 +427,39 @@ class ControlServer:
                     peer.pid,
                 )
                 allowed = f" (allowed: {self._who})" if self._who else ""
-                self._reply(conn, error_answer(f"permission denied for uid {peer.uid}{allowed}"))
+                denied = f"permission denied for uid {peer.uid}{allowed}"
+                await self._reply(conn, error_answer(denied))
                 return
-            self._reply(conn, self._answer(conn, deadline, peer))
+            await self._reply(conn, await self._answer(conn, deadline, peer))
         except (_ClientGone, OSError):
             pass
         finally:
-            with self._lock:
-                self._active.discard(conn)
-                left = self._per_peer.pop(peer.uid, 1) - 1
-                if left:
-                    self._per_peer[peer.uid] = left
+            self._active.discard(conn)
+            left = self._per_peer.pop(peer.uid, 1) - 1
+            if left:
+                self._per_peer[peer.uid] = left
             conn.close()
 
-    def _answer(self, conn: socket.socket, deadline: float, peer: PeerCred) -> dict[str, Any]:
+    async def _permitted(self, peer: PeerCred) -> bool:
+        """The peer policy's verdict; off the loop when it needs the group database."""
+        if self._allowed is self._policy:
+            verdict = self._policy.at_once(peer)
+            if verdict is not None:
+                return verdict
+        return bool(await self._off_loop(self._allowed, peer))
+
+    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
-            request = decode_request(self._read_line(conn, deadline))
+            return await self._loop().run_in_executor(self._workers, fn, *args)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            raise _ClientGone from None
+
+    async def _answer(self, conn: socket.socket, deadline: float, peer: PeerCred) -> dict[str, Any]:
+        try:
+            request = decode_request(await self._read_line(conn, deadline))
             log.debug("control socket: %s from uid %d (pid %d)", request, peer.uid, peer.pid)
-            return self.handler(request, peer)
+            answer: dict[str, Any] = await self._off_loop(self.handler, request, peer)
+            return answer
         except RequestError as exc:
             return error_answer(str(exc))
         except _ClientGone:
@@ -426,8 +468,9 @@ class ControlServer:
             log.exception("control socket: request handler failed")
             return error_answer(f"internal error: {type(exc).__name__}: {exc}")
 
-    def _read_line(self, conn: socket.socket, deadline: float) -> bytes:
+    async def _read_line(self, conn: socket.socket, deadline: float) -> bytes:
         """One request line (or everything up to EOF), within the deadline and size cap."""
+        loop = self._loop()
         buf = bytearray()
         while True:
             nl = buf.find(b"\n")
@@ -435,12 +478,11 @@ class ControlServer:
                 raise RequestError(f"request line longer than {MAX_LINE} bytes")
             if nl >= 0:
                 return bytes(buf[:nl])
-            remaining = deadline - time.monotonic()
+            remaining = deadline - loop.time()
             if remaining <= 0:
                 raise RequestError(f"no complete request line within {self.client_timeout_s:g} s")
-            conn.settimeout(remaining)
             try:
-                chunk = conn.recv(65536)
+                chunk = await asyncio.wait_for(loop.sock_recv(conn, 65536), remaining)
             except TimeoutError:
                 continue  # the deadline check above answers
             except OSError:
@@ -451,13 +493,17 @@ class ControlServer:
                 raise _ClientGone
             buf += chunk
 
-    def _reply(self, conn: socket.socket, response: dict[str, Any]) -> None:
-        data = (json.dumps(response, separators=(",", ":")) + "\n").encode()
+    async def _reply(self, conn: socket.socket, response: dict[str, Any]) -> None:
         try:
-            conn.settimeout(self.client_timeout_s)
-            conn.sendall(data)
-        except OSError as exc:
-            log.debug("control socket: could not answer a client: %s", _why(exc))
+            await asyncio.wait_for(
+                self._loop().sock_sendall(conn, _encode(response)), self.client_timeout_s
+            )
+        except (OSError, TimeoutError) as exc:
+            log.debug("control socket: could not answer a client: %s", exc)
+
+
+def _encode(response: dict[str, Any]) -> bytes:
+    return (json.dumps(response, separators=(",", ":")) + "\n").encode()
 
 
 def _why(exc: OSError) -> str:

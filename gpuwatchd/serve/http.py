@@ -24,6 +24,7 @@ from gpuwatchd.config.listen import format_listen
 from gpuwatchd.exporter.render import DEFAULT_MAX_AGE_S, MetricsRenderer
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.serve.http_loop import DEFAULT_LIMITS, Limits, LoopServer
+from gpuwatchd.serve.loop import ServeLoop
 from gpuwatchd.serve.routes import (
     ALLOWED_METHODS,
     JsonRoute,
@@ -117,7 +118,8 @@ class HttpServer:
     board is unchanged (see :mod:`gpuwatchd.exporter.render`); 0 renders every scrape.
     ``web_config`` adds TLS, basic auth, rate limiting and response headers; None serves
     plain, open HTTP. Raises ValueError when its certificate files cannot be loaded.
-    ``limits`` sets the connection cap and deadlines. The served TLS certificates'
+    ``limits`` sets the connection cap and deadlines; ``serve_loop`` is the loop shared
+    with the control socket (None: a loop of its own). The served TLS certificates'
     expiry is warned about in the log; :meth:`certificates` lists them for the exporter.
     """
 
@@ -132,6 +134,7 @@ class HttpServer:
         web_config: WebConfig | None = None,
         json_routes: Mapping[str, JsonRoute] | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        serve_loop: ServeLoop | None = None,
     ) -> None:
         host, port = listen
         if not 0 <= port <= 65535:
@@ -143,6 +146,7 @@ class HttpServer:
         self._security = WebSecurity(web_config) if web_config is not None else None
         if self._security is not None:
             self._security.warn_about_expiry()
+        self._serve_loop = serve_loop
         self._server: LoopServer | None = None
 
     def reload_web_config(self, web_config: WebConfig | None) -> None:
@@ -178,7 +182,13 @@ class HttpServer:
         """Bind and serve in the background; raises :class:`ListenError` on failure."""
         if self._server is not None:
             raise RuntimeError("HttpServer already started")
-        server = LoopServer(_bind(*self._listen), self.routes, lambda: self._security, self._limits)
+        server = LoopServer(
+            _bind(*self._listen),
+            self.routes,
+            lambda: self._security,
+            self._limits,
+            self._serve_loop,
+        )
         server.call_every(CERT_CHECK_INTERVAL_S, self._check_certificates)
         server.start()
         self._server = server

@@ -28,7 +28,6 @@ import logging
 import resource
 import socket
 import ssl
-import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +44,7 @@ from gpuwatchd.serve.http_wire import (
     frame_response,
     parse_head,
 )
+from gpuwatchd.serve.loop import ServeLoop
 from gpuwatchd.serve.routes import Request, Response, Routes, error_response
 from gpuwatchd.serve.web.auth import WWW_AUTHENTICATE
 from gpuwatchd.serve.web.logins import LoginPool
@@ -118,6 +118,7 @@ class LoopServer:
         routes: Routes,
         security: Callable[[], WebSecurity | None],
         limits: Limits = DEFAULT_LIMITS,
+        serve_loop: ServeLoop | None = None,
     ) -> None:
         self.listener = listener
         self.routes = routes
@@ -127,73 +128,47 @@ class LoopServer:
         self._conns: OrderedDict[_Connection, None] = OrderedDict()  # oldest wait first
         self._workers = ThreadPoolExecutor(limits.route_workers, "gpuwatchd-http")
         self._logins = LoginPool()
-        self._loop = asyncio.new_event_loop()
-        self._loop.set_exception_handler(_log_loop_error)
-        self._thread: threading.Thread | None = None
+        self._serve_loop = serve_loop if serve_loop is not None else ServeLoop("gpuwatchd-http")
+        self._loop = self._serve_loop.loop
+        self._started = False
         self._accept_failing = False
-        self._periodic: list[asyncio.TimerHandle] = []
+        self._periodic: list[Callable[[], None]] = []
 
     # -- lifecycle (any thread) --------------------------------------------------------
 
     def start(self) -> None:
         self.listener.setblocking(False)
-        self._thread = threading.Thread(
-            target=self._run, name=f"gpuwatchd-http-{self.listener.getsockname()[1]}", daemon=True
-        )
-        self._thread.start()
+        self._serve_loop.acquire()
+        self._started = True
+        self._loop.call_soon_threadsafe(self._loop.add_reader, self.listener.fileno(), self._accept)
 
     def stop(self, timeout: float = 1.0) -> None:
-        """Stop accepting, cut every connection and end the loop's thread."""
-        if self._thread is None:
+        """Stop accepting, cut every connection and let go of the loop."""
+        if not self._started:
             return
-        with contextlib.suppress(RuntimeError):  # the loop already ended
-            self._loop.call_soon_threadsafe(self._shutdown)
-        self._thread.join(timeout)
-        self._thread = None
+        self._started = False
+        self._serve_loop.run(self._shutdown, timeout)
+        self._serve_loop.release(timeout)
         self._workers.shutdown(wait=False, cancel_futures=True)
         self._logins.close()
 
     def call_every(self, interval_s: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the loop every ``interval_s`` (errors are logged, never raised)."""
-
-        def tick() -> None:
-            try:
-                fn()
-            except Exception:
-                log.exception("periodic HTTP server task failed")
-            self._periodic.append(self._loop.call_later(interval_s, tick))
-
-        self._loop.call_soon_threadsafe(
-            lambda: self._periodic.append(self._loop.call_later(interval_s, tick))
-        )
+        self._periodic.append(self._serve_loop.call_every(interval_s, fn))
 
     def connection_count(self) -> int:
         return len(self._conns)
 
     # -- the loop's thread -----------------------------------------------------------
 
-    def _run(self) -> None:
-        loop = self._loop
-        asyncio.set_event_loop(loop)
-        loop.add_reader(self.listener.fileno(), self._accept)
-        try:
-            loop.run_forever()
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        finally:
-            loop.close()
-
     def _shutdown(self) -> None:
         with contextlib.suppress(ValueError, OSError):
             self._loop.remove_reader(self.listener.fileno())
         self.listener.close()
-        for handle in self._periodic:
-            handle.cancel()
+        for cancel in self._periodic:
+            cancel()
         for conn in list(self._conns):
             conn.close(abort=True)
-        self._loop.stop()
 
     def _accept(self) -> None:
         for _ in range(_ACCEPT_BATCH):
@@ -586,15 +561,3 @@ def _phrase(status: int) -> str:
         return HTTPStatus(status).phrase.lower()
     except ValueError:
         return "error"
-
-
-def _log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """One line per unexpected loop error; client-caused socket errors only at DEBUG."""
-    exc = context.get("exception")
-    message = context.get("message", "error")
-    if isinstance(exc, OSError | ssl.SSLError | asyncio.CancelledError):
-        log.debug("HTTP: %s: %r", message, exc)
-        return
-    log.error("HTTP: %s: %r", message, exc)
-    if exc is not None:
-        log.debug("HTTP loop error detail", exc_info=exc)

@@ -1,0 +1,104 @@
+"""The HTTP server and the control socket on one event loop: shared, held, let go in order."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import DAEMON_INFO, board_of, full_h200, wait_until
+
+from gpuwatchd.control.wire import MAX_CLIENTS_PER_PEER
+from gpuwatchd.exporter import build_registry
+from gpuwatchd.serve import HttpServer
+from gpuwatchd.serve.control import ControlServer, PeerCred
+from gpuwatchd.serve.loop import ServeLoop
+
+
+def answer(doc: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
+    return {"ok": True, "op": doc.get("op"), "uid": peer.uid}
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="gws-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def ask(path: Path, line: bytes) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(path))
+        s.sendall(line)
+        reply: dict[str, Any] = json.loads(s.makefile("rb").readline())
+        return reply
+
+
+def loop_threads(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == name]
+
+
+def test_both_servers_share_one_loop_thread_and_idle_clients_hold_no_thread(
+    sockdir: Path,
+) -> None:
+    serve_loop = ServeLoop("gpuwatchd-serve-test")
+    board = board_of(full_h200())
+    http = HttpServer(
+        board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0), serve_loop=serve_loop
+    )
+    control = ControlServer(sockdir / "c.sock", answer, serve_loop=serve_loop)
+    http.start()
+    control.start()
+    idle: list[socket.socket] = []
+    try:
+        assert len(loop_threads("gpuwatchd-serve-test")) == 1
+        assert ask(sockdir / "c.sock", b'{"op": "status"}\n')["ok"] is True
+        before = threading.active_count()
+        for _ in range(MAX_CLIENTS_PER_PEER):  # silent clients: each holds a slot, no thread
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(sockdir / "c.sock"))
+            idle.append(s)
+        busy = ask(sockdir / "c.sock", b'{"op": "status"}\n')
+        assert busy["ok"] is False and busy["error"].startswith("busy")
+        assert threading.active_count() == before
+        with urllib.request.urlopen(http.url + "/healthz", timeout=5) as response:
+            assert response.read() == b"ok\n"
+    finally:
+        for s in idle:
+            s.close()
+        control.stop()
+        # The control socket stopped first (the daemon's order): HTTP still serves.
+        with urllib.request.urlopen(http.url + "/healthz", timeout=5) as response:
+            assert response.read() == b"ok\n"
+        assert len(loop_threads("gpuwatchd-serve-test")) == 1
+        http.stop()
+    wait_until(lambda: not loop_threads("gpuwatchd-serve-test"), timeout=5)
+    assert not (sockdir / "c.sock").exists()
+
+
+def test_a_server_built_alone_gets_a_loop_of_its_own(sockdir: Path) -> None:
+    control = ControlServer(sockdir / "c.sock", answer)
+    control.start()
+    try:
+        assert ask(sockdir / "c.sock", b'{"op": "x"}\n') == {
+            "ok": True,
+            "op": "x",
+            "uid": os.geteuid(),
+        }
+    finally:
+        control.stop()
+    control.start()  # stopped, it can start again with a fresh loop
+    try:
+        assert ask(sockdir / "c.sock", b'{"op": "y"}\n')["op"] == "y"
+    finally:
+        control.stop()
+
