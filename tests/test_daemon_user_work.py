@@ -476,3 +476,20 @@ def test_requests_spooled_while_the_daemon_runs_are_taken_by_a_rescan(
     refused = [r for r in caplog.records if "left in the spool" in r.getMessage()]
     assert len(refused) == 1  # said once, the file kept for the admin
     assert len([r for r in caplog.records if "took 1 kernel request" in r.getMessage()]) == 1
+
+
+def test_added_names_are_read_without_waiting_for_the_lock(tmp_path: Path) -> None:
+    """A scrape reads them on the servers' event loop: a writer holding the lock (a slow
+    disk under the added list) must not stall it; what it reads is the last published set."""
+    import threading
+
+    work, _ = two_gpu_work(tmp_path, tuned=set())
+    work.add(parse_add_request(add_request([GEMM])))
+    got: list[frozenset[str]] = []
+    with work._lock:  # a writer in the middle of a change
+        reader = threading.Thread(target=lambda: got.append(work.added_names()), daemon=True)
+        reader.start()
+        reader.join(2.0)
+    assert got == [frozenset({GEMM.name})]
+    work.remove([GEMM.name])
+    assert work.added_names() == frozenset()

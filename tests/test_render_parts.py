@@ -218,3 +218,30 @@ def test_a_value_that_is_no_number_fails_its_collector_not_the_scrape(
         assert b"gpuwatchd_gpu_temperature_celsius{" in body
     failures = [r for r in caplog.records if "collector 'tuning' failed" in r.getMessage()]
     assert len(failures) == 1  # logged once per failure streak
+
+
+def test_a_render_of_inline_collectors_needs_no_other_thread() -> None:
+    """render_at_once renders in the caller's thread (the HTTP server's event loop) when
+    every collector due reads in-memory state, and refuses, running nothing, when one that
+    runs in its own thread is due (a later render runs it there)."""
+    inline, threaded = _Source("drift", inline=True), _Source("tuning")
+    board, _, renderer, clock = _setup(inline, threaded, max_age_s=1.0)
+    assert renderer.render_at_once("", "") is None and threaded.runs == 0
+    first = renderer.render("", "")  # runs the threaded one in its thread, keeps its text
+    board.put(full_h200())
+    at_once = renderer.render_at_once("", "")
+    assert at_once is not None and at_once is not first
+    assert b"gpuwatchd_test_tuning 1.0" in at_once.body and threaded.runs == 1
+    assert inline.threads[-1] == threading.current_thread().name
+    clock.t += 1.0  # the kept text aged out: the threaded one must run again
+    board.put(full_h200())
+    assert renderer.render_at_once("", "") is None and threaded.runs == 1
+
+
+def test_the_daemons_collectors_all_read_in_memory_state_inline() -> None:
+    from daemon_registry import daemon_registry
+
+    registry = daemon_registry(gpus=1).registry
+    subs = [w.sub for part in registry.parts if isinstance(part, GpuwatchdCollector)
+            for w in part._workers]  # fmt: skip
+    assert subs and [s.name for s in subs if not getattr(s, "runs_inline", False)] == []

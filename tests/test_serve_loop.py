@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -102,3 +103,15 @@ def test_a_server_built_alone_gets_a_loop_of_its_own(sockdir: Path) -> None:
     finally:
         control.stop()
 
+
+def test_a_scrape_of_in_memory_collectors_is_rendered_on_the_loop() -> None:
+    """A changed board is rendered on the event loop: no route thread is started for it."""
+    board = board_of(full_h200())
+    with HttpServer(
+        board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0), metrics_max_age_s=0
+    ) as http:
+        for energy in (1.0, 2.0, 3.0):
+            board.put(dataclasses.replace(full_h200(), energy_j=energy))
+            with urllib.request.urlopen(http.url + "/metrics", timeout=5) as response:
+                assert f"{energy:g}".encode() in response.read()
+        assert [t.name for t in threading.enumerate() if t.name.startswith("gpuwatchd-http_")] == []

@@ -114,6 +114,7 @@ class UserWork:
         self._configured = configured
         self.spool_dir = Path(spool_dir)
         self._added = added
+        self._added_names: frozenset[str] = frozenset()  # replaced whole, under the lock
         self._tuned = tuned
         self._kernels: dict[str, _Kernel] = {}
         self._left: set[str] = set()  # spool files refused once (told once, kept for the admin)
@@ -215,6 +216,8 @@ class UserWork:
                 raise UserWorkError(
                     f"cannot keep the workloads in {self._added.path}: {one_line(e)}"
                 ) from None
+            finally:
+                self._publish_added()
         self._queue_everywhere(request.workloads, ADDED_REASON)
         names = [w.name for w in request.workloads]
         return {"added": [n for n in names if n not in replaced], "replaced": replaced}
@@ -236,6 +239,8 @@ class UserWork:
                 removed = self._added.remove(names)
             except OSError as e:
                 raise UserWorkError(f"cannot update {self._added.path}: {one_line(e)}") from None
+            finally:
+                self._publish_added()
             for name in names:
                 kernel = self._kernels.pop(name, None)
                 if kernel is not None:
@@ -264,16 +269,24 @@ class UserWork:
             )
 
     def added_names(self) -> frozenset[str]:
-        with self._lock:
-            return self._added.names()
+        """The added workloads' names, as last published: a read that never waits on the
+        lock (a scrape reads it on the servers' event loop)."""
+        return self._added_names
+
+    def _publish_added(self) -> None:
+        """Publish the added names after a change (lock held)."""
+        self._added_names = self._added.names()
 
     # -- start-up --------------------------------------------------------------------
 
     def load(self) -> None:
         """At start: the added workloads, jobs' spooled requests, and what to queue."""
         with self._lock:
-            self._added.load()
-            self._set_aside_untrusted()
+            try:
+                self._added.load()
+                self._set_aside_untrusted()
+            finally:
+                self._publish_added()
         self._take_spooled_workloads()
         tuned: dict[str, Collection[str]] = {}
         waiting: list[Workload] = []

@@ -6,7 +6,10 @@ board is the very same object as when it was rendered (so board data is never ol
 than the render in flight when a scrape arrived) and for at most ``max_age_s``, which
 bounds the staleness of what the board does not version: the tuning and drift
 collectors' views and the collector self-metrics (they describe the render that
-produced the body). Concurrent misses share one render.
+produced the body). Concurrent misses share one render. When every collector that
+must run reads in-memory state in the caller's thread (``runs_inline``), the HTTP
+server renders on its event loop (:meth:`MetricsRenderer.render_at_once`): a hand-off to
+a thread and back costs more than such a render.
 
 A render after a board change encodes each collector on its own (an
 :class:`~gpuwatchd.exporter.registry.ExporterRegistry` lists them): the aggregator
@@ -91,19 +94,22 @@ class MetricsRenderer:
         self._clock = clock
         self._entries: dict[tuple[str, bool], _Entry] = {}
         self._entries_lock = threading.Lock()
-        self._flights: SingleFlight[_Entry] = SingleFlight()
+        self._flights: SingleFlight[_Entry | None] = SingleFlight()
         self._text = TextEncoder()  # the plain text format, Prometheus' default
         self._openmetrics: dict[str, OpenMetricsEncoder] = {}  # by escaping
 
-    def cached(self, accept: str, accept_encoding: str) -> Rendered | None:
-        """The body :meth:`render` would reuse right now, or None; never blocks."""
-        _, content_type = choose_encoder(accept)
-        entry = self._entries.get((content_type, gzip_accepted(accept_encoding)))
-        if entry is not None and self._fresh(entry, tuple(self._version())):
-            return entry.rendered
-        return None
-
     def render(self, accept: str, accept_encoding: str) -> Rendered:
+        rendered = self._render(accept, accept_encoding, wait=True)
+        assert rendered is not None
+        return rendered
+
+    def render_at_once(self, accept: str, accept_encoding: str) -> Rendered | None:
+        """The body, rendered here if that needs no waiting: every collector to run reads
+        in-memory state in the caller's thread and no render of it is in flight. None
+        otherwise (then :meth:`render`, off the event loop)."""
+        return self._render(accept, accept_encoding, wait=False)
+
+    def _render(self, accept: str, accept_encoding: str, *, wait: bool) -> Rendered | None:
         encoder, content_type = choose_encoder(accept)
         encoders = self._encoders(encoder)
         key = (content_type, gzip_accepted(accept_encoding))
@@ -112,18 +118,27 @@ class MetricsRenderer:
         if entry is not None and self._fresh(entry, version):
             return entry.rendered
 
-        def fresh_entry() -> _Entry:
-            body = self._encode(*encoders, content_type)
+        def fresh_entry() -> _Entry | None:
+            body = self._encode(*encoders, content_type, wait=wait)
+            if body is None:
+                return None
             if key[1]:
                 body = gzip.compress(body, compresslevel=1)
             return _Entry(version, self._clock(), Rendered(body, content_type, key[1]))
 
-        entry = self._flights.run(key, fresh_entry)
+        if wait:
+            made = self._flights.run(key, fresh_entry)
+            while made is None:  # joined a render that could not go on without waiting
+                made = self._flights.run(key, fresh_entry)
+        else:
+            _, made = self._flights.lead(key, fresh_entry)  # never joins: that would wait
+        if made is None:
+            return None
         with self._entries_lock:
             current = self._entries.get(key)
-            if current is None or current.created <= entry.created:
-                self._entries[key] = entry
-        return entry.rendered
+            if current is None or current.created <= made.created:
+                self._entries[key] = made
+        return made.rendered
 
     def _encoders(self, chosen: EncodeRegistry) -> tuple[EncodeRegistry, EncodeFamilies]:
         """Ours for what ``choose_encoder`` chose where we write the same bytes, else the
@@ -148,18 +163,25 @@ class MetricsRenderer:
 
         return chosen, library_part
 
-    def _encode(self, whole: EncodeRegistry, part: EncodeFamilies, content_type: str) -> bytes:
-        """The registry in one format; collector by collector when it lists them."""
+    def _encode(
+        self, whole: EncodeRegistry, part: EncodeFamilies, content_type: str, *, wait: bool
+    ) -> bytes | None:
+        """The registry in one format; collector by collector when it lists them. Without
+        ``wait``, None where that could wait: a registry that does not list its
+        collectors, or a sub-collector that runs in its own thread."""
         registry = self._registry
         if not isinstance(registry, ExporterRegistry):
-            return whole(registry)
+            return whole(registry) if wait else None
         now = self._clock()
-        bodies = [
-            c.render(part, content_type, self._max_age_s, now)
-            if isinstance(c, GpuwatchdCollector)
-            else part(list(c.collect()))
-            for c in registry.parts
-        ]
+        bodies = []
+        for c in registry.parts:
+            if isinstance(c, GpuwatchdCollector):
+                body = c.render(part, content_type, self._max_age_s, now, wait=wait)
+                if body is None:
+                    return None
+                bodies.append(body)
+            else:  # the registry's own small collectors: build info, TLS expiry
+                bodies.append(part(list(c.collect())))
         eof = EOF if content_type.startswith("application/openmetrics-text") else b""
         return b"".join(bodies) + eof
 

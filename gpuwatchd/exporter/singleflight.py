@@ -48,6 +48,18 @@ class SingleFlight(Generic[T]):
             if flight.error is not None:
                 raise SharedFailure(f"shared computation for {key!r} failed") from flight.error
             return flight.result  # type: ignore[return-value]  # set whenever error is None
+        return self._lead(key, flight, fn)
+
+    def lead(self, key: Hashable, fn: Callable[[], T]) -> tuple[bool, T | None]:
+        """``(True, fn())`` with callers arriving meanwhile sharing it, or ``(False, None)``
+        at once, running nothing, when a computation for ``key`` is in flight."""
+        with self._lock:
+            if key in self._flights:
+                return False, None
+            flight = self._flights[key] = _Flight()
+        return True, self._lead(key, flight, fn)
+
+    def _lead(self, key: Hashable, flight: _Flight[T], fn: Callable[[], T]) -> T:
         try:
             flight.result = fn()
             return flight.result

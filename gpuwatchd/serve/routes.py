@@ -112,15 +112,19 @@ class Routes:
         return serve
 
     def handle_at_once(self, request: Request) -> Response | None:
-        """The response when it needs no waiting (a liveness probe, a cached /metrics body),
-        else None: then :meth:`handle` must run, off the event loop."""
+        """The response when it needs no waiting (a liveness probe, a /metrics body kept or
+        rendered from in-memory state), else None: then :meth:`handle` must run, off the
+        event loop."""
         if request.method not in ALLOWED_METHODS:
             return None
         path = request_path(request.target)
         if path == "/healthz":
             return self._healthz(request)
         if path == "/metrics":
-            rendered = self._renderer.cached(request.accept, request.accept_encoding)
+            try:
+                rendered = self._renderer.render_at_once(request.accept, request.accept_encoding)
+            except Exception:  # handle() renders again, and logs and answers the failure
+                return None
             return self._metrics_response(rendered) if rendered is not None else None
         return None
 

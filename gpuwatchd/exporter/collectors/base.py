@@ -201,13 +201,17 @@ class GpuwatchdCollector:
             results.append((worker.sub.name, families is not None, self._timer() - start))
         yield from self._self_metrics(results)
 
-    def render(self, encode: Encode, fmt: Hashable, max_age_s: float, now: float) -> bytes:
+    def render(
+        self, encode: Encode, fmt: Hashable, max_age_s: float, now: float, *, wait: bool = True
+    ) -> bytes | None:
         """Everything :meth:`collect` yields, encoded, reusing each sub-collector's text
         while its version is unchanged and younger than ``max_age_s`` (``now``, monotonic).
 
         ``fmt`` names the encoding (texts of different formats are kept apart). The
         version is read before the sub-collector runs, so a kept text is never older
-        than what its version says.
+        than what its version says. ``wait=False``: None, having run nothing, when a
+        sub-collector that runs in its own thread would have to run (the caller must not
+        wait for one, e.g. an event loop).
         """
         start = self._timer()
         bodies: list[bytes | None] = [None] * len(self._workers)
@@ -227,6 +231,8 @@ class GpuwatchdCollector:
                 bodies[i] = part.body
             else:
                 todo.append(worker)
+        if not wait and not all(w.inline for w in todo):
+            return None
         ran = {id(w): (run, stuck) for w, run, stuck in self._start(todo)}
         for i, worker in enumerate(self._workers):
             name = worker.sub.name

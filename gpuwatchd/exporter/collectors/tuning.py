@@ -52,6 +52,7 @@ class TuningCollector:
     """Session and deferral counters, per-GPU running/pending gauges, winners per regime."""
 
     name = "tuning"
+    runs_inline = True  # published snapshots only; ``added`` must not wait on a lock
 
     def __init__(
         self,
@@ -64,9 +65,13 @@ class TuningCollector:
         self._added = added  # names of users' added workloads: summed up, not itemised
 
     def version(self) -> object:
-        """The scheduler's snapshot and the GPUs' facts (labels); the added workloads'
-        count may lag by the renderer's max age (asking for it takes a lock)."""
-        return (self._snapshot(), tuple((s.index, s.info) for s in self._board.all()))
+        """The scheduler's snapshot, the GPUs' facts (labels) and the added workloads'
+        names: every object the families are made from."""
+        return (
+            self._snapshot(),
+            tuple((s.index, s.info) for s in self._board.all()),
+            self._added(),
+        )
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
