@@ -8,13 +8,15 @@ table (a scheduler with two GPUs' queues):
            ``git archive main gpuwatchd | tar -x -C DIR``), beside its own HTTP loop
   loop     this tree: both servers on one :class:`gpuwatchd.serve.loop.ServeLoop`
 
-Per subject, from client processes (the job side's own client, which asks again after
-a ``busy`` answer, as jobs do): the latency of a ``status`` op, one client alone and 8
-clients at once; the server's CPU per op (getrusage of the server process, dead threads
-included); its threads and RSS idle and at the peak of the 8-client phase; and with one
-user's silent connections holding every slot that user may have: the threads they cost,
-how fast a fifth connection of that user is told ``busy``, and how fast /healthz and
-another user's request are answered meanwhile.
+Per subject, from client processes (the job side's own client, which asks again after a
+``busy`` answer, as jobs do): the latency of a ``status`` op, one client alone, 4
+clients of one user at once (its share of the slots) and 8 (twice its share: some are
+told ``busy`` and ask again 20-40 ms later; the busy answers are counted); the server's
+CPU per op (getrusage of the server process, dead threads included); its threads and RSS
+idle and at the peak of the 8-client phase; and with one user's silent connections
+holding every slot that user may have: the threads they cost, how fast a fifth
+connection of that user is told ``busy``, and how fast /healthz and another user's
+request are answered meanwhile.
 
     python3 bench/serve_model.py --baseline /tmp/base [--ops 400] [--json OUT]
 """
@@ -98,8 +100,19 @@ def serve(model: str, sock_path: str) -> None:
 
 
 def _client(sock_path: str, n: int, start: Any, out: Any) -> None:
+    from gpuwatchd.client import control
     from gpuwatchd.client.control import ask
+    from gpuwatchd.control.wire import is_busy
 
+    busy = [0]
+    once = control._ask_once
+
+    def counted(*args: Any) -> dict[str, Any]:
+        answer = once(*args)
+        busy[0] += is_busy(answer)
+        return answer
+
+    control._ask_once = counted  # type: ignore[assignment]
     start.wait()
     lat, failed = [], []
     for _ in range(n):
@@ -112,7 +125,7 @@ def _client(sock_path: str, n: int, start: Any, out: Any) -> None:
         lat.append(time.perf_counter() - t0)
         if answer.get("ok") is not True:
             failed.append(str(answer))
-    out.put((lat, failed))
+    out.put((lat, failed, busy[0]))
 
 
 def pct(values: list[float], q: float) -> float:
@@ -155,7 +168,7 @@ class Subject:
         self.proc.wait(10)
 
 
-def run_clients(subject: Subject, clients: int, n: int) -> tuple[list[float], dict[str, int]]:
+def run_clients(subject: Subject, clients: int, n: int) -> tuple[list[float], dict[str, int], int]:
     ctx = mp.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
     procs = [
@@ -176,16 +189,18 @@ def run_clients(subject: Subject, clients: int, n: int) -> tuple[list[float], di
     sampler.start()
     start.set()
     lat: list[float] = []
+    busy = 0
     for _ in procs:
-        got, failed = out.get()
+        got, failed, turned_away = out.get()
         lat += got
+        busy += turned_away
         for why in failed:
             print(f"{subject.model}: a client's request failed: {why}", file=sys.stderr)
     for p in procs:
         p.join()
     stop.set()
     sampler.join()
-    return lat, peak
+    return lat, peak, busy
 
 
 def held_phase(subject: Subject) -> dict[str, Any]:
@@ -260,18 +275,25 @@ def measure(subject: Subject, ops: int) -> dict[str, Any]:
         r.read()
     idle = subject.status()
     cpu0 = subject.cpu_s()
-    alone, _ = run_clients(subject, 1, ops)
+    alone, _, _ = run_clients(subject, 1, ops)
     cpu1 = subject.cpu_s()
-    crowd, peak = run_clients(subject, CLIENTS, ops // 2)
+    share, _, share_busy = run_clients(subject, IDLE_HELD, ops // 2)
     cpu2 = subject.cpu_s()
+    crowd, peak, crowd_busy = run_clients(subject, CLIENTS, ops // 2)
+    cpu3 = subject.cpu_s()
     after = subject.status()
     return {
         "alone_p50_ms": pct(alone, 0.5) * 1e3,
         "alone_p99_ms": pct(alone, 0.99) * 1e3,
         "cpu_per_op_alone_ms": (cpu1 - cpu0) / ops * 1e3,
+        "share_p50_ms": pct(share, 0.5) * 1e3,
+        "share_p99_ms": pct(share, 0.99) * 1e3,
+        "share_busy": share_busy,
+        "cpu_per_op_share_ms": (cpu2 - cpu1) / len(share) * 1e3,
         "crowd_p50_ms": pct(crowd, 0.5) * 1e3,
         "crowd_p99_ms": pct(crowd, 0.99) * 1e3,
-        "cpu_per_op_crowd_ms": (cpu2 - cpu1) / len(crowd) * 1e3,
+        "crowd_busy": crowd_busy,
+        "cpu_per_op_crowd_ms": (cpu3 - cpu2) / len(crowd) * 1e3,
         "threads_idle": idle["Threads"],
         "threads_peak": peak["Threads"],
         "threads_after": after["Threads"],

@@ -494,9 +494,21 @@ class ControlServer:
             buf += chunk
 
     async def _reply(self, conn: socket.socket, response: dict[str, Any]) -> None:
+        """Write the answer; sent at once in the common case, so the client's slot is free
+        before its next connection can be accepted (a wait here would hold it longer)."""
+        data = _encode(response)
+        try:
+            sent = conn.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            log.debug("control socket: could not answer a client: %s", exc)
+            return
+        if sent == len(data):
+            return
         try:
             await asyncio.wait_for(
-                self._loop().sock_sendall(conn, _encode(response)), self.client_timeout_s
+                self._loop().sock_sendall(conn, data[sent:]), self.client_timeout_s
             )
         except (OSError, TimeoutError) as exc:
             log.debug("control socket: could not answer a client: %s", exc)
