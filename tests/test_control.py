@@ -15,7 +15,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,12 @@ class FakeScheduler:
         have.extend(n for n in names if n not in have)
 
     def pending(self) -> dict[int, tuple[str, ...]]:
-        return {g: tuple(w) for g, w in self._pending.items()}
+        return {g: tuple(w) for g, w in self._pending.items() if w}
+
+    def withdraw(self, names: Collection[str], gpus: Collection[int] | None = None) -> None:
+        for gpu, have in self._pending.items():
+            if gpus is None or gpu in gpus:
+                have[:] = [n for n in have if n not in names]
 
 
 @pytest.fixture
@@ -148,7 +153,7 @@ def test_defaults_mean_every_gpu_and_the_runnable_set(
         ({"op": "retune", "workloads": [3]}, "workloads: every entry must be a non-empty string"),
         ({"op": "retune", "gpus": 0}, "gpus: unknown key for op 'retune'"),
         ({"op": "status", "gpu": 0}, "gpu: unknown key for op 'status'"),
-        ({"op": "launch"}, "op: unknown operation 'launch' (known: retune, status)"),
+        ({"op": "launch"}, "op: unknown operation 'launch' (known: retune, status, cancel_retune)"),
         ({"gpu": 0}, "op: missing"),
     ],
 )
@@ -211,12 +216,14 @@ def test_a_registered_op_is_served_with_the_callers_credentials(
         resp = ask_json(srv.path, {"op": "whoami", "job": "train-7"})
         assert resp == {"ok": True, "uid": os.geteuid(), "pid": os.getpid(), "job": "train-7"}
         bad = ask_json(srv.path, {"op": "launch"})
-        assert bad["error"] == "op: unknown operation 'launch' (known: retune, status, whoami)"
+        assert bad["error"] == (
+            "op: unknown operation 'launch' (known: retune, status, cancel_retune, whoami)"
+        )
         extra = ask_json(srv.path, {"op": "whoami", "gpu": 0})
         assert extra["error"] == "gpu: unknown key for op 'whoami' (allowed: job, op, tag)"
     finally:
         srv.stop()
-    assert table.names == ("retune", "status", "whoami")
+    assert table.names == ("retune", "status", "cancel_retune", "whoami")
 
 
 def test_an_op_without_a_parser_gets_every_key_missing_ones_as_none() -> None:
@@ -507,6 +514,42 @@ def test_cli_queues_and_prints(
     assert sched.calls == [(0, ["sim-gemm"], MANUAL_REASON)]
     assert run_retune(cli_args("--socket", str(server.path), "--pending")) == 0
     assert capsys.readouterr().out == "GPU 0: sim-gemm\n"
+
+
+def test_cli_cancels_waiting_work_and_prints(
+    server: ControlServer, sched: FakeScheduler, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(server.path)
+    assert run_retune(cli_args("--socket", path, "--workload", "sim-gemm")) == 0
+    kernel = Workload("triton.user:m.k@1a2b3c4d/n=1", "triton", {"n": 1}, "float16", ("t",))
+    sched.request(1, [kernel], "user kernel request")  # a job's: not the CLI's to cancel
+    capsys.readouterr()
+    assert run_retune(cli_args("--socket", path, "--cancel", "--gpu", "0")) == 0
+    assert capsys.readouterr().out == "cancelled sim-gemm on GPU 0\n"
+    assert sched.pending() == {1: ("sim-gemm", kernel.name)}
+    assert run_retune(cli_args("--socket", path, "--cancel", "--workload", "other")) == 0
+    assert capsys.readouterr().out == "nothing waiting to cancel\n"
+    assert run_retune(cli_args("--socket", path, "--cancel", "--json")) == 0
+    assert json.loads(capsys.readouterr().out) == {"ok": True, "cancelled": {"1": ["sim-gemm"]}}
+    assert sched.pending() == {1: (kernel.name,)}
+
+
+def test_cancel_names_a_bad_gpu_and_is_not_pending_at_once(
+    server: ControlServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(CliError) as err:
+        run_retune(cli_args("--socket", str(server.path), "--cancel", "--gpu", "5"))
+    assert (err.value.code, str(err.value)) == (
+        2,
+        "request rejected: gpu: no GPU 5 on this host (GPUs: 0, 1)",
+    )
+    assert ask_json(server.path, {"op": "cancel_retune", "gpu": True}) == {
+        "ok": False,
+        "error": "gpu: must be a GPU index >= 0 or null, got True",
+    }
+    with pytest.raises(SystemExit):
+        cli_args("--pending", "--cancel")
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_cli_json_output(server: ControlServer, capsys: pytest.CaptureFixture[str]) -> None:

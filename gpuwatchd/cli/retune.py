@@ -32,6 +32,16 @@ def format_queued(queued: dict[str, list[str]]) -> str:
     return "\n".join(lines) or "nothing queued"
 
 
+def format_cancelled(cancelled: dict[str, list[str]]) -> str:
+    """``cancelled W on GPU N`` lines, GPUs in numeric order."""
+    lines = [
+        f"cancelled {w} on GPU {gpu}"
+        for gpu, names in sorted(cancelled.items(), key=lambda kv: int(kv[0]))
+        for w in names
+    ]
+    return "\n".join(lines) or "nothing waiting to cancel"
+
+
 def format_pending(pending: dict[str, list[str]]) -> str:
     lines = [
         f"GPU {gpu}: {', '.join(names)}"
@@ -47,10 +57,12 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "ask the running daemon to re-tune at the next open gate",
         "Queue tuning work on the running daemon through its Unix control socket (no network\n"
         "endpoint ever starts GPU work); it runs when the GPU's gate next opens.\n"
-        "--pending shows what is queued instead.",
+        "--pending shows what is queued instead; --cancel takes waiting work off the queue\n"
+        "(a running session finishes; work the daemon queues by itself comes back).",
         (
             "gpuwatchd retune --gpu 0 --workload sim-gemm",
             "gpuwatchd retune --pending",
+            "gpuwatchd retune --cancel --gpu 0",
         ),
     )
     add_retune_args(p)
@@ -68,7 +80,13 @@ def add_retune_args(p: argparse.ArgumentParser) -> None:
         help="workload name, repeatable (default: the daemon's tuning set)",
     )
     p.add_argument("--socket", metavar="PATH", help="control socket (default: the daemon's)")
-    p.add_argument("--pending", action="store_true", help="show queued work instead of adding")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--pending", action="store_true", help="show queued work instead of adding")
+    what.add_argument(
+        "--cancel",
+        action="store_true",
+        help="take waiting work off the queue instead of adding (--gpu, --workload: only that)",
+    )
     p.add_argument("--json", action="store_true", help="print the daemon's JSON response")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds to wait")
 
@@ -77,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``gpuwatchd retune``; CliError(1) unreachable, CliError(2) rejected."""
     if args.pending:
         request = wire.request(wire.STATUS)
+    elif args.cancel:
+        request = wire.request(wire.CANCEL_RETUNE, gpu=args.gpu, workloads=args.workload or None)
     else:
         request = wire.request(wire.RETUNE, gpu=args.gpu, workloads=args.workload or None)
     response = ask_daemon(args, request)
@@ -89,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.pending:
         print(format_pending(response.get("pending") or {}))
+    elif args.cancel:
+        print(format_cancelled(response.get("cancelled") or {}))
     else:
         print(format_queued(response.get("queued") or {}))
     return 0

@@ -49,6 +49,7 @@ LIST_WORKLOADS = "list_workloads"
 REMOVE_WORKLOADS = "remove_workloads"
 RETUNE = "retune"
 STATUS = "status"
+CANCEL_RETUNE = "cancel_retune"
 REGISTER_JOB = "register_job"
 JOB_GATE = "job_gate"
 
@@ -90,6 +91,12 @@ class RetuneRequest(TypedDict):
     op: str
     gpu: NotRequired[int | None]  # None: every GPU
     workloads: NotRequired[list[str] | None]  # None: the daemon's tuning set
+
+
+class CancelRetuneRequest(TypedDict):
+    op: str
+    gpu: NotRequired[int | None]  # None: every GPU
+    workloads: NotRequired[list[str] | None]  # None: everything waiting
 
 
 class JobGateRequest(TypedDict):
@@ -135,6 +142,10 @@ class StatusAnswer(Answer):
     pending: dict[str, list[str]]
 
 
+class CancelRetuneAnswer(Answer):
+    cancelled: dict[str, list[str]]  # by GPU: what was waiting and is taken off the queue
+
+
 class RegisterJobAnswer(Answer):
     job: str
     pid: int
@@ -168,6 +179,7 @@ OPS: dict[str, OpSpec] = {
     for spec in (
         OpSpec(RETUNE, RetuneRequest, RetuneAnswer),
         OpSpec(STATUS, StatusRequest, StatusAnswer),
+        OpSpec(CANCEL_RETUNE, CancelRetuneRequest, CancelRetuneAnswer),
         OpSpec(TUNE_KERNEL, TuneKernelRequest, TuneKernelAnswer),
         OpSpec(ADD_WORKLOADS, AddWorkloadsRequest, AddWorkloadsAnswer),
         OpSpec(LIST_WORKLOADS, ListWorkloadsRequest, ListWorkloadsAnswer),

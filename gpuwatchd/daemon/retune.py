@@ -1,4 +1,5 @@
-"""The ``retune`` and ``status`` control operations: queue tuning work, show what is queued.
+"""The ``retune``, ``status`` and ``cancel_retune`` control operations: queue tuning work,
+show what is queued, take waiting work off the queue.
 
 On the wire (see :mod:`gpuwatchd.serve.control` for the framing)::
 
@@ -6,18 +7,23 @@ On the wire (see :mod:`gpuwatchd.serve.control` for the framing)::
         -> {"ok": true, "queued": {"0": ["sim-gemm"]}}
     {"op": "status"}
         -> {"ok": true, "pending": {"0": ["sim-gemm"]}}
+    {"op": "cancel_retune", "gpu": 0}
+        -> {"ok": true, "cancelled": {"0": ["sim-gemm"]}}
 
 A missing or null ``gpu`` means every GPU, missing or null ``workloads`` the daemon's
-tuning set. ``gpuwatchd retune`` (:mod:`gpuwatchd.cli.retune`) is the client.
+tuning set (for ``cancel_retune``: all of it that is waiting). A session already running
+keeps its workloads; work the daemon queues by itself (a GPU never tuned, drift) is queued
+again at its next check; a job's kernel request stays (``gpuwatchd workloads remove``
+takes it back). ``gpuwatchd retune`` (:mod:`gpuwatchd.cli.retune`) is the client.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 from gpuwatchd.config import Config
-from gpuwatchd.control.wire import RETUNE, STATUS
+from gpuwatchd.control.wire import CANCEL_RETUNE, RETUNE, STATUS
 from gpuwatchd.daemon.ops import Op, Request, Response
 from gpuwatchd.serve.control import PeerCred, RequestError
 from gpuwatchd.tuning.types import Workload
@@ -32,9 +38,21 @@ class RetuneTarget(Protocol):
 
     def pending(self) -> dict[int, tuple[str, ...]]: ...
 
+    def withdraw(self, names: Collection[str], gpus: Collection[int] | None = None) -> None: ...
+
 
 def parse_retune(doc: Request) -> Request:
     """``{"op": "retune", "gpu": int | None, "workloads": [unique names] | None}``."""
+    return {"op": RETUNE, **_gpu_and_workloads(doc)}
+
+
+def parse_cancel(doc: Request) -> Request:
+    """``{"op": "cancel_retune", "gpu": int | None, "workloads": [unique names] | None}``."""
+    return {"op": CANCEL_RETUNE, **_gpu_and_workloads(doc)}
+
+
+def _gpu_and_workloads(doc: Request) -> Request:
+    """The ``gpu`` and ``workloads`` both ops take, checked; RequestError naming the key."""
     gpu = doc.get("gpu")
     if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0):
         raise RequestError(f"gpu: must be a GPU index >= 0 or null, got {gpu!r}")
@@ -46,7 +64,7 @@ def parse_retune(doc: Request) -> Request:
             if not isinstance(n, str) or not n:
                 raise RequestError(f"workloads: every entry must be a non-empty string, got {n!r}")
         names = list(dict.fromkeys(names))  # drop repeats, keep the order
-    return {"op": RETUNE, "gpu": gpu, "workloads": names}
+    return {"gpu": gpu, "workloads": names}
 
 
 def retune_ops(
@@ -54,8 +72,8 @@ def retune_ops(
     cfg: Config | Callable[[], Config],
     gpus: Callable[[], list[int]],
     runnable: Callable[[], tuple[Workload, ...]],
-) -> tuple[Op, Op]:
-    """The ``retune`` and ``status`` ops, to register on the daemon's op table.
+) -> tuple[Op, Op, Op]:
+    """The ``retune``, ``status`` and ``cancel_retune`` ops, for the daemon's op table.
 
     ``retune`` queues the named workloads (default: ``runnable()``) on one GPU or all
     of ``gpus()``; names must be among ``runnable()``. ``cfg`` may be a callable so a
@@ -79,9 +97,26 @@ def retune_ops(
     def status(_request: Request, _peer: PeerCred) -> Response:
         return {"ok": True, "pending": _by_gpu(scheduler.pending())}
 
+    def cancel(request: Request, _peer: PeerCred) -> Response:
+        pending = scheduler.pending()
+        gpu = request["gpu"]
+        targets = sorted(pending) if gpu is None else _pick_gpus(gpu, gpus())
+        wanted = request["workloads"]
+        ours = {w.name for w in runnable()}  # a job's kernel request is its job's to take back
+        cancelled: dict[int, tuple[str, ...]] = {}
+        for g in targets:
+            names = tuple(
+                n for n in pending.get(g, ()) if n in ours and (wanted is None or n in wanted)
+            )
+            if names:
+                scheduler.withdraw(names, (g,))
+                cancelled[g] = names
+        return {"ok": True, "cancelled": _by_gpu(cancelled)}
+
     return (
         Op(RETUNE, retune, parse_retune),
         Op(STATUS, status),
+        Op(CANCEL_RETUNE, cancel, parse_cancel),
     )
 
 
