@@ -115,3 +115,24 @@ def test_a_scrape_of_in_memory_collectors_is_rendered_on_the_loop() -> None:
             with urllib.request.urlopen(http.url + "/metrics", timeout=5) as response:
                 assert f"{energy:g}".encode() in response.read()
         assert [t.name for t in threading.enumerate() if t.name.startswith("gpuwatchd-http_")] == []
+
+
+def test_many_pipelined_requests_answered_on_the_loop_all_come_back() -> None:
+    """Requests answered at once (no task) go on one by one, without recursing: a client
+    pipelining more requests than the interpreter's recursion limit gets every answer."""
+    board = board_of(full_h200())
+    count = 1500
+    with (
+        HttpServer(board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0)) as http,
+        socket.create_connection(http.address, timeout=10) as conn,
+    ):
+        request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        sender = threading.Thread(target=conn.sendall, args=(request * count,))
+        sender.start()
+        received = b""
+        while received.count(b"ok\n") < count:
+            chunk = conn.recv(65536)
+            assert chunk, f"closed after {received.count(b'ok')} answers"
+            received += chunk
+        sender.join(10)
+    assert received.count(b"HTTP/1.1 200 OK") == count

@@ -788,3 +788,31 @@ def test_a_flood_of_wrong_passwords_leaves_room_for_a_scrapers_first_login(
     assert response.status == 200
     assert login_s < 0.5, login_s  # was 1.85 s with one bcrypt at a time
     assert 401 in statuses and 429 in statuses  # one check at a time per address
+
+
+def test_one_address_has_one_password_check_in_flight_however_fast_it_asks(
+    tmp_path: Path, board: StateBoard
+) -> None:
+    """Two wrong passwords from one address arriving together: one bcrypt check, one 429."""
+    slow_hash = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10)).decode()
+    config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: {slow_hash}\n"))
+    request = (
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\n\r\n".format(
+            basic("alice", "guess")["Authorization"]
+        )
+    ).encode()
+    with HttpServer(
+        board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 0), web_config=config
+    ) as srv:
+        conns = [
+            socket.create_connection(srv.address, timeout=10, source_address=("127.0.0.3", 0))
+            for _ in range(2)
+        ]
+        try:
+            for conn in conns:
+                conn.sendall(request)
+            firsts = sorted(int(conn.recv(65536).split(b" ", 2)[1]) for conn in conns)
+        finally:
+            for conn in conns:
+                conn.close()
+    assert firsts == [401, 429]

@@ -2,8 +2,11 @@
 """The HTTP server's event loop: accepting, the connection cap, deadlines, TLS, framing.
 
 One asyncio loop in one thread holds every connection, so an idle or dripping client
-costs a file descriptor and a few hundred bytes, never a thread. Routes run on a small
-thread pool, bcrypt on its own (:mod:`gpuwatchd.serve.web.logins`). Limits:
+costs a file descriptor and a few hundred bytes, never a thread. A request that needs no
+waiting (a liveness probe, a /metrics body kept or rendered from in-memory state, a
+cached login) is answered in the callback that completed it, with no task or thread;
+other routes run on a small thread pool, bcrypt on its own
+(:mod:`gpuwatchd.serve.web.logins`). Limits:
 
 * at most ``max_connections`` at once (and at most half the fd limit); at the cap, or when
   ``accept()`` runs out of file descriptors, the connection waiting longest for a request
@@ -29,7 +32,7 @@ import resource
 import socket
 import ssl
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -62,6 +65,10 @@ _FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _ACCEPT_BATCH = 64  # accepts per wake-up, so a SYN flood cannot starve the loop
 _ACCEPT_BACKOFF_S = 0.1
 _MAX_BUFFERED = MAX_HEAD + MAX_BODY  # request bytes kept while a response is in progress
+#: A response and whether the connection may stay open.
+Answer = tuple[Response, bool]
+#: An answer that needs waiting for (a bcrypt check, a route off the loop).
+Pending = Coroutine[Any, Any, Answer]
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +252,9 @@ class LoopServer:
 
     # -- answering -------------------------------------------------------------------
 
-    async def answer(self, head: RequestHead, conn: _Connection) -> tuple[Response, bool]:
-        """The response to one request, and whether the connection may stay open."""
+    def answer(self, head: RequestHead, conn: _Connection) -> Answer | Pending:
+        """The response to one request and whether the connection may stay open; where
+        that needs waiting (a bcrypt check, a route off the loop), what to await for it."""
         security = self.security()
         request = Request(
             method=head.method,
@@ -254,17 +262,44 @@ class LoopServer:
             accept=head.header("accept"),
             accept_encoding=head.header("accept-encoding"),
         )
-        if security is not None:
-            admission = await self._logins.admit(security, head.header("authorization"), conn.peer)
-            if admission is Admission.UNAUTHORIZED:
-                log.debug("HTTP: unauthorized request from %s", conn.peer)
-                challenge = (("WWW-Authenticate", WWW_AUTHENTICATE),)
-                return error_response(401, "unauthorized", headers=challenge), head.keep_alive
-            if admission is Admission.RATE_LIMITED:
-                return error_response(429, "too many requests"), head.keep_alive
+        if security is None:
+            return self._route(request, head)
+        admission = self._logins.admit_at_once(security, head.header("authorization"), conn.peer)
+        if isinstance(admission, Admission):
+            return self._admitted(admission, request, head, conn)
+        check = self._logins.check(security, admission, conn.peer)  # counted from now on
+        return self._after_check(check, request, head, conn)
+
+    async def _after_check(
+        self,
+        check: asyncio.Future[str | None],
+        request: Request,
+        head: RequestHead,
+        conn: _Connection,
+    ) -> Answer:
+        user = await check
+        admission = Admission.ALLOW if user is not None else Admission.UNAUTHORIZED
+        answer = self._admitted(admission, request, head, conn)
+        return answer if isinstance(answer, tuple) else await answer
+
+    def _admitted(
+        self, admission: Admission, request: Request, head: RequestHead, conn: _Connection
+    ) -> Answer | Pending:
+        if admission is Admission.UNAUTHORIZED:
+            log.debug("HTTP: unauthorized request from %s", conn.peer)
+            challenge = (("WWW-Authenticate", WWW_AUTHENTICATE),)
+            return error_response(401, "unauthorized", headers=challenge), head.keep_alive
+        if admission is Admission.RATE_LIMITED:
+            return error_response(429, "too many requests"), head.keep_alive
+        return self._route(request, head)
+
+    def _route(self, request: Request, head: RequestHead) -> Answer | Pending:
         at_once = self.routes.handle_at_once(request)  # no thread hop when nothing to wait for
         if at_once is not None:
             return at_once, head.keep_alive
+        return self._route_off_loop(request, head)
+
+    async def _route_off_loop(self, request: Request, head: RequestHead) -> Answer:
         loop = asyncio.get_running_loop()
         try:
             response = await loop.run_in_executor(self._workers, self.routes.handle, request)
@@ -311,7 +346,7 @@ class _Connection(asyncio.Protocol):
         self._head: RequestHead | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._setup: asyncio.Task[Any] | None = None
-        self._task: asyncio.Task[tuple[Response, bool]] | None = None
+        self._task: asyncio.Task[Answer] | None = None
         self._reading_paused = False
         self._writing_paused = False
         self._close_after = False
@@ -447,19 +482,32 @@ class _Connection(asyncio.Protocol):
         self._scanner.reset()
         self._disarm()
         self.state = _State.BUSY
-        self._task = self._loop.create_task(self.server.answer(head, self))
+        try:
+            answer = self.server.answer(head, self)
+        except Exception as exc:
+            self._respond(None, exc, head)
+            return
+        if isinstance(answer, tuple):  # answered on the loop: no task, no thread
+            self._respond(answer, None, head)
+            return
+        self._task = self._loop.create_task(answer)
         self._task.add_done_callback(lambda task: self._answered(task, head))
 
-    def _answered(self, task: asyncio.Task[tuple[Response, bool]], head: RequestHead) -> None:
+    def _answered(self, task: asyncio.Task[Answer], head: RequestHead) -> None:
         self._task = None
         if self.state is _State.CLOSED or task.cancelled():
             return
         error = task.exception()
-        if error is not None:
+        self._respond(task.result() if error is None else None, error, head)
+
+    def _respond(
+        self, answer: Answer | None, error: BaseException | None, head: RequestHead
+    ) -> None:
+        if answer is None:
             log.error("HTTP: answering %s %s failed: %r", head.method, head.target[:200], error)
             response, keep_alive = error_response(500, "internal error"), False
         else:
-            response, keep_alive = task.result()
+            response, keep_alive = answer
         keep_alive = keep_alive and not self._close_after
         self._write(self.server.frame(response, head, keep_alive, self), keep_alive)
 
@@ -485,8 +533,8 @@ class _Connection(asyncio.Protocol):
             self.close(abort=False)
             return
         self._become_idle()
-        if self._buf:
-            self._process()
+        if self._buf:  # pipelined: next turn of the loop, so answers at once do not recurse
+            self._loop.call_soon(self._process)
 
     def _become_idle(self) -> None:
         self.state = _State.IDLE

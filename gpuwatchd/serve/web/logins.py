@@ -13,6 +13,7 @@ import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from gpuwatchd.serve.web.auth import Attempt
 from gpuwatchd.serve.web.security import Admission, WebSecurity
 
 #: Concurrent bcrypt checks: enough that one flood leaves room for scrapers, few enough
@@ -23,7 +24,7 @@ MAX_PENDING_CHECKS = 64
 
 
 class LoginPool:
-    """Admits requests for one HTTP server; call :meth:`admit` on its event loop only."""
+    """Admits requests for one HTTP server; call it on its event loop only."""
 
     def __init__(
         self, workers: int = BCRYPT_WORKERS, max_pending: int = MAX_PENDING_CHECKS
@@ -32,10 +33,11 @@ class LoginPool:
         self._checking: set[str] = set()  # client addresses with a check in flight
         self._max_pending = max_pending
 
-    async def admit(
+    def admit_at_once(
         self, security: WebSecurity, authorization: str | None, address: str
-    ) -> Admission:
-        """Rate limit first, then basic auth, in the toolkit's order."""
+    ) -> Admission | Attempt:
+        """Rate limit first, then basic auth, in the toolkit's order: the verdict, or the
+        attempt a bcrypt check must decide (:meth:`check`)."""
         if security.limiter is not None and not security.limiter.allow():
             return Admission.RATE_LIMITED
         auth = security.auth
@@ -48,13 +50,20 @@ class LoginPool:
             return Admission.ALLOW
         if address in self._checking or len(self._checking) >= self._max_pending:
             return Admission.RATE_LIMITED
+        return attempt
+
+    def check(
+        self, security: WebSecurity, attempt: Attempt, address: str
+    ) -> asyncio.Future[str | None]:
+        """Start the bcrypt check :meth:`admit_at_once` left open; its future gives the
+        user name or None. ``address`` counts as checking from now until the check ends,
+        whether or not its request still waits for it."""
+        auth = security.auth
+        assert auth is not None
+        future = asyncio.get_running_loop().run_in_executor(self._pool, auth.verify, attempt)
         self._checking.add(address)
-        try:
-            loop = asyncio.get_running_loop()
-            user = await loop.run_in_executor(self._pool, auth.verify, attempt)
-        finally:
-            self._checking.discard(address)
-        return Admission.ALLOW if user is not None else Admission.UNAUTHORIZED
+        future.add_done_callback(lambda _: self._checking.discard(address))
+        return future
 
     def close(self) -> None:
         """Stop taking checks; one in progress finishes in its thread (under a second)."""
