@@ -24,22 +24,20 @@ EXIT_REJECTED = EXIT_CONFIG  # 2
 
 def format_queued(queued: dict[str, list[str]]) -> str:
     """``queued W on GPU N`` lines, GPUs in numeric order."""
-    lines = [
-        f"queued {w} on GPU {gpu}"
-        for gpu, names in sorted(queued.items(), key=lambda kv: int(kv[0]))
-        for w in names
-    ]
-    return "\n".join(lines) or "nothing queued"
+    return _per_gpu_lines("queued", queued) or "nothing queued"
 
 
 def format_cancelled(cancelled: dict[str, list[str]]) -> str:
     """``cancelled W on GPU N`` lines, GPUs in numeric order."""
-    lines = [
-        f"cancelled {w} on GPU {gpu}"
-        for gpu, names in sorted(cancelled.items(), key=lambda kv: int(kv[0]))
+    return _per_gpu_lines("cancelled", cancelled) or "nothing waiting to cancel"
+
+
+def _per_gpu_lines(verb: str, by_gpu: dict[str, list[str]]) -> str:
+    return "\n".join(
+        f"{verb} {w} on GPU {gpu}"
+        for gpu, names in sorted(by_gpu.items(), key=lambda kv: int(kv[0]))
         for w in names
-    ]
-    return "\n".join(lines) or "nothing waiting to cancel"
+    )
 
 
 def format_pending(pending: dict[str, list[str]]) -> str:
