@@ -113,7 +113,8 @@ _LINGER_S = 2.0
 
 
 class LoopServer:
-    """Serves ``routes`` on a bound listening socket from its own thread.
+    """Serves ``routes`` on a bound listening socket, on ``serve_loop`` (shared with the
+    control socket; None: a loop of its own).
 
     ``security`` is read once per connection (TLS) and once per request (auth, headers),
     so swapping it (a reload) never gives a request half of each config.
