@@ -245,3 +245,13 @@ def test_the_daemons_collectors_all_read_in_memory_state_inline() -> None:
     subs = [w.sub for part in registry.parts if isinstance(part, GpuwatchdCollector)
             for w in part._workers]  # fmt: skip
     assert subs and [s.name for s in subs if not getattr(s, "runs_inline", False)] == []
+
+
+def test_a_plain_collector_is_run_on_the_loop_only_when_it_says_it_reads_memory() -> None:
+    _, registry, renderer, _ = _setup()
+    plain = _Source("plain", versioned=False)
+    registry.register(plain)  # type: ignore[arg-type]
+    assert renderer.render_at_once("", "") is None and plain.runs == 0
+    plain.runs_inline = True
+    rendered = renderer.render_at_once("", "")
+    assert rendered is not None and b"gpuwatchd_test_plain 1.0" in rendered.body

@@ -168,7 +168,7 @@ class MetricsRenderer:
     ) -> bytes | None:
         """The registry in one format; collector by collector when it lists them. Without
         ``wait``, None where that could wait: a registry that does not list its
-        collectors, or a sub-collector that runs in its own thread."""
+        collectors, or a collector that does not say ``runs_inline``."""
         registry = self._registry
         if not isinstance(registry, ExporterRegistry):
             return whole(registry) if wait else None
@@ -180,8 +180,10 @@ class MetricsRenderer:
                 if body is None:
                     return None
                 bodies.append(body)
-            else:  # the registry's own small collectors: build info, TLS expiry
+            elif wait or getattr(c, "runs_inline", False):  # build info, TLS expiry
                 bodies.append(part(list(c.collect())))
+            else:
+                return None
         eof = EOF if content_type.startswith("application/openmetrics-text") else b""
         return b"".join(bodies) + eof
 

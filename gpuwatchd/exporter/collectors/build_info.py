@@ -32,6 +32,8 @@ class DaemonInfo:
 class BuildInfoCollector:
     """One always-1 info series labelled with the :class:`DaemonInfo`."""
 
+    runs_inline = True  # an immutable value
+
     def __init__(self, info: DaemonInfo) -> None:
         self._info = info
 

@@ -30,6 +30,8 @@ class TlsCertificateCollector:
     """Asks the HTTP server for its certificates at each scrape, so a reload shows the
     renewed certificate."""
 
+    runs_inline = True  # the server's loaded certificates: an in-memory tuple
+
     def __init__(self, certificates: Callable[[], Sequence[ServedCertificate]]) -> None:
         self._certificates = certificates
 
