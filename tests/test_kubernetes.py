@@ -198,7 +198,7 @@ def test_writable_paths_are_the_configured_ones(
 
 
 def test_probes_hit_the_health_route_on_the_listen_port(rendered: dict[str, list[Doc]]) -> None:
-    routes = (ROOT / "gpuwatchd" / "exporter" / "routes.py").read_text(encoding="utf-8")
+    routes = (ROOT / "gpuwatchd" / "serve" / "routes.py").read_text(encoding="utf-8")
     assert '"/healthz": self._healthz' in routes
     docs = rendered["base"]
     c = _container(_one(docs, "DaemonSet"))
