@@ -53,7 +53,7 @@ class Op:
 
 
 class OpTable:
-    """Routes a decoded request to its :class:`Op`; a :data:`control_server.Handler`."""
+    """Routes a decoded request to its :class:`Op`; a :data:`gpuwatchd.serve.control.Handler`."""
 
     def __init__(self, ops: Iterable[Op] = ()) -> None:
         self._ops: dict[str, Op] = {}
