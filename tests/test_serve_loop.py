@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -39,7 +40,8 @@ def ask(path: Path, line: bytes) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)
         s.connect(str(path))
-        s.sendall(line)
+        with contextlib.suppress(BrokenPipeError):  # a busy server answers before it reads
+            s.sendall(line)
         reply: dict[str, Any] = json.loads(s.makefile("rb").readline())
         return reply
 
