@@ -15,7 +15,8 @@ from builders import session_meta
 from pg_server import PASSWORD, PostgresServer
 
 from gpuwatchd.store import MIGRATIONS, StoreError, open_store, redact_url, sql_migration
-from gpuwatchd.store.postgres import VERSION_TABLE, postgres_store
+from gpuwatchd.store.conn import Conn
+from gpuwatchd.store.postgres import VERSION_TABLE, PostgresEngine, postgres_store
 from gpuwatchd.tuning.types import SessionStatus
 
 LATEST = len(MIGRATIONS)
@@ -136,6 +137,24 @@ def test_a_foreign_database_is_refused_untouched(postgres_server: PostgresServer
     assert postgres_server.sql(db, f"SELECT to_regclass('{VERSION_TABLE}')") == [(None,)]
 
 
+def test_a_store_opened_while_another_host_migrates_it_is_not_taken_for_a_foreign_one(
+    postgres_server: PostgresServer, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet's first start on an empty database: one daemon's first migration commits
+    its tables and version between another daemon's two reads of them."""
+    url = postgres_server.url(db)
+    postgres_store(url).close()  # the other daemon's migration, committed
+    real = PostgresEngine.version
+    stale = [0]  # the version as read just before that commit
+
+    def version(self: PostgresEngine, conn: Conn) -> int:
+        return stale.pop() if stale else real(self, conn)
+
+    monkeypatch.setattr(PostgresEngine, "version", version)
+    with postgres_store(url) as store:
+        assert store.schema_version() == LATEST
+
+
 def test_readonly_needs_a_migrated_database(postgres_server: PostgresServer, db: str) -> None:
     with pytest.raises(StoreError, match="not a gpuwatchd store"):
         postgres_store(postgres_server.url(db), readonly=True)
@@ -153,3 +172,24 @@ def test_no_server_side_prepared_statements_so_a_transaction_pooler_works(
         assert conn.raw.prepare_threshold is None
         prepared = conn.raw.execute("SELECT count(*) AS n FROM pg_prepared_statements").fetchone()
         assert prepared["n"] == 0
+
+
+def test_no_setting_outlives_a_transaction_so_a_transaction_pooler_works(
+    postgres_server: PostgresServer, db: str
+) -> None:
+    """Behind PgBouncer in transaction mode a session-level setting would stay on a server
+    connection other clients borrow, and be missing from this client's next one."""
+    with postgres_store(postgres_server.url(db)) as store:
+        store.sessions()
+        with store._tx.transaction(True, "read the settings") as conn:
+            inside = conn.execute(
+                "SELECT current_setting('idle_in_transaction_session_timeout') AS s"
+            ).fetchone()["s"]
+        (conn,) = store._tx._idle
+        outside = conn.raw.execute(
+            "SELECT current_setting('idle_in_transaction_session_timeout') AS idle,"
+            " current_setting('lock_timeout') AS lock,"
+            " current_setting('statement_timeout') AS statement"
+        ).fetchone()
+    assert inside == "1min"
+    assert (outside["idle"], outside["lock"], outside["statement"]) == ("0", "0", "0")

@@ -232,17 +232,7 @@ class PostgresEngine(Engine):
             )
         except psycopg.Error as e:
             raise self._cannot_open(e) from None
-        conn = Conn(raw, translate=translate, ddl=postgres_ddl, in_transaction=_in_transaction)
-        try:
-            with self.bounded(conn):
-                conn.execute(
-                    "SELECT set_config('idle_in_transaction_session_timeout', ?, false)",
-                    (_milliseconds(IDLE_IN_TRANSACTION_TIMEOUT_S),),
-                )
-        except psycopg.Error as e:
-            raw.close()
-            raise self._cannot_open(e) from None
-        return conn
+        return Conn(raw, translate=translate, ddl=postgres_ddl, in_transaction=_in_transaction)
 
     @contextmanager
     def bounded(self, conn: Conn) -> Iterator[None]:
@@ -261,9 +251,15 @@ class PostgresEngine(Engine):
 
     def begin(self, conn: Conn, *, write: bool) -> None:
         conn.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        # settings local to the transaction: a pooler hands the next one another server
         conn.execute(
-            "SELECT set_config('lock_timeout', ?, true), set_config('statement_timeout', ?, true)",
-            (_milliseconds(self.lock_timeout_s), _milliseconds(self.statement_timeout_s)),
+            "SELECT set_config('lock_timeout', ?, true), set_config('statement_timeout', ?, true),"
+            " set_config('idle_in_transaction_session_timeout', ?, true)",
+            (
+                _milliseconds(self.lock_timeout_s),
+                _milliseconds(self.statement_timeout_s),
+                _milliseconds(IDLE_IN_TRANSACTION_TIMEOUT_S),
+            ),
         )
 
     def median_sql(self, column: str) -> str | None:
@@ -353,8 +349,10 @@ class PostgresEngine(Engine):
             )
 
     def _refuse_foreign(self, conn: Conn, version: int) -> None:
+        # read the version again after the table: a first migration running meanwhile
+        # commits both at once, so the first read may have come before it
         sessions = conn.execute("SELECT to_regclass('sessions') AS relation").fetchone()
-        if version == 0 and sessions["relation"] is not None:
+        if version == 0 and sessions["relation"] is not None and self.version(conn) == 0:
             raise StoreError(
                 f"store {self.where} has a sessions table but no gpuwatchd schema version;"
                 " point [store] url at another database"
