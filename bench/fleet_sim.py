@@ -58,7 +58,7 @@ from pg_server import RUN_AS, PostgresServer, start_server  # noqa: E402
 
 from gpuwatchd.api.winners_cache import WinnersCache  # noqa: E402
 from gpuwatchd.config.loader import Config  # noqa: E402
-from gpuwatchd.daemon.fleet_sync import FleetSync  # noqa: E402
+from gpuwatchd.daemon.fleet_sync import FleetSync, in_one_transaction  # noqa: E402
 from gpuwatchd.daemon.host_identity import HostIdentity, lease_s  # noqa: E402
 from gpuwatchd.drift.detector import GpuDriftView  # noqa: E402
 from gpuwatchd.drift.fleet import clock_max_age_s  # noqa: E402
@@ -381,12 +381,16 @@ class VirtualHost:
         self.tuning_tick()
 
     def fleet_tick(self) -> None:
+        """The daemon's ``fleet_tick``: the host name held, the fleet synced, the winners
+        read again, in one transaction (its ``refresh_stored`` step reads nothing while a
+        host's GPUs stay the same, so it is left out here)."""
+        in_one_transaction(self.store, [self._hold_host_name, self.sync, self.cache.refresh])
+
+    def _hold_host_name(self) -> None:
         try:
             self.identity.claim()
         except StoreError as e:
             self.stats.error(e)
-        self.sync()
-        self.cache.refresh()
 
     def tuning_tick(self) -> None:
         now = self.clock()

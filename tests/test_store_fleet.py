@@ -18,6 +18,7 @@ import pytest
 from builders import STACK, SettableClock, candidate, seed_session, session_meta
 from store_backends import KINDS, Backend, make_backend
 
+from gpuwatchd.daemon.fleet_sync import in_one_transaction
 from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.store import (
     MIGRATIONS,
@@ -29,6 +30,7 @@ from gpuwatchd.store import (
     host_name,
 )
 from gpuwatchd.store.disagreement import MIN_MARGIN
+from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.rows import HOST_ENV
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus
 
@@ -766,3 +768,81 @@ def test_clock_medians_are_one_row_per_group_computed_by_the_database(
     ]
     assert medians[0] == ClockMedian(H200, 700, pytest.approx(1.55e9), 4)  # type: ignore[arg-type]
     assert medians[1].median_hz == pytest.approx(1.2e9)
+
+
+# -- batches: a fleet sync's calls in one transaction --------------------------------------
+
+
+def clocks_of(backend: Backend) -> list[object]:
+    """The hosts whose clocks another connection sees committed."""
+    return [r[0] for r in backend.execute("SELECT host FROM host_clocks ORDER BY host")]
+
+
+def a_clock(host: str, clock: SettableClock) -> HostClock:
+    return HostClock(host, f"GPU-{host}", H200, 700.0, 1.44e9, clock.t)
+
+
+def test_calls_in_a_batch_commit_together_when_it_ends(
+    store: SqlStore, backend: Backend, clock: SettableClock
+) -> None:
+    with store.batch(write=True):
+        store.report_host_clock(a_clock("node-a", clock))
+        assert [c.host for c in store.host_clocks()] == ["node-a"]  # seen inside
+        store.report_host_clock(a_clock("node-b", clock))
+        assert clocks_of(backend) == []  # nothing committed yet
+        with store.batch():  # a nested batch joins
+            assert store.claim("gemm", "node-a", "GPU-1", 60) is True
+    assert clocks_of(backend) == ["node-a", "node-b"]
+    assert [c.key for c in store.claims()] == ["gemm"]
+
+
+def test_a_failed_call_fails_the_rest_of_its_batch_and_rolls_it_all_back(
+    store: SqlStore, backend: Backend, clock: SettableClock
+) -> None:
+    with pytest.raises(StoreError) as end, store.batch(write=True):
+        store.report_host_clock(a_clock("node-a", clock))
+        with pytest.raises(StoreError):
+            store.finish_session(999, SessionStatus.COMPLETED)  # no such session
+        with pytest.raises(StoreError, match="an earlier call failed"):
+            store.report_host_clock(a_clock("node-b", clock))
+    assert "\n" not in str(end.value) and "999" in str(end.value)
+    assert clocks_of(backend) == []
+    store.report_host_clock(a_clock("node-c", clock))  # the next call has a transaction
+    assert clocks_of(backend) == ["node-c"]
+
+
+def test_a_read_batch_refuses_writes(
+    store: SqlStore, backend: Backend, clock: SettableClock
+) -> None:
+    with pytest.raises(StoreError, match="inside a read-only batch"), store.batch():
+        store.report_host_clock(a_clock("node-a", clock))
+    assert clocks_of(backend) == []
+
+
+def test_the_fleet_tick_is_one_transaction_on_a_shared_store_only(
+    store: SqlStore, backend: Backend, clock: SettableClock
+) -> None:
+    seen: list[list[object]] = []
+    steps = [
+        lambda: store.report_host_clock(a_clock("node-a", clock)),
+        lambda: seen.append(clocks_of(backend)),
+        lambda: store.report_host_clock(a_clock("node-b", clock)),
+    ]
+    in_one_transaction(store, steps)
+    # PostgreSQL: the first write is not committed while the tick goes on; SQLite: each
+    # step is its own transaction (one would hold the file's write lock over the tick)
+    assert seen == [[] if store.shared else ["node-a"]]
+    assert clocks_of(backend) == ["node-a", "node-b"]
+
+
+def test_a_fleet_tick_whose_store_is_down_runs_each_step_alone(
+    store: SqlStore, clock: SettableClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def down(*_: object, **__: object) -> None:
+        raise StoreUnavailable(f"store {store.where} is unreachable: stopped")
+
+    monkeypatch.setattr(type(store), "batch", down)
+    monkeypatch.setattr(type(store), "shared", True)
+    ran: list[int] = []
+    in_one_transaction(store, [lambda: ran.append(1), lambda: ran.append(2)])
+    assert ran == [1, 2]

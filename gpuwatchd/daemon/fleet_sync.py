@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from gpuwatchd.drift.detector import GpuDriftView
 from gpuwatchd.drift.fleet import (
@@ -153,3 +153,28 @@ class FleetSync:
         for model in models:
             winners += self._store.fleet_winners(model, self.winner_max_age_s)
         return winners
+
+
+def in_one_transaction(store: SqlStore, steps: Sequence[Callable[[], object]]) -> None:
+    """Run ``steps`` (each handles its own store errors) as one transaction on a shared
+    store, so a fleet's load is one transaction per host and sync, not one per query and
+    GPU. On an embedded store each step runs on its own (a write transaction there would
+    hold the file's lock over every step); when the transaction cannot begin (the store
+    is down) each step runs on its own and fails fast, marking its view stale.
+    """
+    if not store.shared:
+        for step in steps:
+            step()
+        return
+    began = False
+    try:
+        with store.batch(write=True):
+            began = True
+            for step in steps:
+                step()
+    except StoreError as exc:
+        if began:  # a step failed and logged it; nothing of the batch was kept
+            log.debug("the fleet sync's transaction was rolled back: %s", exc)
+            return
+        for step in steps:
+            step()

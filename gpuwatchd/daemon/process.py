@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -37,7 +38,7 @@ from gpuwatchd.config import (
 from gpuwatchd.config.listen import parse_listen
 from gpuwatchd.daemon.added_workloads import FILE_NAME as ADDED_FILE
 from gpuwatchd.daemon.added_workloads import AddedWorkloads
-from gpuwatchd.daemon.fleet_sync import FleetSync
+from gpuwatchd.daemon.fleet_sync import FleetSync, in_one_transaction
 from gpuwatchd.daemon.history import SampleHistory
 from gpuwatchd.daemon.host_identity import HostIdentity, HostNameTaken, lease_s
 from gpuwatchd.daemon.job_gate import JobGates, job_ops
@@ -530,11 +531,11 @@ class Daemon:
         """Periodic task: this host's sustained clocks to the store, the fleet's clocks,
         disagreements and coverage back, and the winners /api/v1/winners serves (never
         raises: a store error marks them stale)."""
-        self._hold_host_name()
-        self.tuner.refresh_stored()
+        steps: list[Callable[[], object]] = [self._hold_host_name, self.tuner.refresh_stored]
         if self.cfg.fleet.enabled:
-            self.fleet_sync()
-        self.winners.refresh()
+            steps.append(self.fleet_sync)
+        steps.append(self.winners.refresh)
+        in_one_transaction(self.store, steps)
 
     def _hold_host_name(self) -> None:
         """Renew this machine's hold on its host name (an unreachable store: next sync)."""

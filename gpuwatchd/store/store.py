@@ -18,6 +18,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from gpuwatchd.store import claims as claim_sql
@@ -130,6 +131,11 @@ class SqlStore:
     def close(self) -> None:
         """Close idle connections; ones in use close when their call returns."""
         self._tx.close()
+
+    def batch(self, *, write: bool = False) -> AbstractContextManager[None]:
+        """The calls made inside, on this thread, as one transaction (:meth:`Transactions.
+        batch <gpuwatchd.store.transactions.Transactions.batch>`)."""
+        return self._tx.batch(write=write)
 
     def __enter__(self) -> SqlStore:
         return self

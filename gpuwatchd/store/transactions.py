@@ -58,6 +58,7 @@ class Transactions:
         self._migrations = tuple(migrations)
         self._keep = keep_connections
         self._lock = threading.Lock()
+        self._batch = threading.local()  # this thread's open batch (see batch())
         self._open_lock = threading.Lock()
         self._idle: list[Conn] = []
         self._opened = False
@@ -188,9 +189,50 @@ class Transactions:
                         time.monotonic() - since)  # fmt: skip
 
     @contextmanager
+    def batch(self, *, write: bool = False) -> Iterator[None]:
+        """Run this thread's calls inside as one transaction (one BEGIN and COMMIT for a
+        group of small calls, as the fleet sync makes): a call that fails makes the later
+        ones fail at once, and the batch raises its StoreError when it ends (all rolled
+        back). Inside a read batch a write is refused; a nested batch joins."""
+        if getattr(self._batch, "conn", None) is not None:
+            yield
+            return
+        if write and self.readonly:
+            raise StoreError(f"store {self._engine.where} is open read-only; cannot write a batch")
+        with self.transaction(write, "run a batch of calls") as conn:
+            self._batch.conn, self._batch.write, self._batch.failed = conn, write, None
+            try:
+                yield
+            finally:
+                failed, self._batch.conn, self._batch.failed = self._batch.failed, None, None
+            if failed is not None:
+                raise failed
+
+    def _joined(self, write: bool, what: str) -> Iterator[Conn]:
+        """A call inside this thread's batch: its transaction, errors as StoreError."""
+        b, where = self._batch, self._engine.where
+        if b.failed is not None:
+            raise StoreError(f"store {where}: cannot {what}: an earlier call failed")
+        if write and not b.write:
+            b.failed = StoreError(f"store {where}: cannot {what} inside a read-only batch")
+            raise b.failed
+        try:
+            yield b.conn
+        except self._engine.error as e:
+            b.failed = self._engine.fail(what, e)
+            raise b.failed from e
+        except BaseException as e:  # the call's statements so far stay: none may commit
+            b.failed = e if isinstance(e, StoreError) else StoreError(f"cannot {what}: {e!r}")
+            raise
+
+    @contextmanager
     def transaction(self, write: bool, what: str, *, probe: bool = False) -> Iterator[Conn]:
         """One transaction on a pooled connection (see the class docstring); ``probe``
-        tries even while the store is marked down."""
+        tries even while the store is marked down. Inside this thread's :meth:`batch`,
+        the batch's."""
+        if getattr(self._batch, "conn", None) is not None:
+            yield from self._joined(write, what)
+            return
         engine = self._engine
         self._may_try(probe)
         try:
