@@ -33,13 +33,10 @@ import json
 import os
 import random
 import resource
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -54,7 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import psycopg  # noqa: E402
-from pg_server import RUN_AS, PostgresServer, start_server  # noqa: E402
+from pg_bouncer import Bouncer, find_pgbouncer  # noqa: E402
+from pg_server import PostgresServer, start_server  # noqa: E402
 
 from gpuwatchd.api.winners_cache import WinnersCache  # noqa: E402
 from gpuwatchd.config.loader import Config  # noqa: E402
@@ -144,12 +142,6 @@ class StatementTimes:
 # -- the servers ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_postgres() -> PostgresServer:
     """tests/pg_server.py's server with pg_stat_statements loaded and lock waits logged."""
     server = start_server()
@@ -164,90 +156,6 @@ def start_postgres() -> PostgresServer:
     server.halt()
     server.resume()
     return server
-
-
-@dataclass
-class Bouncer:
-    """Debian's pgbouncer in transaction mode in front of ``server``'s database ``db``."""
-
-    server: PostgresServer
-    db: str
-    pool_size: int
-    reserve: int
-    root: Path = field(init=False)
-    port: int = field(init=False)
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-        if not Path(binary).exists():
-            raise SystemExit("fleet_sim: pgbouncer is not installed (apt-get install pgbouncer)")
-        self.root = Path(tempfile.mkdtemp(prefix="gpuwatchd-pgbouncer-"))
-        self.port = free_port()
-        (self.root / "userlist.txt").write_text('"postgres" ""\n', encoding="utf-8")
-        (self.root / "pgbouncer.ini").write_text(
-            f"""[databases]
-{self.db} = host={self.server.root} port={self.server.port} dbname={self.db} user=postgres
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {self.port}
-unix_socket_dir = {self.root}
-auth_type = trust
-auth_file = {self.root}/userlist.txt
-admin_users = postgres
-stats_users = postgres
-pool_mode = transaction
-max_client_conn = 5000
-default_pool_size = {self.pool_size}
-reserve_pool_size = {self.reserve}
-reserve_pool_timeout = 1
-server_idle_timeout = 60
-logfile = {self.root}/pgbouncer.log
-pidfile = {self.root}/pgbouncer.pid
-""",
-            encoding="utf-8",
-        )
-        shutil.chown(self.root, RUN_AS, RUN_AS)
-        for p in self.root.iterdir():
-            shutil.chown(p, RUN_AS, RUN_AS)
-        self.proc = subprocess.Popen(
-            ["runuser", "-u", RUN_AS, "--", "sh", "-c",
-             f"ulimit -n 12000; exec {binary} {self.root}/pgbouncer.ini"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                self.admin("SHOW VERSION")
-                return
-            except psycopg.Error:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise SystemExit("fleet_sim: pgbouncer did not start") from None
-                time.sleep(0.2)
-
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{self.db}?sslmode=disable"
-
-    def admin(self, command: str) -> list[dict[str, Any]]:
-        """A command on PgBouncer's admin console; rows as dicts."""
-        with psycopg.connect(
-            f"postgresql://postgres@127.0.0.1:{self.port}/pgbouncer?sslmode=disable",
-            autocommit=True,
-        ) as conn:
-            cur = conn.cursor()
-            cur.execute(command)
-            names = [c.name for c in cur.description or ()]
-            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 # -- results a simulated session yields ---------------------------------------------------
@@ -640,8 +548,11 @@ class Fleet:
         self.server = start_postgres()
         self.db = self.server.new_database()
         self.server.sql(self.db, "CREATE EXTENSION pg_stat_statements")
-        self.bouncer = Bouncer(self.server, self.db, args.pool_size, args.reserve)
-        self.bouncer.start()
+        binary = find_pgbouncer()
+        if binary is None:
+            raise SystemExit("fleet_sim: pgbouncer is not installed (apt-get install pgbouncer)")
+        self.bouncer = Bouncer(self.server, self.db, pool_size=args.pool_size, reserve=args.reserve)
+        self.bouncer.start(binary)
         self.clock = SimClock(1_800_000_000.0)
         cfg = Config()
         self.cfg = replace(cfg, fleet=replace(cfg.fleet, verify_fraction=args.verify_fraction))
