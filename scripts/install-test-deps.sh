@@ -20,6 +20,8 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 # The store's tests start their own PostgreSQL server (initdb under /usr/lib/postgresql).
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need_apt+=(postgresql)
+# The store is tested through PgBouncer in transaction mode, as a fleet reaches it.
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need_apt+=(pgbouncer)
 # `status --watch` is tested in a tmux pane of 100 columns.
 command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 if [ "${#need_apt[@]}" -gt 0 ]; then
@@ -28,10 +30,13 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   $SUDO env DEBIAN_FRONTEND=noninteractive \
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
-# Debian's prometheus package starts a server on :9090; the tests start their own.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
-  $SUDO systemctl stop prometheus || true
-fi
+# Debian's prometheus package starts a server on :9090, and its pgbouncer one on :6432;
+# the tests start their own.
+for service in prometheus pgbouncer; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$service" 2>/dev/null; then
+    $SUDO systemctl stop "$service" || true
+  fi
+done
 # The CPU index when it answers within a few seconds, with the configured index beside it
 # for everything else; otherwise the configured index alone (a mirror, or PyPI).
 default_index="${PIP_INDEX_URL:-$(python3 -m pip config get global.index-url 2>/dev/null \
