@@ -3,7 +3,8 @@
 Each virtual host has 8 simulated GPUs and its own ``PostgresStore`` (its own client
 connection to PgBouncer, as a daemon has) and drives the fleet's real code: the
 :class:`~gpuwatchd.sessions.fleet.FleetPolicy` (plan, claim, plan again, renew, release,
-in the order the scheduler's ``_choose`` runs them), session commits (start, one result
+in the order the scheduler's ``_choose`` runs them; a completed session answers the
+host's other GPUs, as its ``_drop_answered_here`` does), session commits (start, one result
 per workload and regime, finish), the daemon's fleet tick (``HostIdentity.claim``,
 :class:`~gpuwatchd.daemon.fleet_sync.FleetSync`, :class:`~gpuwatchd.api.winners_cache.
 WinnersCache` refresh) and the :class:`~gpuwatchd.store.retention.Pruner`. Tuning itself
@@ -330,7 +331,7 @@ class VirtualHost:
             self._drop(gpu, {w.name for w, _ in plan.skipped}, skipped=True)
             if not plan.run:
                 return
-            claimed = policy.claim(info, versions, plan.run)
+            claimed = policy.claim(info, versions, plan.run, plan.verify)
             if claimed.elsewhere:
                 p.recheck_at = self.clock() + policy.recheck_s
             if not claimed.keys:
@@ -375,7 +376,8 @@ class VirtualHost:
         self.policy.release(info.uuid, s.keys.values())
         self.running = None
         self.stats.measured(self, s)
-        self._drop(s.gpu, set(s.keys), skipped=False)
+        for gpu in list(self.pending):  # the scheduler's _drop_answered_here: every GPU
+            self._drop(gpu, set(s.keys), skipped=gpu != s.gpu)  # of the host is answered
         self.cache.refresh()  # after every session of this host
 
     def _drop(self, gpu: int, names: set[str], *, skipped: bool) -> None:

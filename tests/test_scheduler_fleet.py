@@ -429,6 +429,22 @@ def test_verify_fraction_one_measures_everything_again_and_counts_it(fleet: Flee
     assert a.sched.snapshot.fleet_skipped_total == {}
 
 
+def test_hosts_verify_the_same_answer_side_by_side(fleet: Fleet) -> None:
+    """Each host's share is its own: one verifying host does not hold the others back
+    (they would find the answer re-measured when it is done, and draw again)."""
+    fleet.seed("b", "sim-0", (U, S), NOW - HOUR)
+    a, c = fleet.make("a", verify_fraction=1.0), fleet.make("c", verify_fraction=1.0)
+    a.ask(WORK[:1])
+    c.ask(WORK[:1])
+    assert a.runner() and c.runner()
+    assert a.started == c.started == ["sim-0"]
+    held = sorted((c.key.rsplit("|", 1)[1], c.host) for c in fleet.claims())
+    assert held == [("verify:a", "a"), ("verify:c", "c")]
+    release_all(a)
+    release_all(c)
+    assert a.sched.snapshot.fleet_verified_total == c.sched.snapshot.fleet_verified_total == 1
+
+
 def test_a_preempted_verification_is_not_counted(fleet: Fleet) -> None:
     fleet.seed("b", "sim-0", (U, S), NOW - HOUR)
     a = fleet.make("a", verify_fraction=1.0)

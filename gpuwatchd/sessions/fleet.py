@@ -83,6 +83,14 @@ def claim_key(gpu_model: str, versions: Versions, workload: str) -> str:
     return f"{gpu_model}|{versions.key()}|{workload}"
 
 
+def verify_key(key: str, host: str) -> str:
+    """The claim on ``host``'s verification of the work claimed as ``key``: hosts verify
+    an answer side by side, each its own share (one claim for all would let them verify
+    one after another, and most would find the answer re-measured and draw again), while
+    the host's own GPUs take turns on it."""
+    return f"{key}|verify:{host}"
+
+
 def verify_share(host: str, gpu_model: str, workload: str, measured_at: float) -> float:
     """A stable number in [0, 1) for one host and one fleet answer.
 
@@ -239,14 +247,23 @@ class FleetPolicy:
             must_measure=must,
         )
 
-    def claim(self, info: DeviceInfo, versions: Versions, workloads: Sequence[Workload]) -> Claimed:
-        """Claim each workload for this host and GPU; a store error gives back what was
-        claimed before it and is raised."""
+    def claim(
+        self,
+        info: DeviceInfo,
+        versions: Versions,
+        workloads: Sequence[Workload],
+        verify: Collection[str] = (),
+    ) -> Claimed:
+        """Claim each workload for this host and GPU (those in ``verify`` under this
+        host's :func:`verify_key`); a store error gives back what was claimed before it
+        and is raised."""
         keys: dict[str, str] = {}
         elsewhere: list[str] = []
         try:
             for w in workloads:
                 key = claim_key(info.name, versions, w.name)
+                if w.name in verify:
+                    key = verify_key(key, self.host)
                 if self.store.claim(key, self.host, info.uuid, self.cfg.claim_ttl_s):
                     keys[w.name] = key
                 else:

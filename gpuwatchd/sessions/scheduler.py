@@ -490,7 +490,7 @@ class TuneScheduler:
         if not plan.run:
             return None
         first = self._spec(info, plan.run, sim_t).workloads
-        claimed = fleet.claim(info, versions, first)
+        claimed = fleet.claim(info, versions, first, plan.verify)
         if claimed.elsewhere:
             self._claimed_by_others(gpu, claimed.elsewhere, all_of_them=not claimed.keys)
         if not claimed.keys:
