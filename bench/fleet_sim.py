@@ -523,6 +523,8 @@ class Phase:
     wall_s: float = 0.0
     xacts: int = 0
     queries: int = 0
+    xact_us: int = 0  # PgBouncer's time in transactions (server connections held)
+    client_wait_us: int = 0  # clients' time waiting for a server connection
     by_statement: dict[str, int] = field(default_factory=dict)
     latency_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     lock_samples: int = 0
@@ -600,6 +602,8 @@ class Fleet:
         totals = bouncer_totals(self.bouncer, db)
         phase.xacts = totals["total_xact_count"] - totals0["total_xact_count"]
         phase.queries = totals["total_query_count"] - totals0["total_query_count"]
+        phase.xact_us = totals["total_xact_time"] - totals0["total_xact_time"]
+        phase.client_wait_us = totals["total_wait_time"] - totals0["total_wait_time"]
         stmts = statement_counts(server, db)
         phase.by_statement = dict(
             sorted(((" ".join(q.split())[:110], c) for q, (c, _, _) in stmts.items()),
@@ -751,6 +755,11 @@ def show(phase: Phase, hosts: int) -> dict[str, Any]:
         "server_connections_active_max": phase.active_conns_max,
         "clients_waiting_max": phase.cl_waiting_max,
         "hosts_per_server_connection": round(hosts / max(1, phase.server_conns_max), 1),
+        # Little's law: server connections busy at once at the fleet's real pace (the
+        # compressed run holds each longer, so this is an upper bound)
+        "mean_transaction_ms": round(phase.xact_us / max(1, phase.xacts) / 1e3, 3),
+        "server_connections_busy_at_real_pace": round(phase.per_s(phase.xact_us / 1e6), 3),
+        "client_wait_s_per_sim_s": round(phase.per_s(phase.client_wait_us / 1e6), 3),
         "rows_added": {t: r for t, (r, _) in phase.growth.items() if r},
         "bytes_added": {t: b for t, (_, b) in phase.growth.items() if b},
         "rows_per_day": rows_day,
