@@ -525,6 +525,7 @@ class Phase:
     queries: int = 0
     xact_us: int = 0  # PgBouncer's time in transactions (server connections held)
     client_wait_us: int = 0  # clients' time waiting for a server connection
+    wal_bytes: int = 0  # what the server wrote to its log: the real write volume
     by_statement: dict[str, int] = field(default_factory=dict)
     latency_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     lock_samples: int = 0
@@ -591,6 +592,7 @@ class Fleet:
         server.sql(db, "SELECT pg_stat_statements_reset()")
         totals0 = bouncer_totals(self.bouncer, db)
         log0 = lock_wait_log_lines(server)
+        wal0 = server.sql(db, "SELECT pg_current_wal_lsn()")[0][0]
         n0, skipped0 = len(self.stats.sessions), self.stats.skipped
         errors0 = Counter(self.stats.errors)
         self.times.take()
@@ -621,6 +623,9 @@ class Fleet:
         phase.active_conns_max = max(sampler.active_conns, default=0)
         phase.cl_waiting_max = max(sampler.cl_waiting, default=0)
         sizes = table_sizes(server, db)
+        phase.wal_bytes = int(
+            server.sql(db, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (wal0,))[0][0]  # type: ignore[arg-type]
+        )
         phase.growth = {
             t: (sizes[t][0] - sizes0.get(t, (0, 0))[0], sizes[t][1] - sizes0.get(t, (0, 0))[1])
             for t in sizes
@@ -653,8 +658,8 @@ class Fleet:
         return phase
 
     def warm_up(self) -> None:
-        """One fleet sync interval unmeasured: every host has synced once."""
-        end = self.clock() + self.cfg.fleet.sync_interval_s
+        """Two fleet sync intervals unmeasured: every host has synced (its rows exist)."""
+        end = self.clock() + 2 * self.cfg.fleet.sync_interval_s
         while self.clock() < end:
             self.tick()
 
@@ -762,6 +767,8 @@ def show(phase: Phase, hosts: int) -> dict[str, Any]:
         "client_wait_s_per_sim_s": round(phase.per_s(phase.client_wait_us / 1e6), 3),
         "rows_added": {t: r for t, (r, _) in phase.growth.items() if r},
         "bytes_added": {t: b for t, (_, b) in phase.growth.items() if b},
+        "wal_bytes": phase.wal_bytes,
+        "wal_bytes_per_day": round(phase.wal_bytes * day),
         "rows_per_day": rows_day,
         "bytes_per_day": bytes_day,
         "measurements": phase.sessions,
