@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import psycopg  # noqa: E402
+from builders import candidate  # noqa: E402
 from pg_bouncer import Bouncer, find_pgbouncer  # noqa: E402
 from pg_server import PostgresServer, start_server  # noqa: E402
 
@@ -70,7 +71,6 @@ from gpuwatchd.store.postgres import PostgresStore  # noqa: E402
 from gpuwatchd.store.retention import Pruner  # noqa: E402
 from gpuwatchd.telemetry.types import DeviceInfo  # noqa: E402
 from gpuwatchd.tuning.types import (  # noqa: E402
-    CandidateStats,
     Regime,
     RegimeResult,
     SessionStatus,
@@ -171,15 +171,9 @@ def regime_result(model: str, workload: str, regime: Regime, host: str) -> Regim
     each host's numbers within a fraction of a percent of the others'."""
     base = 1e-3 * (1 + _digest(model, workload, regime) % 1000 / 1000)
     jitter = 1 + (_digest(host, workload, regime) % 100) / 100_000
-    cands = []
-    for i, name in enumerate(CANDIDATES):
-        median = base * (1 + 0.05 * i) * jitter
-        cands.append(CandidateStats(
-            name=name, family=name.split("[")[0], regime=regime, median_s=median,
-            spread=0.004, samples=12, rejected=0, sm_clock_hz=1.98e9, power_w=690.0,
-            temp_c=55.0, energy_j_per_call=1.2, reasons=0,
-            meta={"kernels": [f"kernel_of_{name}"]},
-        ))  # fmt: skip
+    cands = [
+        candidate(name, regime, base * (1 + 0.05 * i) * jitter) for i, name in enumerate(CANDIDATES)
+    ]
     return RegimeResult(workload, regime, tuple(cands), CANDIDATES[0], False, 0.05, 0.002)
 
 
