@@ -238,6 +238,40 @@ class FlakyStore:
         return getattr(self.store, name)
 
 
+def test_an_unchanged_clock_is_written_again_only_as_it_ages(store: Any) -> None:
+    """Each sync rewriting every GPU's row would write a fleet's every row each minute."""
+    t = [NOW_UNIX]
+    writes: list[str] = []
+
+    class Spy:
+        def report_host_clock(self, row: HostClock) -> None:
+            writes.append(row.gpu_uuid)
+            store.report_host_clock(row)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+    board, views = this_host()
+    sync = FleetSync(Spy(), board, lambda: views, max_age_s=1800.0, winner_max_age_s=86400.0,
+                     host="me", now=lambda: t[0])  # fmt: skip
+    sync()
+    assert writes == ["GPU-me-0", "GPU-me-1"]
+    t[0] += 60
+    sync()
+    assert writes == ["GPU-me-0", "GPU-me-1"]  # unchanged and fresh: not written
+    views[1] = view("GPU-me-1", 1300)
+    t[0] += 60
+    sync()
+    assert writes[2:] == ["GPU-me-1"]  # a changed clock is written at once
+    t[0] = NOW_UNIX + 600  # a third of max_age_s after GPU 0's write
+    snap = sync()
+    assert writes[3:] == ["GPU-me-0"]
+    mine = {c.gpu_uuid: c for c in store.host_clocks() if c.host == "me"}
+    assert mine["GPU-me-0"].updated_at == NOW_UNIX + 600
+    assert mine["GPU-me-1"].sustained_clock_hz == 1300 * MHZ
+    assert snap.groups[ClockGroup(H200, "700")].peers == 2  # both still counted
+
+
 def test_store_errors_mark_the_snapshot_stale_and_are_logged_once_each(
     store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

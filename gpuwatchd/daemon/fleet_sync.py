@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 #: How often the daemon syncs with the shared store.
 DEFAULT_INTERVAL_S = 60.0
+#: A GPU's unchanged clock is written again after this share of ``max_age_s``, not at
+#: every sync (a fleet's GPUs would rewrite every row each minute: gigabytes of the
+#: database's log a day); a third, so one lost write still leaves the row counted.
+REWRITE_SHARE = 1 / 3
 
 
 def _positive(name: str, value: float) -> float:
@@ -76,6 +80,7 @@ class FleetSync:
         self._now = now
         self._snapshot = FleetSnapshot()
         self._logged: set[str] = set()  # messages logged during the current failure streak
+        self._written: dict[str, HostClock] = {}  # per GPU UUID: the row last written
 
     @property
     def snapshot(self) -> FleetSnapshot:
@@ -131,7 +136,9 @@ class FleetSync:
     def _sync(self) -> FleetSnapshot:
         own = self.own_clocks()
         for _, row in own:
-            self._store.report_host_clock(row)
+            if self._due(row):
+                self._store.report_host_clock(row)
+                self._written[row.gpu_uuid] = row
         # One row per group from the store, not every host's clocks (O(hosts) per host).
         medians = self._store.clock_medians(self.max_age_s)
         groups = groups_from_medians(medians)
@@ -147,6 +154,13 @@ class FleetSync:
             synced_at=self._now(),
             recent_disagreements=dict(recent),
         )
+
+    def _due(self, row: HostClock) -> bool:
+        """Whether ``row`` is to be written: it changed, or its last write ages."""
+        last = self._written.get(row.gpu_uuid)
+        if last is None or dataclasses.replace(last, updated_at=row.updated_at) != row:
+            return True
+        return row.updated_at - last.updated_at >= REWRITE_SHARE * self.max_age_s
 
     def _fresh_winners(self, models: Iterable[str]) -> list[WinnerRow]:
         winners: list[WinnerRow] = []
