@@ -1,6 +1,6 @@
 """A fleet of virtual hosts on one real PostgreSQL behind PgBouncer (transaction mode).
 
-Each virtual host has 8 simulated GPUs and its own ``PostgresStore`` (its own client
+Each virtual host has 8 simulated GPUs and its own PostgreSQL store (its own client
 connection to PgBouncer, as a daemon has) and drives the fleet's real code: the
 :class:`~gpuwatchd.sessions.fleet.FleetPolicy` (plan, claim, plan again, renew, release,
 in the order the scheduler's ``_choose`` runs them; a completed session answers the
@@ -67,7 +67,7 @@ from gpuwatchd.sessions.fleet import FleetPolicy  # noqa: E402
 from gpuwatchd.sessions.fleet_settings import FleetConfig  # noqa: E402
 from gpuwatchd.store import SessionMeta, StoreError  # noqa: E402
 from gpuwatchd.store.conn import Conn  # noqa: E402
-from gpuwatchd.store.postgres import PostgresStore  # noqa: E402
+from gpuwatchd.store.postgres import postgres_store  # noqa: E402
 from gpuwatchd.store.retention import Pruner  # noqa: E402
 from gpuwatchd.telemetry.types import DeviceInfo  # noqa: E402
 from gpuwatchd.tuning.types import (  # noqa: E402
@@ -214,7 +214,7 @@ class VirtualHost:
             )
             for g in range(GPUS_PER_HOST)
         ]  # fmt: skip
-        self.store = PostgresStore(url, now=clock, keep_connections=1)
+        self.store = postgres_store(url, now=clock, keep_connections=1)
         self.store.keep_incumbent_for_s = cfg.fleet.max_winner_age_s
         self.board = StateBoard()
         for info in self.gpus:

@@ -16,7 +16,7 @@ from pg_server import PostgresServer
 
 from gpuwatchd.daemon.fleet_sync import in_one_transaction
 from gpuwatchd.store import HostClock
-from gpuwatchd.store.postgres import PostgresStore
+from gpuwatchd.store.postgres import postgres_store
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus
 
 H200 = "NVIDIA H200"
@@ -43,8 +43,8 @@ def test_two_hosts_claim_measure_and_sync_through_one_pooled_server_connection(
     bouncer: Bouncer,
 ) -> None:
     clock = SettableClock(1_800_000_000.0)
-    a = PostgresStore(bouncer.url(), now=clock)
-    b = PostgresStore(bouncer.url(), now=clock)
+    a = postgres_store(bouncer.url(), now=clock)
+    b = postgres_store(bouncer.url(), now=clock)
     try:
         key = f"{H200}|{STACK.key()}|gemm"
         assert a.claim(key, "node-a", "GPU-a", 60) is True
@@ -65,12 +65,12 @@ def test_two_hosts_claim_measure_and_sync_through_one_pooled_server_connection(
                                lambda: b.report_host_clock(clocks[1])])  # fmt: skip
         assert [m.peers for m in a.clock_medians(60)] == [2]
         for store in (a, b):
-            with store._transaction(False, "read the settings") as conn:
+            with store._tx.transaction(False, "read the settings") as conn:
                 row = conn.execute(
-                    "SELECT current_setting('idle_in_transaction_session_timeout'),"
-                    " current_setting('lock_timeout')"
+                    "SELECT current_setting('idle_in_transaction_session_timeout') AS idle,"
+                    " current_setting('lock_timeout') AS lock"
                 ).fetchone()
-            assert tuple(row) == ("1min", "10s")  # set in each transaction, by each
+            assert (row["idle"], row["lock"]) == ("1min", "10s")  # set in each transaction
     finally:
         a.close()
         b.close()
