@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -443,6 +443,33 @@ def test_hosts_verify_the_same_answer_side_by_side(fleet: Fleet) -> None:
     release_all(a)
     release_all(c)
     assert a.sched.snapshot.fleet_verified_total == c.sched.snapshot.fleet_verified_total == 1
+
+
+def test_a_host_draws_its_verify_share_once_however_often_the_answer_is_re_measured() -> None:
+    """Other hosts' verifications land while this host's GPUs look one after another: a
+    new draw at each look would have the host verify more than its share."""
+    clock = Clock()
+    store = FakeFleetStore(clock)
+    policy = FleetPolicy(store, FleetConfig(verify_fraction=0.5), host="a",  # type: ignore[arg-type]
+                         versions_now=versions_now, now=clock)  # fmt: skip
+    times = [NOW - HOUR + i for i in range(64)]
+    skip_at = next(t for t in times if verify_share("a", MODEL, "sim-0", t) >= 0.5)
+    verify_at = next(t for t in times if verify_share("a", MODEL, "sim-0", t) < 0.5)
+    info = DeviceInfo(0, "GPU-a", MODEL, driver_version=STACK.driver)
+    store.seed("b", "sim-0", (U, S), skip_at)
+    first = policy.plan(info, STACK, WORK[:1], (U, S), {})
+    assert [w.name for w, _ in first.skipped] == ["sim-0"]
+    store.rows.clear()
+    store.seed("c", "sim-0", (U, S), verify_at)  # host c verified meanwhile
+    other_gpu = replace(info, index=1, uuid="GPU-a-1")
+    again = policy.plan(other_gpu, STACK, WORK[:1], (U, S), {})
+    assert again.verify == frozenset() and [w.name for w, _ in again.skipped] == ["sim-0"]
+    new_at = max(times) + FleetConfig().max_winner_age_s  # the first answer aged out
+    clock.t = new_at + 1
+    store.rows.clear()
+    store.seed("c", "sim-0", (U, S), new_at)
+    later = policy.plan(info, STACK, WORK[:1], (U, S), {})  # drawn on the new answer
+    assert ("sim-0" in later.verify) == (verify_share("a", MODEL, "sim-0", new_at) < 0.5)
 
 
 def test_a_preempted_verification_is_not_counted(fleet: Fleet) -> None:

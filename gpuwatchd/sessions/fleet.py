@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -146,13 +147,17 @@ def plan_fleet(
     gpu_model: str,
     verify_fraction: float,
     must_measure: Collection[str] = (),
+    draw_at: Mapping[str, float] | None = None,
 ) -> FleetPlan:
     """Split ``workloads`` into work to measure and work the fleet answered.
 
     A workload in ``must_measure`` is measured whatever the fleet says; one another host
     answered is measured again when its :func:`verify_share` falls under
     ``verify_fraction``; one only this host answered (on another of its GPUs) never is.
+    The share is drawn on ``draw_at``'s measurement time for the workload where given,
+    else on the answer's.
     """
+    draw_at = draw_at or {}
     run: list[Workload] = []
     skipped: list[tuple[Workload, FleetAnswer]] = []
     verify: set[str] = set()
@@ -161,7 +166,8 @@ def plan_fleet(
         if answer is None or w.name in must_measure:
             run.append(w)
         elif answer.hosts != (host,) and (
-            verify_share(host, gpu_model, w.name, answer.measured_at) < verify_fraction
+            verify_share(host, gpu_model, w.name, draw_at.get(w.name, answer.measured_at))
+            < verify_fraction
         ):
             run.append(w)
             verify.add(w.name)
@@ -203,6 +209,8 @@ class FleetPolicy:
         self._versions_now = versions_now
         self.measure_anyway = frozenset(str(r) for r in measure_anyway)
         self._now = now
+        self._lock = threading.Lock()  # sessions' threads plan at once
+        self._drawn: dict[str, float] = {}  # per claim key: the answer its share is drawn on
 
     @property
     def active(self) -> bool:
@@ -245,7 +253,26 @@ class FleetPolicy:
             gpu_model=info.name,
             verify_fraction=cfg.verify_fraction,
             must_measure=must,
+            draw_at=self._draw_at(info.name, versions, answers, now),
         )
+
+    def _draw_at(
+        self, gpu_model: str, versions: Versions, answers: Mapping[str, FleetAnswer], now: float
+    ) -> dict[str, float]:
+        """Per workload, the answer this host draws its verify share on: the first it saw
+        while that one stays fresh. Verifications re-measure an answer within minutes of
+        each other, and a GPU that looked after one landed would draw again: the host would
+        verify more than its share, on several GPUs."""
+        max_age_s = self.cfg.max_winner_age_s
+        out: dict[str, float] = {}
+        with self._lock:
+            for key, seen in list(self._drawn.items()):
+                if now - seen > max_age_s:
+                    del self._drawn[key]
+            for name, answer in answers.items():
+                key = claim_key(gpu_model, versions, name)
+                out[name] = self._drawn.setdefault(key, answer.measured_at)
+        return out
 
     def claim(
         self,
