@@ -1,6 +1,6 @@
 """Share one in-flight computation between concurrent callers asking for the same key.
 
-Rendering /metrics for 8 GPUs costs about 2 ms of GIL-bound Python. When several
+Rendering /metrics for 8 GPUs costs milliseconds of GIL-bound Python. When several
 scrapers (an HA Prometheus pair, Grafana, a curl loop) arrive together, rendering once
 per request would queue them behind each other; sharing the render in flight bounds
 the CPU to one render at a time and the latency to about one render. Nothing is cached:

@@ -1,7 +1,7 @@
 """The Prometheus text format (0.0.4), byte for byte what prometheus_client writes, faster.
 
 ``prometheus_client.exposition.generate_latest`` validates and escapes every metric and
-label name and formats every label set again for each sample: 4-5 ms of GIL-bound Python
+label name and formats every label set again for each sample: milliseconds of GIL-bound Python
 for 8 GPUs, and a scrape that misses the render cache waits for all of it (bench/RESULTS.md,
 "The daemon's cost"). Per-GPU label sets and names repeat from scrape to scrape, so this
 encoder remembers them. A name outside the legacy character set (none of gpuwatchd's) makes

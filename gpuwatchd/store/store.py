@@ -7,7 +7,7 @@ and runs each call in a :class:`~gpuwatchd.store.transactions.Transactions` on i
 Every write is one transaction; a failure mid-write rolls back and loses nothing
 already stored. Reads skip rows they cannot parse, with a warning.
 
-The SQL layer is hand-written, not SQLAlchemy Core: Core alone takes about three times
+The SQL layer is hand-written, not SQLAlchemy Core: Core alone takes several times
 this whole store's memory, in a daemon held to 32 MiB of RSS (bench/RESULTS.md, "The store's
 SQL layer against SQLAlchemy Core").
 """

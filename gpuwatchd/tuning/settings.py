@@ -45,10 +45,10 @@ class ProtocolConfig:
     warmup_min_s: float = 0.05
     min_calls: int = 1
     max_calls: int = 100_000
-    #: Unthrottled: idle between batches so the power limiter never engages. The H200's
-    #: limiter acts on power filtered over ~0.4 s (0.23 s to cap a heavy GEMM from idle), so
-    #: a 10 ms batch per 35 ms (29% duty) keeps even a 1325 W-demand GEMM's filtered power
-    #: under 600 W of the 700 W limit; a batch rejected for power or clock doubles the pause
+    #: Unthrottled: idle between batches so the power limiter never engages. The limiter
+    #: acts on filtered power (its time constant is in bench/RESULTS.md, "Tuning GEMMs in
+    #: two regimes"), so short batches at this duty cycle keep even the heaviest GEMM's
+    #: filtered power under the limit; a batch rejected for power or clock doubles the pause
     #: for the rest of the regime, up to ``max_pause_s`` (or ``pause_s`` if longer), in
     #: case a limiter reacts faster.
     pause_s: float = 0.025

@@ -108,7 +108,7 @@ class Attempt:
 class BasicAuth:
     """Checks basic-auth credentials against bcrypt hashes, remembering successes.
 
-    bcrypt is slow on purpose (cost 10 is ~70 ms, 12 is ~300 ms), so a success is cached
+    bcrypt is slow on purpose (its cost factor sets how slow), so a success is cached
     (see :class:`CredentialCache`; pass the previous one on reload to keep it). Failures
     are not cached, so guessing cannot evict the scrapers' entries. An unknown user is
     checked against a real hash so timing does not reveal which users exist.

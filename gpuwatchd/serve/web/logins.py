@@ -1,7 +1,7 @@
 """Admission on the HTTP server's event loop, with bcrypt checks on a small thread pool.
 
 A cached credential is admitted on the loop in microseconds. A credential the cache
-cannot vouch for costs a bcrypt check (~70 ms at cost 10), run on a pool of a few
+cannot vouch for costs a bcrypt check (slow on purpose), run on a pool of a few
 threads (bcrypt releases the GIL), with at most one check per client address in flight:
 a flood of wrong passwords from one address takes one thread and gets 429 for the rest,
 so a scraper logging in from another address finds a free thread at once.

@@ -1,6 +1,6 @@
 """YAML as the exporter toolkit reads a web config: strict keys, plain scalars left as text.
 
-Its own module so that PyYAML (18 modules, ~1.3 MiB) is imported only by a daemon that
+Its own module so that PyYAML (a sizeable import) is imported only by a daemon that
 has a web config to read (:func:`gpuwatchd.serve.web.config.load_web_config`).
 """
 

@@ -491,7 +491,7 @@ class _RegimeRun:
         leader's is too: a confidence interval assumes steady samples, and a drifting device
         (heating, throttling) would judge them against a moving target. A sustained regime
         that settled has shown its device steady already: there the spread is the capped
-        clock's hunting (2.5-3% over 10 ms batches on an H200), which the intervals cover.
+        clock's hunting (a few percent over short batches), which the intervals cover.
         """
         racing = self._racing()
         samples = {s.name: [r.seconds_per_call for r in s.accepted] for s in racing}
