@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs on a fresh Debian machine without a GPU:
 # promtool and a real Prometheus (Debian's `prometheus`), systemd-analyze, PostgreSQL
-# (Debian's `postgresql`, for the store's tests), the CPU build of torch (pinned, from
+# (Debian's `postgresql`, for the store's tests) and PgBouncer (Debian's `pgbouncer`, the
+# store's transaction-pooling test), the CPU build of torch (pinned, from
 # PyTorch's CPU index when it answers: the default index's torch pulls several GB of
 # CUDA wheels), and gpuwatchd. Run it as root, or as a user with sudo (for apt-get).
 set -euo pipefail
