@@ -284,10 +284,13 @@ class VirtualHost:
         self.tuning_tick()
 
     def fleet_tick(self) -> None:
-        """The daemon's ``fleet_tick``: the host name held, the fleet synced, the winners
-        read again, in one transaction (its ``refresh_stored`` step reads nothing while a
-        host's GPUs stay the same, so it is left out here)."""
-        in_one_transaction(self.store, [self._hold_host_name, self.sync, self.cache.refresh])
+        """The daemon's ``fleet_tick``: the host name held (its own transaction), then the
+        fleet synced and the winners read again in one (its ``refresh_stored`` step reads
+        nothing while a host's GPUs stay the same, so it is left out here)."""
+        self._hold_host_name()
+        in_one_transaction(
+            self.store, [self.sync, self.cache.refresh], on_rollback=[self.sync.rolled_back]
+        )
 
     def _hold_host_name(self) -> None:
         try:

@@ -17,16 +17,19 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from gpuwatchd.drift.config import DriftConfig
 from gpuwatchd.drift.detector import GpuDriftView
 from gpuwatchd.drift.fleet import (
     RECENT_DISAGREEMENTS_S,
     ClockGroup,
     FleetSnapshot,
     OwnClock,
+    clock_max_age_s,
     coverage,
     groups_from_medians,
 )
 from gpuwatchd.monitor.board import StateBoard
+from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.store import SqlStore, StoreError
 from gpuwatchd.store.rows import HostClock, WinnerRow, host_name
 from gpuwatchd.validate import describe
@@ -39,6 +42,10 @@ DEFAULT_INTERVAL_S = 60.0
 #: every sync (a fleet's GPUs would rewrite every row each minute: gigabytes of the
 #: database's log a day); a third, so one lost write still leaves the row counted.
 REWRITE_SHARE = 1 / 3
+#: The clock age a reader with default settings counts (``report --fleet``, a daemon
+#: whose ``[drift] window_s`` is the default): a longer ``max_age_s`` here does not make
+#: this host's unchanged rows vanish from those readers' medians.
+DEFAULT_CLOCK_MAX_AGE_S = clock_max_age_s(DriftConfig(), FleetConfig())
 
 
 def _positive(name: str, value: float) -> float:
@@ -81,6 +88,9 @@ class FleetSync:
         self._snapshot = FleetSnapshot()
         self._logged: set[str] = set()  # messages logged during the current failure streak
         self._written: dict[str, HostClock] = {}  # per GPU UUID: the row last written
+        # this sync's writes, with what _written held before (None: nothing), until they
+        # are known to be kept: a transaction rolled back takes them back
+        self._this_sync: dict[str, HostClock | None] = {}
 
     @property
     def snapshot(self) -> FleetSnapshot:
@@ -89,6 +99,7 @@ class FleetSync:
 
     def __call__(self) -> FleetSnapshot:
         """Write this host's clocks, read the fleet's; never raises."""
+        self._this_sync = {}
         try:
             fresh = self._sync()
         except Exception as exc:  # a dead store must not stop the other periodic tasks
@@ -99,6 +110,17 @@ class FleetSync:
             self._logged.clear()
         self._snapshot = fresh
         return fresh
+
+    def rolled_back(self, message: str) -> None:
+        """The transaction this sync ran in was rolled back (``message`` says why): its
+        clock writes were not kept, so they are due again, and the views are stale."""
+        for uuid, before in self._this_sync.items():
+            if before is None:
+                self._written.pop(uuid, None)
+            else:
+                self._written[uuid] = before
+        self._this_sync = {}
+        self._failed(message)
 
     def _failed(self, message: str) -> None:
         if message not in self._logged:
@@ -138,6 +160,7 @@ class FleetSync:
         for _, row in own:
             if self._due(row):
                 self._store.report_host_clock(row)
+                self._this_sync.setdefault(row.gpu_uuid, self._written.get(row.gpu_uuid))
                 self._written[row.gpu_uuid] = row
         # One row per group from the store, not every host's clocks (O(hosts) per host).
         medians = self._store.clock_medians(self.max_age_s)
@@ -160,7 +183,8 @@ class FleetSync:
         last = self._written.get(row.gpu_uuid)
         if last is None or dataclasses.replace(last, updated_at=row.updated_at) != row:
             return True
-        return row.updated_at - last.updated_at >= REWRITE_SHARE * self.max_age_s
+        rewrite_s = REWRITE_SHARE * min(self.max_age_s, DEFAULT_CLOCK_MAX_AGE_S)
+        return row.updated_at - last.updated_at >= rewrite_s
 
     def _fresh_winners(self, models: Iterable[str]) -> list[WinnerRow]:
         winners: list[WinnerRow] = []
@@ -169,12 +193,19 @@ class FleetSync:
         return winners
 
 
-def in_one_transaction(store: SqlStore, steps: Sequence[Callable[[], object]]) -> None:
+def in_one_transaction(
+    store: SqlStore,
+    steps: Sequence[Callable[[], object]],
+    on_rollback: Sequence[Callable[[str], None]] = (),
+) -> None:
     """Run ``steps`` (each handles its own store errors) as one transaction on a shared
     store, so a fleet's load is one transaction per host and sync, not one per query and
     GPU. On an embedded store each step runs on its own (a write transaction there would
     hold the file's lock over every step); when the transaction cannot begin (the store
-    is down) each step runs on its own and fails fast, marking its view stale.
+    is down) each step runs on its own and fails fast, marking its view stale. When it
+    began and was rolled back (a step failed, or the COMMIT did), the cause is logged
+    once per distinct message and each ``on_rollback`` is told why: what the steps
+    wrote was not kept.
     """
     if not store.shared:
         for step in steps:
@@ -187,8 +218,19 @@ def in_one_transaction(store: SqlStore, steps: Sequence[Callable[[], object]]) -
             for step in steps:
                 step()
     except StoreError as exc:
-        if began:  # a step failed and logged it; nothing of the batch was kept
-            log.debug("the fleet sync's transaction was rolled back: %s", exc)
+        if not began:
+            for step in steps:
+                step()
             return
-        for step in steps:
-            step()
+        why = str(exc)
+        if why not in _rolled_back_logged:
+            _rolled_back_logged.add(why)
+            log.warning("the fleet sync's transaction was rolled back: %s", why)
+        for undo in on_rollback:
+            undo(why)
+        return
+    _rolled_back_logged.clear()
+
+
+#: The causes of rolled-back fleet transactions logged since the last one that committed.
+_rolled_back_logged: set[str] = set()

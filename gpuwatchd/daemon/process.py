@@ -207,6 +207,7 @@ class Daemon:
             else None
         )
         self._fatal: str | None = None  # why the daemon stopped itself (run raises it)
+        self._lease_error: str | None = None  # the last host-name renewal failure logged
         if self.identity is not None and self.store.up:
             with contextlib.suppress(StoreUnavailable):  # taken when the store is back
                 self.identity.claim()
@@ -531,11 +532,15 @@ class Daemon:
         """Periodic task: this host's sustained clocks to the store, the fleet's clocks,
         disagreements and coverage back, and the winners /api/v1/winners serves (never
         raises: a store error marks them stale)."""
-        steps: list[Callable[[], object]] = [self._hold_host_name, self.tuner.refresh_stored]
+        # The host name's lease in its own transaction: a failing read must not undo it.
+        self._hold_host_name()
+        steps: list[Callable[[], object]] = [self.tuner.refresh_stored]
+        undo: list[Callable[[str], None]] = []
         if self.cfg.fleet.enabled:
             steps.append(self.fleet_sync)
+            undo.append(self.fleet_sync.rolled_back)
         steps.append(self.winners.refresh)
-        in_one_transaction(self.store, steps)
+        in_one_transaction(self.store, steps, on_rollback=undo)
 
     def _hold_host_name(self) -> None:
         """Renew this machine's hold on its host name (an unreachable store: next sync)."""
@@ -545,8 +550,14 @@ class Daemon:
             self.identity.claim()
         except HostNameTaken as exc:
             self._refuse(exc)
-        except StoreError:
-            pass  # logged by the store; the lease outlasts a few missed renewals
+        except StoreUnavailable:
+            pass  # logged once per outage by the store; the lease outlasts a few renewals
+        except StoreError as exc:  # the store answered but refused: say why, once
+            if str(exc) != self._lease_error:
+                self._lease_error = str(exc)
+                log.warning("renewing the hold on the host name failed: %s", exc)
+        else:
+            self._lease_error = None
 
     def _refuse(self, exc: HostNameTaken) -> None:
         """Another live machine has this host name: stop, saying so in one line."""

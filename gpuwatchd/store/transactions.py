@@ -199,7 +199,7 @@ class Transactions:
             return
         if write and self.readonly:
             raise StoreError(f"store {self._engine.where} is open read-only; cannot write a batch")
-        with self.transaction(write, "run a batch of calls") as conn:
+        with self.transaction(write, "run a batch of calls", each_call_bounded=True) as conn:
             self._batch.conn, self._batch.write, self._batch.failed = conn, write, None
             try:
                 yield
@@ -217,7 +217,8 @@ class Transactions:
             b.failed = StoreError(f"store {where}: cannot {what} inside a read-only batch")
             raise b.failed
         try:
-            yield b.conn
+            with self._engine.bounded(b.conn):  # each call its own bound, as outside a batch
+                yield b.conn
         except self._engine.error as e:
             b.failed = self._engine.fail(what, e)
             raise b.failed from e
@@ -226,10 +227,13 @@ class Transactions:
             raise
 
     @contextmanager
-    def transaction(self, write: bool, what: str, *, probe: bool = False) -> Iterator[Conn]:
+    def transaction(
+        self, write: bool, what: str, *, probe: bool = False, each_call_bounded: bool = False
+    ) -> Iterator[Conn]:
         """One transaction on a pooled connection (see the class docstring); ``probe``
         tries even while the store is marked down. Inside this thread's :meth:`batch`,
-        the batch's."""
+        the batch's. The call bound covers the whole body, or with ``each_call_bounded``
+        (a batch: its calls bound themselves) the schema check and the COMMIT alone."""
         if getattr(self._batch, "conn", None) is not None:
             yield from self._joined(write, what)
             return
@@ -246,13 +250,23 @@ class Transactions:
             raise err from e
         broken = False
         try:
-            with engine.bounded(conn):
+            if each_call_bounded:
                 if write:
-                    self._refuse_newer_schema(conn, what)
+                    with engine.bounded(conn):
+                        self._refuse_newer_schema(conn, what)
                 yield conn
-                conn.execute("COMMIT")
+                with engine.bounded(conn):
+                    conn.execute("COMMIT")
+            else:
+                with engine.bounded(conn):
+                    if write:
+                        self._refuse_newer_schema(conn, what)
+                    yield conn
+                    conn.execute("COMMIT")
         except BaseException as e:
-            broken = isinstance(e, engine.error)
+            # a batch raises its first failure as a StoreError; the driver's error is its cause
+            cause = e.__cause__ if isinstance(e, StoreError) else e
+            broken = isinstance(cause, engine.error)
             if conn.in_transaction:
                 with suppress(engine.error):
                     conn.execute("ROLLBACK")
@@ -260,6 +274,8 @@ class Transactions:
                 err = engine.fail(what, e)
                 self._note(err, lost=engine.lost(e))
                 raise err from e
+            if isinstance(e, StoreError) and isinstance(cause, engine.error):
+                self._note(e, lost=engine.lost(cause))
             raise
         finally:
             self._give_back(conn, broken)
