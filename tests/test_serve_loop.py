@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import urllib.request
@@ -138,3 +140,52 @@ def test_many_pipelined_requests_answered_on_the_loop_all_come_back() -> None:
             received += chunk
         sender.join(10)
     assert received.count(b"HTTP/1.1 200 OK") == count
+
+
+def test_a_handler_that_raises_runtime_error_gets_a_one_line_internal_error(
+    sockdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(doc: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
+        raise NotImplementedError("no such thing")  # a RuntimeError
+
+    control = ControlServer(sockdir / "c.sock", broken)
+    control.start()
+    try:
+        with caplog.at_level("ERROR", "gpuwatchd.serve.control"):
+            got = ask(sockdir / "c.sock", b'{"op": "status"}\n')
+    finally:
+        control.stop()
+    assert got == {"ok": False, "error": "internal error: NotImplementedError: no such thing"}
+    assert any("request handler failed" in r.getMessage() for r in caplog.records)
+
+
+OP_STILL_RUNNING_AT_STOP = """
+import socket, sys, threading
+from pathlib import Path
+from gpuwatchd.serve.control import ControlServer
+
+path = Path(sys.argv[1])
+started = threading.Event()
+
+def never_ends(doc, peer):
+    started.set()
+    threading.Event().wait()  # a stuck op (a store that never answers, say)
+
+server = ControlServer(path, never_ends)
+server.start()
+client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+client.connect(str(path))
+client.sendall(b'{"op": "status"}\\n')
+assert started.wait(10)
+server.stop()
+print("stopped", flush=True)
+"""
+
+
+def test_an_op_still_running_at_stop_does_not_hold_up_the_process_exit(sockdir: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", OP_STILL_RUNNING_AT_STOP, str(sockdir / "c.sock")],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "stopped\n"), done.stderr

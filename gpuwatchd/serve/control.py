@@ -13,8 +13,9 @@ loop (:class:`~gpuwatchd.serve.loop.ServeLoop`, shared with the HTTP server), at
 ``max_clients`` at once, of which one user holds at most ``max_per_peer``, each with a
 short deadline for its request line, so a silent, slow or garbage-sending client, or one
 user's pile of idle connections, never holds up anybody else (they get ``busy`` and ask
-again) and costs no thread. The handler runs on a pool of ``max_clients`` threads: an
-operation may wait on a lock or the store, and the loop must not.
+again) and costs no thread. The handler runs on a daemon thread of its own, at most one
+per connection: an operation may wait on a lock or the store, and the loop must not; one
+still running when the daemon stops does not hold up its exit.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import pwd
 import socket
 import stat
 import struct
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,7 +201,6 @@ class ControlServer:
         self._per_peer: dict[int, int] = {}  # open connections by uid
         self._active: set[socket.socket] = set()
         self._clients: set[asyncio.Task[None]] = set()
-        self._workers: ThreadPoolExecutor | None = None
         self._sock: socket.socket | None = None
         self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
 
@@ -223,7 +223,6 @@ class ControlServer:
         self._sock = sock
         st = os.lstat(self.path)
         self._ident = (st.st_dev, st.st_ino)
-        self._workers = ThreadPoolExecutor(self.max_clients, "gpuwatchd-control")
         serve_loop = self._given_loop or ServeLoop("gpuwatchd-control")
         serve_loop.acquire()
         self._serve_loop = serve_loop
@@ -240,10 +239,8 @@ class ControlServer:
         serve_loop.run(self._shutdown, timeout)
         serve_loop.release(timeout)
         self._serve_loop = None
-        if self._workers is not None:
-            self._workers.shutdown(wait=False, cancel_futures=True)
         self._sock.close()  # a no-op when the loop closed it
-        self._sock = self._workers = None
+        self._sock = None
         try:
             st = os.lstat(self.path)
             if (st.st_dev, st.st_ino) == self._ident:  # never remove a successor's socket
@@ -449,10 +446,28 @@ class ControlServer:
         return bool(await self._off_loop(self._allowed, peer))
 
     async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return await self._loop().run_in_executor(self._workers, fn, *args)
-        except RuntimeError:  # the pool is shut down: the server is stopping
-            raise _ClientGone from None
+        """``fn(*args)`` on a daemon thread of its own; its result or exception here."""
+        loop = self._loop()
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if done.done():  # the connection's task was cancelled: the server stopped
+                return
+            if error is None:
+                done.set_result(result)
+            else:
+                done.set_exception(error)
+
+        def run() -> None:
+            try:
+                outcome: tuple[Any, BaseException | None] = (fn(*args), None)
+            except BaseException as exc:  # handed to the awaiting task, which answers
+                outcome = (None, exc)
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(settle, *outcome)
+
+        threading.Thread(target=run, name="gpuwatchd-control-op", daemon=True).start()
+        return await done
 
     async def _answer(self, conn: socket.socket, deadline: float, peer: PeerCred) -> dict[str, Any]:
         try:
