@@ -23,7 +23,7 @@ import pytest
 from builders import wait_until
 
 from gpuwatchd.cli.common import CliError
-from gpuwatchd.cli.retune import add_retune_args
+from gpuwatchd.cli.retune import add_retune_args, format_cancelled
 from gpuwatchd.cli.retune import run as run_retune
 from gpuwatchd.config import Config
 from gpuwatchd.config.loader import TuningConfig
@@ -52,6 +52,7 @@ class FakeScheduler:
     def __init__(self) -> None:
         self.calls: list[tuple[int, list[str], str]] = []
         self._pending: dict[int, list[str]] = {}
+        self.running: dict[int, frozenset[str]] = {}  # per GPU: its session's workloads
 
     def request(self, gpu: int, workloads: Sequence[Workload], reason: str) -> None:
         names = [w.name for w in workloads]
@@ -61,6 +62,9 @@ class FakeScheduler:
 
     def pending(self) -> dict[int, tuple[str, ...]]:
         return {g: tuple(w) for g, w in self._pending.items() if w}
+
+    def in_session(self) -> dict[int, frozenset[str]]:
+        return dict(self.running)
 
     def withdraw(self, names: Collection[str], gpus: Collection[int] | None = None) -> None:
         for gpu, have in self._pending.items():
@@ -532,6 +536,37 @@ def test_cli_cancels_waiting_work_and_prints(
     assert run_retune(cli_args("--socket", path, "--cancel", "--json")) == 0
     assert json.loads(capsys.readouterr().out) == {"ok": True, "cancelled": {"1": ["sim-gemm"]}}
     assert sched.pending() == {1: (kernel.name,)}
+
+
+def test_cancel_leaves_the_running_sessions_workloads_alone(
+    server: ControlServer, sched: FakeScheduler
+) -> None:
+    assert ask_json(server.path, {"op": "retune", "gpu": 0, "workloads": None})["ok"]
+    sched.running[0] = frozenset({"sim-gemm"})  # GPU 0 is measuring it now
+    answer = ask_json(server.path, {"op": "cancel_retune", "gpu": None, "workloads": None})
+    assert answer == {"ok": True, "cancelled": {}}
+    assert sched.pending() == {0: ("sim-gemm",)}
+
+
+def test_a_cancel_of_thousands_of_workloads_answers_within_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    many = tuple(
+        Workload(f"gemm-{i:04d}-{'x' * 48}", "matmul", {"m": 8, "n": 8, "k": 8}, "float16",
+                 ("torch.gemm",))
+        for i in range(2400)
+    )  # fmt: skip
+    sched = FakeScheduler()
+    for gpu in range(8):
+        sched.request(gpu, many[gpu * 300 : (gpu + 1) * 300], "manual request")
+    table = OpTable(retune_ops(sched, CFG, lambda: list(range(8)), lambda: many))
+    answer = table({"op": "cancel_retune", "gpu": None, "workloads": None}, ME)
+    assert len(json.dumps(answer)) < MAX_LINE
+    named = sum(len(v) for v in answer["cancelled"].values())
+    assert named + sum(answer["omitted"].values()) == 2400 and sched.pending() == {}
+    lines = format_cancelled(answer["cancelled"], answer["omitted"]).splitlines()
+    assert len(lines) == named + len(answer["omitted"])
+    assert lines[-1].startswith("cancelled ") and lines[-1].endswith(" more on GPU 7")
 
 
 def test_cancel_names_a_bad_gpu_and_is_not_pending_at_once(

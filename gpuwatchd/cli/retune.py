@@ -27,9 +27,15 @@ def format_queued(queued: dict[str, list[str]]) -> str:
     return _per_gpu_lines("queued", queued) or "nothing queued"
 
 
-def format_cancelled(cancelled: dict[str, list[str]]) -> str:
-    """``cancelled W on GPU N`` lines, GPUs in numeric order."""
-    return _per_gpu_lines("cancelled", cancelled) or "nothing waiting to cancel"
+def format_cancelled(cancelled: dict[str, list[str]], omitted: dict[str, int] | None = None) -> str:
+    """``cancelled W on GPU N`` lines, GPUs in numeric order, then how many more the
+    daemon cancelled without naming them."""
+    more = [
+        f"cancelled {n} more on GPU {gpu}"
+        for gpu, n in sorted((omitted or {}).items(), key=lambda kv: int(kv[0]))
+    ]
+    lines = "\n".join(filter(None, [_per_gpu_lines("cancelled", cancelled), *more]))
+    return lines or "nothing waiting to cancel"
 
 
 def _per_gpu_lines(verb: str, by_gpu: dict[str, list[str]]) -> str:
@@ -108,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pending:
         print(format_pending(response.get("pending") or {}))
     elif args.cancel:
-        print(format_cancelled(response.get("cancelled") or {}))
+        print(format_cancelled(response.get("cancelled") or {}, response.get("omitted")))
     else:
         print(format_queued(response.get("queued") or {}))
     return 0

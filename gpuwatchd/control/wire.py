@@ -144,6 +144,7 @@ class StatusAnswer(Answer):
 
 class CancelRetuneAnswer(Answer):
     cancelled: dict[str, list[str]]  # by GPU: what was waiting and is taken off the queue
+    omitted: NotRequired[dict[str, int]]  # by GPU: how many more, left unnamed (line length)
 
 
 class RegisterJobAnswer(Answer):

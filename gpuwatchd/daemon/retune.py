@@ -19,11 +19,12 @@ takes it back). ``gpuwatchd retune`` (:mod:`gpuwatchd.cli.retune`) is the client
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpuwatchd.config import Config
-from gpuwatchd.control.wire import CANCEL_RETUNE, RETUNE, STATUS
+from gpuwatchd.control.wire import CANCEL_RETUNE, MAX_LINE, RETUNE, STATUS
 from gpuwatchd.daemon.ops import Op, Request, Response
 from gpuwatchd.serve.control import PeerCred, RequestError
 from gpuwatchd.tuning.types import Workload
@@ -37,6 +38,8 @@ class RetuneTarget(Protocol):
     def request(self, gpu: int, workloads: Sequence[Workload], reason: str) -> None: ...
 
     def pending(self) -> dict[int, tuple[str, ...]]: ...
+
+    def in_session(self) -> dict[int, frozenset[str]]: ...
 
     def withdraw(self, names: Collection[str], gpus: Collection[int] | None = None) -> None: ...
 
@@ -98,26 +101,47 @@ def retune_ops(
         return {"ok": True, "pending": _by_gpu(scheduler.pending())}
 
     def cancel(request: Request, _peer: PeerCred) -> Response:
-        pending = scheduler.pending()
+        pending, running = scheduler.pending(), scheduler.in_session()
         gpu = request["gpu"]
         targets = sorted(pending) if gpu is None else _pick_gpus(gpu, gpus())
         wanted = request["workloads"]
         ours = {w.name for w in runnable()}  # a job's kernel request is its job's to take back
         cancelled: dict[int, tuple[str, ...]] = {}
         for g in targets:
+            busy = running.get(g, frozenset())  # a running session keeps its workloads
             names = tuple(
-                n for n in pending.get(g, ()) if n in ours and (wanted is None or n in wanted)
+                n
+                for n in pending.get(g, ())
+                if n in ours and n not in busy and (wanted is None or n in wanted)
             )
             if names:
                 scheduler.withdraw(names, (g,))
                 cancelled[g] = names
-        return {"ok": True, "cancelled": _by_gpu(cancelled)}
+        return {"ok": True, **_named_within_a_line(cancelled)}
 
     return (
         Op(RETUNE, retune, parse_retune),
         Op(STATUS, status),
         Op(CANCEL_RETUNE, cancel, parse_cancel),
     )
+
+
+def _named_within_a_line(cancelled: dict[int, tuple[str, ...]]) -> dict[str, Any]:
+    """``cancelled`` by GPU, naming workloads while the answer stays well within one wire
+    line (``MAX_LINE``); what did not fit is counted in ``omitted`` by GPU."""
+    named: dict[str, list[str]] = {}
+    omitted: dict[str, int] = {}
+    budget = MAX_LINE // 2
+    for g, names in sorted(cancelled.items()):
+        kept = named.setdefault(str(g), [])
+        for n in names:
+            cost = len(json.dumps(n)) + 2
+            if cost <= budget:
+                budget -= cost
+                kept.append(n)
+            else:
+                omitted[str(g)] = omitted.get(str(g), 0) + 1
+    return {"cancelled": named, **({"omitted": omitted} if omitted else {})}
 
 
 def _by_gpu(pending: dict[int, tuple[str, ...]]) -> dict[str, list[str]]:

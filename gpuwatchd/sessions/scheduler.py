@@ -294,6 +294,12 @@ class TuneScheduler:
         with self._lock:
             return {g: tuple(w.name for w in p.workloads) for g, p in self._pending.items()}
 
+    def in_session(self) -> dict[int, frozenset[str]]:
+        """Per GPU with a session running: the workloads it measures (still pending until
+        it ends)."""
+        with self._lock:
+            return dict(self._tuning)
+
     def own_pids(self) -> frozenset[int]:
         """Every live worker PID: the gate must not call our own worker a foreign job."""
         pids: set[int] = set()
