@@ -439,7 +439,7 @@ def test_connection_cap_turns_away_extra_clients(sockdir: Path, sched: FakeSched
             s.close()
         # Slots come back once the idlers are gone.
         released = wait_until(
-            lambda: ask_json(srv.path, {"op": "status"})["ok"], 2.0, interval=0.05
+            lambda: ask_json(srv.path, {"op": "status"})["ok"], 15.0, interval=0.05
         )
         assert released, "connection slots were not released"
     finally:

@@ -50,7 +50,7 @@ def _sim_config(tmp: Path, fleet: FleetConfig) -> Config:
 def _run(daemon: Daemon) -> threading.Thread:
     thread = threading.Thread(target=daemon.run, daemon=True)
     thread.start()
-    wait_until(lambda: daemon.scheduler.running, 5, "the daemon's scheduler running")
+    wait_until(lambda: daemon.scheduler.running, 15, "the daemon's scheduler running")
     return thread
 
 

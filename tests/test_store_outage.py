@@ -250,7 +250,7 @@ def test_an_unreachable_store_holds_the_gpu_back_seconds_not_retry_failed_after_
     sched.request(0, [SIM_GEMM], "manual")
     for _session in range(2):  # not started (store down), then cut off (store gone)
         sched.tick()
-        wait_until(lambda: not sched.snapshot.running, 5, "the session over")
+        wait_until(lambda: not sched.snapshot.running, 15, "the session over")
         pending = sched._pending[0]
         assert pending.not_before <= clock[0] + STORE_RETRY_S
         clock[0] += STORE_RETRY_S
@@ -297,7 +297,7 @@ def test_the_daemon_starts_serves_and_reconnects_without_its_store(
     thread = threading.Thread(target=daemon.run, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: daemon.scheduler.running, 5, "the daemon running")
+        wait_until(lambda: daemon.scheduler.running, 15, "the daemon running")
         assert _store_up(daemon) == 0.0
         assert _get(daemon, "/metrics")[1].count("gpuwatchd_gpu_temperature_celsius{") == 1
         status, body = _get(daemon, "/api/v1/winners")
