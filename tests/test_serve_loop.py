@@ -189,3 +189,21 @@ def test_an_op_still_running_at_stop_does_not_hold_up_the_process_exit(sockdir: 
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
     )  # fmt: skip
     assert (done.returncode, done.stdout) == (0, "stopped\n"), done.stderr
+
+
+def test_stop_closes_every_connection_even_one_accepted_in_its_last_turn(sockdir: Path) -> None:
+    """A client's task cancelled before it first ran never reaches its own cleanup."""
+    left_open = 0
+    for _ in range(40):
+        server = ControlServer(sockdir / "c.sock", answer, client_timeout_s=0.5)
+        server.start()
+        clients = []
+        for _ in range(3):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(str(sockdir / "c.sock"))
+            clients.append(c)
+        server.stop()
+        left_open += len(server._active) + sum(server._per_peer.values())
+        for c in clients:
+            c.close()
+    assert left_open == 0

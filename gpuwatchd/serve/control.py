@@ -234,12 +234,15 @@ class ControlServer:
     def stop(self, timeout: float = 2.0) -> None:
         """Stop accepting, cut open connections, and remove the socket file if still ours."""
         serve_loop = self._serve_loop
-        if self._sock is None or serve_loop is None:
+        sock = self._sock
+        if sock is None or serve_loop is None:
             return
-        serve_loop.run(self._shutdown, timeout)
+        # What it needs is passed in: on a loop busy past ``timeout`` it runs later.
+        shut = serve_loop.run(lambda: self._shutdown(sock, serve_loop.loop), timeout)
         serve_loop.release(timeout)
         self._serve_loop = None
-        self._sock.close()  # a no-op when the loop closed it
+        if not shut:  # the loop did not get to it (yet): stop listening here
+            sock.close()
         self._sock = None
         try:
             st = os.lstat(self.path)
@@ -348,17 +351,21 @@ class ControlServer:
 
     # -- serving ---------------------------------------------------------------------
 
-    def _shutdown(self) -> None:
-        """On the loop: stop accepting and end every client's task (their finally closes)."""
-        assert self._sock is not None
+    def _shutdown(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> bool:
+        """On the loop: stop accepting, end every client's task and close every client
+        connection (a task cancelled before it first ran never reaches its finally)."""
         with contextlib.suppress(ValueError, OSError):
-            self._loop().remove_reader(self._sock.fileno())
-        self._sock.close()
+            loop.remove_reader(sock.fileno())
+        sock.close()
         for task in list(self._clients):
             task.cancel()
         for conn in list(self._active):
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        self._active.clear()
+        self._per_peer.clear()
+        return True
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         assert self._serve_loop is not None
