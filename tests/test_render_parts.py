@@ -255,3 +255,14 @@ def test_a_plain_collector_is_run_on_the_loop_only_when_it_says_it_reads_memory(
     plain.runs_inline = True
     rendered = renderer.render_at_once("", "")
     assert rendered is not None and b"gpuwatchd_test_plain 1.0" in rendered.body
+
+
+def test_a_format_only_the_library_writes_is_never_rendered_on_the_loop() -> None:
+    """Any client may ask for it (an Accept header), and the library's encoders are slow."""
+    inline = _Source("drift", inline=True)
+    _, _, renderer, _ = _setup(inline)
+    dots = "application/openmetrics-text; version=1.0.0; escaping=dots"
+    assert renderer.render_at_once("", "") is not None  # ours, on the loop
+    assert renderer.render_at_once(dots, "") is None  # the library's: off the loop
+    kept = renderer.render(dots, "")
+    assert renderer.render_at_once(dots, "") is kept  # a kept body needs no render

@@ -105,8 +105,9 @@ class MetricsRenderer:
 
     def render_at_once(self, accept: str, accept_encoding: str) -> Rendered | None:
         """The body, rendered here if that needs no waiting: every collector to run reads
-        in-memory state in the caller's thread and no render of it is in flight. None
-        otherwise (then :meth:`render`, off the event loop)."""
+        in-memory state in the caller's thread, no render of it is in flight, and the
+        format is one of our own fast encoders (a kept body of any format is returned).
+        None otherwise (then :meth:`render`, off the event loop)."""
         return self._render(accept, accept_encoding, wait=False)
 
     def _render(self, accept: str, accept_encoding: str, *, wait: bool) -> Rendered | None:
@@ -117,6 +118,8 @@ class MetricsRenderer:
         entry = self._entries.get(key)
         if entry is not None and self._fresh(entry, version):
             return entry.rendered
+        if not wait and encoders[0] is encoder:  # the library's slow encoder: off the loop
+            return None
 
         def fresh_entry() -> _Entry | None:
             body = self._encode(*encoders, content_type, wait=wait)
