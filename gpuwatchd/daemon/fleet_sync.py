@@ -203,9 +203,8 @@ def in_one_transaction(
     GPU. On an embedded store each step runs on its own (a write transaction there would
     hold the file's lock over every step); when the transaction cannot begin (the store
     is down) each step runs on its own and fails fast, marking its view stale. When it
-    began and was rolled back (a step failed, or the COMMIT did), the cause is logged
-    once per distinct message and each ``on_rollback`` is told why: what the steps
-    wrote was not kept.
+    began and was rolled back (a step failed, or the COMMIT did), each ``on_rollback``
+    is told why (it logs it): what the steps wrote was not kept.
     """
     if not store.shared:
         for step in steps:
@@ -222,15 +221,6 @@ def in_one_transaction(
             for step in steps:
                 step()
             return
-        why = str(exc)
-        if why not in _rolled_back_logged:
-            _rolled_back_logged.add(why)
-            log.warning("the fleet sync's transaction was rolled back: %s", why)
+        log.debug("the fleet sync's transaction was rolled back: %s", exc)
         for undo in on_rollback:
-            undo(why)
-        return
-    _rolled_back_logged.clear()
-
-
-#: The causes of rolled-back fleet transactions logged since the last one that committed.
-_rolled_back_logged: set[str] = set()
+            undo(str(exc))

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.engine import Engine
@@ -248,20 +248,19 @@ class Transactions:
             err = engine.fail(what, e)
             self._note(err, lost=engine.lost(e))
             raise err from e
+
+        # The bound around the whole body, or (a batch) around each statement of our own.
+        def bounded_alone() -> AbstractContextManager[None]:
+            return engine.bounded(conn) if each_call_bounded else nullcontext()
+
         broken = False
         try:
-            if each_call_bounded:
+            with nullcontext() if each_call_bounded else engine.bounded(conn):
                 if write:
-                    with engine.bounded(conn):
+                    with bounded_alone():
                         self._refuse_newer_schema(conn, what)
                 yield conn
-                with engine.bounded(conn):
-                    conn.execute("COMMIT")
-            else:
-                with engine.bounded(conn):
-                    if write:
-                        self._refuse_newer_schema(conn, what)
-                    yield conn
+                with bounded_alone():
                     conn.execute("COMMIT")
         except BaseException as e:
             # a batch raises its first failure as a StoreError; the driver's error is its cause
