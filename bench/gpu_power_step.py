@@ -45,14 +45,14 @@ class Sampler(threading.Thread):
         self.period_s = period_s
         self.samples: list[dict[str, float]] = []
         self.marks: list[tuple[float, str]] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def mark(self, label: str) -> None:
         self.marks.append((time.perf_counter(), label))
 
     def run(self) -> None:
         h = self.handle
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             t = time.perf_counter()
             avg = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
             fv = pynvml.nvmlDeviceGetFieldValues(h, [POWER_INSTANT])[0]
@@ -65,7 +65,7 @@ class Sampler(threading.Thread):
             time.sleep(self.period_s)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join()
 
 

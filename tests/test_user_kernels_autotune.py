@@ -26,6 +26,7 @@ from gpuwatchd.jobside.stack import Stack
 from gpuwatchd.tuning.kernels import KernelRequest, config_spec, identity_of
 from gpuwatchd.tuning.spool import read_spool
 from gpuwatchd.tuning.types import Regime, Versions
+from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, VS_DEFAULT
 
 torch = pytest.importorskip("torch")
 
@@ -137,6 +138,7 @@ def test_miss_autotunes_like_triton_and_spools_a_request(
     assert req.args[2].to_json() == {"name": "n", "kind": "int", "value": 100}
     assert req.key_values == {"n": 100} and req.key_dtypes == ("torch.float32", "torch.float32")
     assert req.regime is Regime.SUSTAINED and req.versions == VERSIONS
+    assert req.job_default == "BLOCK=256,w8,s3"  # what Triton picked: the job's default
 
 
 def test_later_calls_of_a_key_neither_benchmark_nor_file_again(
@@ -174,6 +176,25 @@ def test_hit_runs_the_recorded_winner_without_benchmarking(
     assert not (tmp_path / "spool").exists()  # nothing to ask for
     _call(k)
     assert k._tuner.benchmarked == [] and len(client.asked) == 1
+
+
+@pytest.mark.parametrize(
+    ("meta", "said"),
+    [
+        ({JOB_DEFAULT: True, KEPT_DEFAULT: True}, "the job's own pick, nothing beat it"),
+        ({VS_DEFAULT: {"margin": 0.052, "noise": 0.01, "beats": True}}, "5.2% ahead of the job's"),
+        ({VS_DEFAULT: {"margin": "lots"}}, "3.1% ahead)"),  # stored meta is untrusted
+    ],
+)
+def test_a_hit_says_how_the_winner_stands_against_the_jobs_own_pick(
+    kernels: Any, tmp_path: Path, meta: dict[str, Any], said: str
+) -> None:
+    k = kernels.scale
+    ident = identity_of(k.fn, k.configs, k.keys)
+    winner = FakeWinner(_name(k), "BLOCK=128,w4,s3", meta={"identity": ident, **meta})
+    _context(k, FakeClient({(_name(k), "sustained"): winner}), tmp_path)
+    _call(k)
+    assert k._tuner.benchmarked == [] and said in k.gpuwatchd_last.reason
 
 
 @pytest.mark.parametrize(

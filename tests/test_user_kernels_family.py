@@ -21,6 +21,7 @@ from gpuwatchd.tuning.kernels import KernelRequest
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.spool import read_spool
 from gpuwatchd.tuning.types import Regime, Versions, Workload
+from gpuwatchd.tuning.winners import JOB_DEFAULT, job_default
 from gpuwatchd.tuning.worker.devices import CpuSession
 from gpuwatchd.tuning.worker.families import get_family
 from gpuwatchd.tuning.worker.families.triton_user import (
@@ -76,6 +77,18 @@ def _tune(workload: Workload) -> dict[str, Any]:
     cands = build(workload, session, ALLOWED)
     (result,) = tune(workload, cands, session, [Regime.SUSTAINED], QUICK)
     return {c.name: c for c in result.candidates} | {"_result": result}
+
+
+def test_the_config_triton_picked_for_the_job_is_measured_as_its_default(
+    mods: Any, tmp_path: Path
+) -> None:
+    req = _request(mods.scale, tmp_path, 100)
+    assert req.job_default == "BLOCK=256,w8,s3"
+    got = _tune(req.to_workload())
+    marked = [name for name, c in got.items() if name != "_result" and c.meta.get(JOB_DEFAULT)]
+    assert marked == ["BLOCK=256,w8,s3"]
+    default, _kept = job_default(got["_result"])
+    assert default == "BLOCK=256,w8,s3"
 
 
 def test_family_is_registered() -> None:

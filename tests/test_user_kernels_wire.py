@@ -107,6 +107,8 @@ _CFG0 = {"kwargs": {"BLOCK_N": 64}, "num_warps": 4, "grid": [1]}
         ("versions", {"triton": 3}, "request.versions.triton"),
         ("args_factory", "no_colon", "request.args_factory"),
         ("gpu_model", "", "request.gpu_model"),
+        ("job_default", "BLOCK_N=1,w1,s1", "request.job_default: expected one of the configs"),
+        ("job_default", 3, "request.job_default"),
     ],
 )
 def test_bad_fields_are_one_line_errors_naming_the_field(path: str, value: Any, names: str) -> None:

@@ -214,7 +214,7 @@ class GpuwatchdAutotuner:
         stack_regime = self._pending
         facts = self._facts
         if len(compared) > 1 and facts is not None and stack_regime is not None:
-            submission = self._file(facts, key, compared, args, kwargs, *stack_regime)
+            submission = self._file(facts, key, compared, best, args, kwargs, *stack_regime)
             reason = f"{reason}; request {submission.detail}"
         choice = Choice(
             key=key.values,
@@ -244,6 +244,7 @@ class GpuwatchdAutotuner:
         facts: CallFacts,
         key: TritonKey,
         compared: list[Any],
+        picked: Any,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         stack: Stack,
@@ -253,7 +254,7 @@ class GpuwatchdAutotuner:
             return Submission("failed", "not filed (submit=False)")
         try:
             request = build_request(
-                facts, key, compared, args, kwargs, regime, stack.gpu_model, stack.versions
+                facts, key, compared, args, kwargs, regime, stack.gpu_model, stack.versions, picked
             )
         except (KernelRequestError, ValueError) as e:
             return Submission("failed", f"not filed: {one_line(e)}")

@@ -148,8 +148,12 @@ def build_request(
     regime: Regime,
     gpu_model: str,
     versions: Versions,
+    job_default: Any = None,
 ) -> KernelRequest:
     """The tuning request for one call over the configs Triton compared.
+
+    ``job_default`` is the config Triton picked for the job (one of ``compared``): the
+    request names it so the daemon measures it as the job's default.
 
     KernelRequestError (one line) when the call cannot be reproduced: an argument or key
     value that is not data, a grid that does not evaluate, a launch option that is code.
@@ -202,6 +206,7 @@ def build_request(
         launch_options=launch_options,
         args_factory=facts.args_factory,
         origin={"pid": os.getpid(), "python": sys.executable},
+        job_default=None if job_default is None else config_spec(job_default).label,
     )
 
 

@@ -7,15 +7,18 @@ Triton, CUDA and driver versions, and names one of the kernel's configs.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwatchd.client import Client, GpuwatchdError, Winner
 from gpuwatchd.jobside.stack import Stack
 from gpuwatchd.telemetry.types import ThrottleReason
 from gpuwatchd.tuning.kernels import versions_mismatch
 from gpuwatchd.tuning.types import Regime
+from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, VS_DEFAULT
 from gpuwatchd.validate import one_line
 
 #: Throttle reasons that mean the GPU is already in its sustained, capped state.
@@ -67,12 +70,24 @@ def find_winner(
     return Lookup(
         w,
         f"the {regime.value} winner measured on {w.gpu_model} at {when} "
-        f"(session {w.session_id}, {margin})",
+        f"(session {w.session_id}, {margin}{_versus_job(w.meta)})",
     )
 
 
 def _margin(margin: float | None) -> str:
     return f"{margin:.1%} ahead" if margin is not None else "margin unknown"
+
+
+def _versus_job(meta: dict[str, Any]) -> str:
+    """How the winner stands against what the job runs without gpuwatchd, where known."""
+    if meta.get(JOB_DEFAULT) is True:
+        kept = meta.get(KEPT_DEFAULT) is True
+        return "; the job's own pick" + (", nothing beat it beyond the noise" if kept else "")
+    vs = meta.get(VS_DEFAULT)
+    margin = vs.get("margin") if isinstance(vs, dict) else None
+    if isinstance(margin, int | float) and not isinstance(margin, bool) and math.isfinite(margin):
+        return f"; {margin:.1%} ahead of the job's own pick"
+    return ""
 
 
 def auto_regime(client: Client, gpu_uuid: str | None) -> tuple[Regime, str]:

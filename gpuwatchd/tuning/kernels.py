@@ -422,7 +422,9 @@ class KernelRequest:
     ``key_values`` maps each key name the call passed to its value; ``key_dtypes`` are the
     dtypes Triton appends to its cache key (one per tensor argument, in argument order).
     ``launch_options`` are extra launch keywords that are not kernel arguments.
-    ``origin`` is informational (job pid, interpreter), never acted upon.
+    ``origin`` is informational (job pid, interpreter), never acted upon. ``job_default``
+    is the label of the config plain Triton picked in the job that filed the request: what
+    the job runs without gpuwatchd, which a winner must beat beyond the noise.
     """
 
     module: str
@@ -441,6 +443,7 @@ class KernelRequest:
     launch_options: dict[str, Scalar] = field(default_factory=dict)
     args_factory: str | None = None
     origin: dict[str, Any] = field(default_factory=dict)
+    job_default: str | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -506,6 +509,8 @@ class KernelRequest:
             parse_import_path(self.args_factory, "request.args_factory")
         if not self.gpu_model.strip():
             raise _fail("request.gpu_model", "expected a non-empty string", self.gpu_model)
+        if self.job_default is not None and self.job_default not in labels:
+            raise _fail("request.job_default", "expected one of the configs", self.job_default)
 
     def written(self) -> tuple[str, ...]:
         """Arguments the kernel declares it writes (reset_to_zero and restore_value)."""
@@ -532,6 +537,7 @@ class KernelRequest:
             "gpu_model": self.gpu_model,
             "versions": json.loads(self.versions.key()),
             "origin": dict(self.origin),
+            "job_default": self.job_default,
         }
 
     def dumps(self) -> str:
@@ -544,7 +550,14 @@ class KernelRequest:
             d,
             "request",
             ("format", "kernel", "key", "configs", "args", "regime", "gpu_model", "versions"),
-            ("reset_to_zero", "restore_value", "launch_options", "args_factory", "origin"),
+            (
+                "reset_to_zero",
+                "restore_value",
+                "launch_options",
+                "args_factory",
+                "origin",
+                "job_default",
+            ),
         )
         if d["format"] != REQUEST_FORMAT:
             raise _fail("request.format", f"expected {REQUEST_FORMAT!r}", d["format"])
@@ -575,6 +588,7 @@ class KernelRequest:
         if not isinstance(origin, dict):
             raise _fail("request.origin", "expected an object", origin)
         factory = d.get("args_factory")
+        default = d.get("job_default")
         return cls(
             module=_module(k["module"], "request.kernel.module"),
             qualname=_qualname(k["qualname"], "request.kernel.qualname"),
@@ -603,6 +617,7 @@ class KernelRequest:
             },
             args_factory=None if factory is None else _text(factory, "request.args_factory"),
             origin=origin,
+            job_default=None if default is None else _text(default, "request.job_default"),
         )
 
     @classmethod

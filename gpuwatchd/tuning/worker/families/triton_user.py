@@ -44,6 +44,7 @@ from gpuwatchd.tuning.trust import (
     import_kernel,
 )
 from gpuwatchd.tuning.types import Workload
+from gpuwatchd.tuning.winners import JOB_DEFAULT
 from gpuwatchd.tuning.worker.candidate import CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.cuda_session import first_line
 from gpuwatchd.tuning.worker.families.base import CandidateBase
@@ -429,6 +430,7 @@ class UserConfig(CandidateBase):
             "outputs_checked": verdict.outputs,
             "max_rel_difference": verdict.difference,
             "working_set_bytes": working_set,
+            JOB_DEFAULT: self.spec.label == k.request.job_default,
             **compiled_facts(verdict.compiled),
         }
 
