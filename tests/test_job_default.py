@@ -17,7 +17,13 @@ from gpuwatchd.jobside.winner_plan import ConvChoice
 from gpuwatchd.report.text import format_report, report_from
 from gpuwatchd.store import StoredResult
 from gpuwatchd.tuning.types import Regime, Versions, Workload
-from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, VS_DEFAULT, pick_winner
+from gpuwatchd.tuning.winners import (
+    JOB_DEFAULT,
+    KEPT_DEFAULT,
+    VS_DEFAULT,
+    job_default,
+    pick_winner,
+)
 from gpuwatchd.tuning.worker.families import torch_conv
 from gpuwatchd.tuning.worker.protocol import measure
 
@@ -117,6 +123,18 @@ def test_the_report_names_the_default_and_whether_it_was_kept() -> None:
     ]
     text = format_report(doc)
     assert "default: job" in text and "fast" in text
+
+
+def test_a_default_that_wins_outright_is_the_default_kept() -> None:
+    res = measure(
+        WL,
+        [default("job", 0.8e-3), FakeCandidate("slow", 1.0e-3)],
+        FakeSession(),
+        Regime.SUSTAINED,
+        CFG,
+    )
+    assert (res.winner, res.tie) == ("job", False)
+    assert job_default(res) == ("job", True)
 
 
 def test_without_a_default_candidate_the_rule_is_the_plain_decision() -> None:

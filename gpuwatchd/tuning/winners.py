@@ -36,11 +36,12 @@ def pick_winner(result: RegimeResult) -> CandidateStats | None:
 
 def job_default(result: RegimeResult) -> tuple[str | None, bool]:
     """What the job runs without gpuwatchd (its candidate's name, None where the family
-    declares none) and whether it stays: nothing beat it beyond the noise."""
+    declares none) and whether it stays: it won, or nothing beat it beyond the noise."""
     default = next((c for c in result.candidates if c.meta.get(JOB_DEFAULT)), None)
     if default is None:
         return None, False
-    return default.name, bool(default.meta.get(KEPT_DEFAULT))
+    recorded = pick_winner(result)
+    return default.name, recorded is not None and recorded.name == default.name
 
 
 def clear_winner(candidate: str | None, tie: bool) -> str | None:
