@@ -16,15 +16,17 @@ Phases, subjects of one phase running side by side (16 cores: they do not compet
          processes), the daemon's CPU meanwhile, then 10 scrapers back to back
          (saturation); one subject is scraped at a time
   startup every tree, ``--backend sim``: 1 GPU at 1 Hz, 1 GPU at 10 Hz and 8 GPUs at
-         10 Hz, each scraped once a second from its first answer, beside a bare sleeper
-         process measured the same way; CPU (utime + stime) window by window from start,
-         summed from the first answer to ``STARTUP_S`` after start (start-up) and from
-         there on for ``--seconds`` (steady state); RSS after the third scrape
+         10 Hz (with ``--real`` also the real GPU at 1 Hz and 10 Hz, and with ``--nvitop``
+         nvitop-exporter at 1 s and ``nvidia-smi -l 1``), each scraped once a second from its
+         first answer, beside a bare sleeper process measured the same way; CPU (utime +
+         stime) window by window from start, summed from the first answer to ``STARTUP_S``
+         after start (start-up) and from there on for ``--seconds`` (steady state); RSS
+         after the third scrape
 CPU is summed over threads from /proc/PID/task/*/schedstat (ns) and named through the
 thread map daemon_under_test writes on SIGUSR1; wake-ups are voluntary context
 switches. ``--profile`` runs py-spy (non-blocking, idle samples dropped) on the subjects
-of the 10hz and 1hz phases during their windows and keeps a summary of where the
-samples fell.
+of the 10hz and 1hz phases during their windows, and on the new tree's start-up subjects
+from their start to ``STARTUP_S``, and keeps a summary of where the samples fell.
 
 Usage: python3 bench/daemon_cost.py --out DIR [--real] [--fake-gpus 8] [--baseline DIR]
            [--nvitop] [--pace] [--arena-variant] [--profile] [--seconds 40]
@@ -136,6 +138,14 @@ def sleeper_subject() -> Subject:
     """A bare Python process that only sleeps: the floor every figure is read against."""
     argv = [sys.executable, "-c", "import time\nwhile True: time.sleep(3600)"]
     return Subject("bare sleeper", argv, {}, 0)
+
+
+def nvidia_smi_subject() -> Subject:
+    """``nvidia-smi`` in its own loop (``-l 1``), printing the fields a dashboard reads."""
+    query = "timestamp,power.draw,temperature.gpu,clocks.sm,clocks_event_reasons.active,"
+    query += "utilization.gpu,memory.used"
+    argv = ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", "-l", "1"]
+    return Subject("nvidia-smi -l 1", argv, {}, 0)
 
 
 def nvitop_subject(interval: float) -> Subject:
@@ -255,12 +265,14 @@ def stop(subjects: list[Subject]) -> None:
             s.log.close()
 
 
-def py_spy(subject: Subject, seconds: float, out: Path, rate: int) -> subprocess.Popen[bytes]:
-    path = out / f"{subject.name.replace(' ', '_')}.pyspy.txt"
+def py_spy(
+    subject: Subject, seconds: float, out: Path, rate: int, tag: str = ""
+) -> subprocess.Popen[bytes]:
+    path = out / f"{subject.name.replace(' ', '_')}{tag}.pyspy.txt"
     argv = ["py-spy", "record", "--pid", str(subject.pid), "--rate", str(rate),
             "--duration", str(int(seconds)), "--nonblocking", "--threads", "--format", "raw",
             "-o", str(path)]  # fmt: skip
-    log = open(out / f"{subject.name.replace(' ', '_')}.pyspy.log", "wb")  # noqa: SIM115
+    log = open(out / f"{subject.name.replace(' ', '_')}{tag}.pyspy.log", "wb")  # noqa: SIM115
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -415,8 +427,9 @@ def windows_from_start(subject: Subject, t_start: float, seconds: float) -> None
     )
 
 
-def startup_phase(subjects: list[Subject], seconds: float, out: Path) -> None:
-    """Start every subject at once and follow each on its own thread from its start."""
+def startup_phase(subjects: list[Subject], seconds: float, out: Path, profile_rate: int) -> None:
+    """Start every subject at once and follow each on its own thread from its start;
+    with ``profile_rate``, py-spy each new-tree gpuwatchd subject until ``STARTUP_S``."""
     import threading
 
     errors: list[str] = []
@@ -435,8 +448,18 @@ def startup_phase(subjects: list[Subject], seconds: float, out: Path) -> None:
         )
         threads.append(threading.Thread(target=follow, args=(s, time.monotonic())))
         threads[-1].start()
+    profiled = [s for s in subjects if profile_rate and s.threads_file and s.name.startswith("new")]
+    spies = [py_spy(s, STARTUP_S, out, profile_rate, ".startup") for s in profiled]
     for t in threads:
         t.join()
+    for spy in spies:
+        try:
+            spy.wait(5)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+    for s in profiled:
+        name = f"{s.name.replace(' ', '_')}.startup.pyspy.txt"
+        s.result["startup_profile"] = summarize_profile(out / name)
     if errors:
         raise RuntimeError("; ".join(errors))
 
@@ -455,7 +478,7 @@ def run_phase(name: str, subjects: list[Subject], args: argparse.Namespace, out:
     print(f"## phase {name}: {', '.join(s.name for s in subjects)}", flush=True)
     try:
         if name == "startup":
-            startup_phase(subjects, args.seconds, out)
+            startup_phase(subjects, args.seconds, out, args.profile_rate if args.profile else 0)
             return
         start(subjects, out)
         rate = args.profile_rate if args.profile and name != "scrape" else 0
@@ -469,7 +492,7 @@ def run_phase(name: str, subjects: list[Subject], args: argparse.Namespace, out:
 
 
 def print_startup(subjects: list[Subject]) -> None:
-    sleeper = next((s.result for s in subjects if not s.port), None)
+    sleeper = next((s.result for s in subjects if s.name == "bare sleeper"), None)
     print(
         f"\n| subject (scraped 1/s) | first answer s | CPU s from it to {STARTUP_S:g} s "
         "| steady % of a core (ticks) | above the sleeper | RSS MiB after 3 scrapes |"
@@ -483,6 +506,11 @@ def print_startup(subjects: list[Subject]) -> None:
         print(f"| {s.name} | {r['first_answer_s']:.2f} | {r['startup_cpu_s']:.2f} | "
               f"{r['steady_cpu_pct']:.3f} ({r['steady_cpu_pct_ticks']:.2f}) | {above:+.3f} | "
               f"{r['rss_after_3_scrapes_mib']:.1f} |")  # fmt: skip
+    for s in subjects:
+        prof = s.result.get("startup_profile")
+        if prof and "self" in prof:
+            top = "; ".join(f"{frame} {n}" for frame, n in prof["self"][:8])
+            print(f"{s.name}: start-up py-spy, {prof['samples']} samples, most self time: {top}")
     for s in subjects:
         w = s.result.get("windows", [])[:STARTUP_S_WINDOWS]
         print(f"{s.name}: first windows (s after start: CPU s) "
@@ -599,6 +627,14 @@ def main() -> int:
                 plan.setdefault("startup", []).append(
                     sim_subject(name, tree, scratch, interval, gpus)
                 )
+            if args.real:
+                for interval in (1.0, 0.1):
+                    name = f"{tree_name} real {1 / interval:g}Hz (start-up)"
+                    plan["startup"].append(gpuwatchd_subject(name, tree, scratch, interval, 0))
+        if args.nvitop:
+            nvitop = nvitop_subject(1.0)
+            nvitop.name += " (start-up)"
+            plan["startup"] += [nvitop, nvidia_smi_subject()]
         plan["startup"].append(sleeper_subject())
     if args.nvitop and "1hz" in plan:
         plan["1hz"].append(nvitop_subject(1.0))

@@ -14,7 +14,9 @@ NVML telemetry (as ``gpuwatchd.tuning.worker.main`` does), under three settings:
   once the clock's trend is flat), one workload at a time;
 - ``fast.queued``: the same through ``tune_queue``: every workload's unthrottled regime,
   then the sustained regimes back to back, each after the first settling on the heat
-  the previous one left.
+  the previous one left;
+- ``do_bench``: the common reference, ``triton.testing.do_bench`` (25 ms warm-up, 100 ms
+  of repetitions, the median) once per candidate, one regime: its pick is judged in both.
 
 Reported per workload and setting: the seconds the protocol held the GPU (candidate
 set-up, i.e. compiling and checking, left out: it is the same for every setting), the
@@ -63,7 +65,7 @@ GPU_WORKLOADS = (
     "conv-fp16-channels-last",
 )
 REGIMES = (Regime.UNTHROTTLED, Regime.SUSTAINED)
-SETTINGS = ("classic", "fast", "fast.queued")
+SETTINGS = ("classic", "fast", "fast.queued", "do_bench")
 
 
 class Meters:
@@ -233,6 +235,58 @@ def run_setting(
     return run
 
 
+def run_do_bench(
+    repeat: int,
+    workloads: Sequence[Workload],
+    cuda: CudaSession,
+    nvml: NvmlBackend,
+    gpu: int,
+    idle_w: float,
+) -> Run:
+    """Each candidate timed by ``triton.testing.do_bench`` alone, set-up kept apart."""
+    from triton.testing import do_bench
+
+    meters = Meters(nvml, gpu)
+    session = MeteredSession(cuda, meters)
+    run = Run("do_bench", repeat)
+    for w in workloads:
+        medians: dict[str, float | None] = {}
+        held = energy = 0.0
+        for c in candidates_for(w, session):
+            mc = MeteredCandidate(c, meters)
+            try:
+                mc.setup()
+            except Exception as e:  # a candidate that cannot run is left out, as the protocol does
+                print(f"  {w.name} {c.name}: set-up failed: {type(e).__name__}: {e}", flush=True)
+                medians[c.name] = None
+                continue
+            try:
+                e0, t0 = meters.energy_j(), time.monotonic()
+                ms = float(
+                    do_bench(lambda c=mc: c.run(1), warmup=25, rep=100, return_mode="median")
+                )
+                held += time.monotonic() - t0
+                energy += meters.energy_j() - e0
+                medians[c.name] = ms * 1e-3
+            finally:
+                mc.teardown()
+        timed = {k: v for k, v in medians.items() if v is not None}
+        best = min(timed, key=lambda k: timed[k]) if timed else None
+        run.results[w.name] = [
+            {"regime": r.value, "pick": best, "winner": best, "medians_s": medians} for r in REGIMES
+        ]
+        run.per_workload[w.name] = {
+            "held_s": held,
+            "busy_s": 0.0,
+            "energy_j": energy,
+            "energy_over_idle_j": energy - idle_w * held,
+        }
+        run.held_s += held
+        run.energy_j += energy
+        run.energy_over_idle_j += energy - idle_w * held
+    return run
+
+
 def regrets(classic: Run, other: Run) -> dict[str, dict[str, float | None]]:
     """Each of ``other``'s picks judged by the classic run's medians, per regime."""
     out: dict[str, dict[str, float | None]] = {}
@@ -292,9 +346,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for setting in order:
                 waited = cool_down(nvml, gpu, idle_temp, args.cool_limit_s)
                 print(f"[{rep}] {setting} (cooled {waited:.1f} s)", flush=True)
-                runs.append(
-                    run_setting(setting, rep, workloads, cuda, nvml, gpu, idle_w, args.budget_s)
-                )
+                if setting == "do_bench":
+                    runs.append(run_do_bench(rep, workloads, cuda, nvml, gpu, idle_w))
+                else:
+                    runs.append(
+                        run_setting(setting, rep, workloads, cuda, nvml, gpu, idle_w, args.budget_s)
+                    )
         report = summarize(runs, args.workloads)
         print(report["table"])
         doc = {
@@ -338,17 +395,19 @@ def summarize(runs: Sequence[Run], names: Sequence[str]) -> dict[str, Any]:
         entry["worst_regret"] = max(found, default=None)
         summary[setting] = entry
     classic = summary["classic"]
+    ref = summary.get("do_bench")
     lines = [
         "| setting | GPU held per workload | GPU busy | energy | over idle | classic / this"
-        " (time, energy) | worst regret vs classic |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        " (time, energy) | this / do_bench (time) | worst regret vs classic |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for setting, s in summary.items():
         worst = "—" if s["worst_regret"] is None else f"{s['worst_regret']:.2%}"
+        vs_ref = "—" if ref is None else f"{s['held_s'] / ref['held_s']:.2f}x"
         lines.append(
             f"| {setting} | {s['held_s']:.1f} s | {s['busy_s']:.1f} s | {s['energy_j']:.0f} J"
             f" | {s['energy_over_idle_j']:.0f} J | {classic['held_s'] / s['held_s']:.2f}x,"
-            f" {classic['energy_j'] / s['energy_j']:.2f}x | {worst} |"
+            f" {classic['energy_j'] / s['energy_j']:.2f}x | {vs_ref} | {worst} |"
         )
     return {"summary": summary, "table": "\n".join(lines)}
 
