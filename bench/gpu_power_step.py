@@ -10,8 +10,9 @@ rules cost tuning time. This bench measures what they rest on, on the lent GPU:
   (``nvmlDeviceGetPowerUsage``), instantaneous power (field ``POWER_INSTANT``), SM clock
   and the clock-event reasons. Per step: when instantaneous power, averaged power and the
   SM clock reach 95% of their plateau, and when a power-cap reason is first seen.
-- ``paced``: the same GEMM in ``--batch-ms`` batches with ``--pause-ms`` idle between
-  them (the unthrottled regime's duty cycle): whether the clock ever leaves its maximum.
+- ``paced``: the same GEMM in ``--batch-ms`` batches with idle pauses between them, for
+  each of ``--pauses-ms`` (the unthrottled regime's duty cycle is 10 ms on, 25 ms off),
+  each after the GPU idled: whether the clock ever leaves its maximum.
 
 It only reads GPU state and runs kernels; it never changes a GPU setting.
 
@@ -111,6 +112,29 @@ def step_summary(
     }
 
 
+def paced_summary(
+    samples: list[dict[str, float]],
+    pause_ms: float,
+    t0: float,
+    t1: float,
+    batch_calls: int,
+    per_call: float,
+    max_mhz: float,
+) -> dict[str, Any]:
+    inside = [s for s in samples if t0 <= s["t"] <= t1]
+    return {
+        "batch_calls": batch_calls,
+        "batch_ms": batch_calls * per_call * 1e3,
+        "pause_ms": pause_ms,
+        "min_sm_mhz": min(s["sm_mhz"] for s in inside),
+        "samples_under_0.9_max": sum(1 for s in inside if s["sm_mhz"] < 0.9 * max_mhz),
+        "max_inst_w": max(s["inst_w"] for s in inside),
+        "max_avg_w": max(s["avg_w"] for s in inside),
+        "power_cap_reason_samples": sum(1 for s in inside if int(s["reasons"]) & POWER_CAP_BITS),
+        "samples": len(inside),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -118,7 +142,7 @@ def main() -> int:
     ap.add_argument("--idle-s", type=float, default=3.0)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch-ms", type=float, default=10.0)
-    ap.add_argument("--pause-ms", type=float, default=25.0)
+    ap.add_argument("--pauses-ms", default="25", help="comma-separated pauses to try")
     ap.add_argument("--paced-s", type=float, default=4.0)
     ap.add_argument("--period-ms", type=float, default=2.0)
     ap.add_argument("--n", type=int, default=8192, help="GEMM size (n x n x n, bf16)")
@@ -157,19 +181,21 @@ def main() -> int:
         t1 = time.perf_counter()
         steps.append((t0, t1))
         time.sleep(args.idle_s)
-    paced_t0 = time.perf_counter()
-    while time.perf_counter() - paced_t0 < args.paced_s:
-        for _ in range(batch_calls):
-            torch.matmul(a, b, out=c)
-        torch.cuda.synchronize()
-        time.sleep(args.pause_ms / 1e3)
-    paced_t1 = time.perf_counter()
+    paced_windows = []
+    for pause_ms in (float(p) for p in args.pauses_ms.split(",")):
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < args.paced_s:
+            for _ in range(batch_calls):
+                torch.matmul(a, b, out=c)
+            torch.cuda.synchronize()
+            time.sleep(pause_ms / 1e3)
+        paced_windows.append((pause_ms, t0, time.perf_counter()))
+        time.sleep(args.idle_s)
     time.sleep(1.0)
     sampler.stop()
     pynvml.nvmlShutdown()
 
     samples = sampler.samples
-    paced = [s for s in samples if paced_t0 <= s["t"] <= paced_t1]
     doc = {
         "command": "python3 bench/gpu_power_step.py "
         + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
@@ -181,16 +207,9 @@ def main() -> int:
         "sample_period_ms_median": 1e3
         * statistics.median(b["t"] - a["t"] for a, b in itertools.pairwise(samples)),
         "steps": [step_summary(samples, t0, t1, max_mhz) for t0, t1 in steps],
-        "paced": {
-            "batch_calls": batch_calls,
-            "batch_ms": batch_calls * per_call * 1e3,
-            "pause_ms": args.pause_ms,
-            "min_sm_mhz": min(s["sm_mhz"] for s in paced),
-            "max_inst_w": max(s["inst_w"] for s in paced),
-            "max_avg_w": max(s["avg_w"] for s in paced),
-            "power_cap_reason_samples": sum(1 for s in paced if int(s["reasons"]) & POWER_CAP_BITS),
-            "samples": len(paced),
-        },
+        "paced": [
+            paced_summary(samples, *w, batch_calls, per_call, max_mhz) for w in paced_windows
+        ],
         "trace": [
             {**s, "t": round(s["t"] - steps[0][0], 4)}
             for s in samples[:: max(1, len(samples) // 6000)]
