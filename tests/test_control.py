@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import grp
@@ -484,6 +485,64 @@ def test_peer_refused_gets_an_error_and_a_log_line(
     assert sched.calls == []
     assert seen and seen[0].uid == os.geteuid() and seen[0].pid == os.getpid()
     assert any(f"refused uid {os.geteuid()}" in r.getMessage() for r in caplog.records)
+
+
+def test_a_permission_check_that_hangs_refuses_the_peer_at_its_deadline(
+    sockdir: Path, sched: FakeScheduler
+) -> None:
+    """A name service that never answers costs the peer its connection, not the server."""
+    released = threading.Event()
+    calls: list[int] = []
+
+    def hangs_first(peer: PeerCred) -> bool:
+        calls.append(peer.uid)
+        if len(calls) == 1:
+            released.wait(30)
+        return True
+
+    srv = ControlServer(
+        sockdir / "c.sock", handler_for(sched), allowed=hangs_first, client_timeout_s=0.5
+    )
+    srv.start()
+    try:
+        first = ask_json(srv.path, {"op": "retune", "gpu": 0})
+        second = ask_json(srv.path, {"op": "retune", "gpu": 0})
+    finally:
+        released.set()
+        srv.stop()
+    assert first["ok"] is False and first["error"].startswith("permission denied")
+    assert second["ok"] is True and len(calls) == 2
+
+
+def test_a_peers_connections_share_one_group_lookup_in_flight(
+    sockdir: Path, sched: FakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the group database hangs, more connections of the same uid start no lookup."""
+    group = grp.getgrgid(os.getegid()).gr_name
+    released = threading.Event()
+    asked: list[int] = []
+
+    def slow_getpwuid(uid: int) -> Any:
+        asked.append(uid)
+        released.wait(30)
+        raise KeyError(uid)
+
+    monkeypatch.setattr("gpuwatchd.serve.control.pwd.getpwuid", slow_getpwuid)
+    srv = ControlServer(sockdir / "c.sock", handler_for(sched), allowed_group=group)
+    srv.start()
+    stranger = PeerCred(pid=1, uid=4242, gid=4242)  # not root, not us, not in the group
+    try:
+        loop = srv._loop()
+        deadline = loop.time() + 0.5
+        verdicts = [
+            asyncio.run_coroutine_threadsafe(srv._permitted(stranger, deadline), loop)
+            for _ in range(3)
+        ]
+        assert [v.result(10) for v in verdicts] == [False, False, False]
+        assert asked == [4242]
+    finally:
+        released.set()
+        srv.stop()
 
 
 def test_peer_policy() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import grp
 import json
 import logging
@@ -197,6 +198,8 @@ class ControlServer:
         self.max_per_peer = max_per_peer
         self._given_loop = serve_loop
         self._serve_loop: ServeLoop | None = None
+        #: uid -> its group lookup in flight (loop thread only)
+        self._lookups: dict[int, asyncio.Future[Any]] = {}
         # Touched on the loop's thread only:
         self._per_peer: dict[int, int] = {}  # open connections by uid
         self._active: set[socket.socket] = set()
@@ -423,7 +426,7 @@ class ControlServer:
     async def _serve_client(self, conn: socket.socket, peer: PeerCred) -> None:
         deadline = self._loop().time() + self.client_timeout_s
         try:
-            if not await self._permitted(peer):
+            if not await self._permitted(peer, deadline):
                 log.warning(
                     "control socket: refused uid %d gid %d (pid %d): not allowed to use it",
                     peer.uid,
@@ -444,13 +447,39 @@ class ControlServer:
                 self._per_peer[peer.uid] = left
             conn.close()
 
-    async def _permitted(self, peer: PeerCred) -> bool:
-        """The peer policy's verdict; off the loop when it needs the group database."""
+    async def _permitted(self, peer: PeerCred, deadline: float) -> bool:
+        """The peer policy's verdict; off the loop when it needs the group database.
+
+        The database may be a network name service that hangs: the verdict is awaited
+        until the connection's deadline at most (then the peer is refused), and a peer's
+        connections share one lookup in flight, so a hung service holds one thread per
+        uid, not one per connection.
+        """
         if self._allowed is self._policy:
             verdict = self._policy.at_once(peer)
             if verdict is not None:
                 return verdict
-        return bool(await self._off_loop(self._allowed, peer))
+            lookup = self._lookups.get(peer.uid)
+            if lookup is None:
+                lookup = asyncio.ensure_future(self._off_loop(self._policy, peer))
+                self._lookups[peer.uid] = lookup
+                lookup.add_done_callback(functools.partial(self._lookup_done, peer.uid))
+        else:
+            lookup = asyncio.ensure_future(self._off_loop(self._allowed, peer))
+        try:
+            left = max(0.0, deadline - self._loop().time())
+            return bool(await asyncio.wait_for(asyncio.shield(lookup), left))
+        except TimeoutError:
+            log.warning(
+                "control socket: refused uid %d: deciding whether it may connect took over "
+                "%g s (is the group database's name service answering?)",
+                peer.uid,
+                self.client_timeout_s,
+            )
+            return False
+
+    def _lookup_done(self, uid: int, _: asyncio.Future[Any]) -> None:
+        self._lookups.pop(uid, None)
 
     async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on a daemon thread of its own; its result or exception here."""
