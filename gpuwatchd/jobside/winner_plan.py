@@ -238,6 +238,12 @@ def _fastest_in(w: Winner, layouts: tuple[str, str]) -> tuple[RankedCandidate, s
     )
 
 
+def measured_layouts(w: Winner) -> set[tuple[str, str]]:
+    """The (input, weight) layouts some cuDNN candidate of ``w`` was measured in: what a
+    plan can weigh for the shape (a model-wide format needs its uniform pair here)."""
+    return {lay for _, (_, lay) in _conv_candidates(w)}
+
+
 def _time(choice: ConvChoice) -> float:
     return (choice.median_s or 0.0) * choice.call.calls
 

@@ -302,12 +302,40 @@ def fp32_precision(op: str, tf32: bool) -> Iterator[str]:
         legacy.allow_tf32 = prev_flag
 
 
+@dataclass(frozen=True, slots=True)
+class KernelLaunch:
+    """One distinct GPU kernel launch as the profiler saw it: the name and its launch shape.
+
+    Two calls that launch the same names with the same grid and block ran the same code
+    the same way; names alone can hide a different split or tiling of one kernel.
+    """
+
+    name: str
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+
+    def describe(self) -> str:
+        grid = "x".join(map(str, self.grid)) or "?"
+        block = "x".join(map(str, self.block)) or "?"
+        return f"{self.name} <<<{grid}, {block}>>>"
+
+
 def launched_kernels(fn: Callable[[], None]) -> list[str]:
     """Names of the GPU kernels ``fn`` launches, in first-launch order, read with torch.profiler.
 
     Copies and memsets are left out. ``fn`` should run one call after warm-up so that
     what is seen is the steady-state choice (not a one-time autotuning sweep).
     """
+    names: list[str] = []
+    for k in kernel_launches(fn):
+        if k.name not in names:
+            names.append(k.name)
+    return names
+
+
+def kernel_launches(fn: Callable[[], None], distinct: bool = True) -> list[KernelLaunch]:
+    """The kernel launches (name, grid, block) of ``fn`` by start time, each distinct one
+    once (``distinct``) or every launch. Copies and memsets are left out."""
     torch = _torch()
     from torch.profiler import ProfilerActivity, profile
 
@@ -322,15 +350,33 @@ def launched_kernels(fn: Callable[[], None]) -> list[str]:
         prof.export_chrome_trace(path)
         with open(path, encoding="utf-8") as f:
             trace = json.load(f)
+    return kernel_launches_in(trace, distinct)
+
+
+def kernel_launches_in(trace: Any, distinct: bool = True) -> list[KernelLaunch]:
+    """The kernel launches of a chrome trace (``export_chrome_trace``) by start time, each
+    distinct one once (``distinct``) or every launch."""
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    if not isinstance(events, list):
+        return []
     kernels = [e for e in events if isinstance(e, dict) and e.get("cat") == "kernel"]
     kernels.sort(key=lambda e: float(e.get("ts", 0)))
-    names: list[str] = []
+    out: list[KernelLaunch] = []
     for e in kernels:
         name = str(e.get("name", ""))
-        if name and name not in names:
-            names.append(name)
-    return names
+        args = e.get("args")
+        args = args if isinstance(args, dict) else {}
+        launch = KernelLaunch(name, _dims(args.get("grid")), _dims(args.get("block")))
+        if name and not (distinct and launch in out):
+            out.append(launch)
+    return out
+
+
+def _dims(value: Any) -> tuple[int, ...]:
+    """A trace's ``[x, y, z]`` launch dimension; () when absent or malformed."""
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return tuple(value)
+    return ()
 
 
 def first_line(e: BaseException) -> str:
