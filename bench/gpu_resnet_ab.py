@@ -530,11 +530,15 @@ def _env(sock: Path, work: Path) -> dict[str, str]:
 def _gaps(work: Path, variants: list[str], every: set[str]) -> dict[str, dict[str, str]]:
     """Per variant, the submitted shapes the store does not cover yet (see coverage_gaps)."""
     import gpuwatchd.torch as gt
-    from gpuwatchd.client import Client
+    from gpuwatchd.client import Client, GpuwatchdError
     from gpuwatchd.jobside.winner_plan import latest_by_workload
+    from gpuwatchd.store import StoreError
 
     client = Client(url="http://127.0.0.1:9", store=work / "state" / "gpuwatchd.db")
-    winners = latest_by_workload(client.winners(regime="sustained"))
+    try:
+        winners = latest_by_workload(client.winners(regime="sustained"))
+    except (GpuwatchdError, StoreError, OSError) as e:
+        return {v: {"*": f"the store could not be read: {e}"} for v in variants}
     out = {}
     for v in variants:
         cap = gt.load_capture(work / f"capture-{v}.json")
@@ -576,15 +580,13 @@ def tune_main(args: argparse.Namespace) -> None:
             subprocess.run(cmd, env=env, check=True, timeout=300)
         summary["capture_s"] = time.time() - t0
         summary["tune_s"] = wait_tuned(sock, t_end - time.time())
-        gaps = _gaps(work, variants, every)
-        summary["gaps_first"] = gaps
-        missing = sorted({name for g in gaps.values() for name in g})
+        gaps = summary["gaps_first"] = _gaps(work, variants, every)
+        missing = sorted({name for g in gaps.values() for name in g if name != "*"})
         if missing and summary["tune_s"] is not None:
             summary["retune"] = control(sock, {"op": "retune", "workloads": missing})
             summary["retune_s"] = wait_tuned(sock, t_end - time.time())
-            summary["gaps"] = _gaps(work, variants, every)
-        else:
-            summary["gaps"] = gaps
+            gaps = _gaps(work, variants, every)
+        summary["gaps"] = gaps
         print(json.dumps(summary))
     finally:
         daemon.send_signal(signal.SIGTERM)
@@ -657,18 +659,23 @@ def summary_main(args: argparse.Namespace) -> None:
     """The per-cell table and counts of one or more runs; into --out when given."""
     docs: dict[str, Any] = {}
     for f in args.files:
-        if not Path(f).exists():
-            print(f"{f}: no such file", file=sys.stderr)
+        try:
+            runs = load_runs(f)
+        except (OSError, ValueError, tarfile.TarError) as e:
+            print(f"summary: {f}: {e}", file=sys.stderr)
             continue
-        for label, run in load_runs(f).items():
+        for label, run in runs.items():
             docs[label] = summarise(run)
     text = "\n\n".join(f"## {label}\n\n{s['table']}" for label, s in docs.items())
     counts = {label: s["counts"] for label, s in docs.items()}
     if getattr(args, "out", None):
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "summary.md").write_text(text + "\n")
         Path(args.out, "summary.json").write_text(json.dumps(counts, indent=1))
     print(text)
     print(json.dumps(counts, indent=1))
+    if not docs:
+        raise SystemExit("summary: no run could be read")
 
 
 def _add_tune_args(p: argparse.ArgumentParser) -> None:

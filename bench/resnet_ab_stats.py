@@ -177,6 +177,11 @@ def summarise(runs: Mapping[str, Mapping[str, Any]], limit: float = LIMIT) -> di
             if verdict(r["gw"], limit) == "faster"
         ],
     }
+    counts["step"] = {
+        v: {"ratio": _cell(doc["step"][GW])["ratio"], "verdict": verdict(_cell(doc["step"][GW]))}
+        for v, doc in sorted(runs.items())
+        if GW in doc.get("step", {})
+    }
     lines = [
         "| variant | layer | choice | applied | same kernels | gpuwatchd / default [95% CI] "
         "| A/A [95% CI] | verdict |",

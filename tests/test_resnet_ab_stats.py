@@ -176,6 +176,7 @@ def test_summary_gives_verdicts_and_names_a_layer_that_ran_other_kernels_unappli
     ]
     assert "| nchw-fp16 | model.conv.b | cudnn[heuristic,contiguous] | no | NO |" in out["table"]
     assert "1.0040 [0.9990, 1.0060]" in out["table"]
+    assert c["step"] == {"nchw-fp16": {"ratio": 1.0, "verdict": "within"}}
 
 
 def old_doc() -> dict[str, object]:
