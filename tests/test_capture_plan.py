@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from capture_fakes import GPU_MODEL, client_with, result, stats
 
-from gpuwatchd.jobside.winner_plan import latest_by_workload, plan_winners
+from gpuwatchd.jobside.winner_plan import latest_by_workload, measured_layouts, plan_winners
 from gpuwatchd.tuning.captured import CapturedCall, workload_for
 from gpuwatchd.tuning.types import Regime
 
@@ -268,3 +268,13 @@ def test_shapes_without_winners_are_skipped_and_said(winners: dict) -> None:
 def test_a_bad_memory_format_option_is_refused(winners: dict) -> None:
     with pytest.raises(ValueError, match="memory_format"):
         plan_winners([conv()], winners, "nhwc")
+
+
+def test_measured_layouts_leave_out_a_candidate_that_was_never_measured(
+    tmp_path: Path,
+) -> None:
+    name = workload_for(conv()).name
+    cands = [cudnn("heuristic", "contiguous", 0.70e-3), cudnn("heuristic", "channels_last", None)]
+    client = client_with(tmp_path, [result(name, cands)])
+    won = latest_by_workload(client.winners(regime=Regime.SUSTAINED, gpu_model=GPU_MODEL))
+    assert measured_layouts(won[name]) == {("contiguous", "contiguous")}
