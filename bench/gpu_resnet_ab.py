@@ -16,7 +16,9 @@ ResNet-50 built in-process with random weights, batch 32, 224x224):
    Then the store is read back: a submitted shape with no winner, or (for an
    ``--all-shapes`` variant, where the whole-model memory-format switch can be weighed)
    no measured candidate in the other memory format, is asked for once more
-   (``retune``); what is still missing is listed in ``tune.json``. The captures and the
+   (``retune``, the daemon reloaded with ``--retune-budget-s`` per workload: a session's
+   budget counts its candidates' set-up, and the worker's first group also pays its
+   start-up); what is still missing is listed in ``tune.json``. The captures and the
    daemon's store are packed into ``tuned.tar.gz``.
 3. ``ab`` (a new process per variant, possibly on another machine of the same model):
    the saved capture is loaded (``load_capture``) and applied with
@@ -55,6 +57,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -583,6 +586,12 @@ def tune_main(args: argparse.Namespace) -> None:
         gaps = summary["gaps_first"] = _gaps(work, variants, every)
         missing = sorted({name for g in gaps.values() for name in g if name != "*"})
         if missing and summary["tune_s"] is not None:
+            # a larger budget for the second pass, in force after the daemon's reload
+            budget = args.retune_budget_s
+            cfg.write_text(CONFIG.format(port=PORT, state=work / "state", sock=sock, budget=budget))
+            daemon.send_signal(signal.SIGHUP)
+            time.sleep(2.0)
+            summary["retune_budget_s"] = budget
             summary["retune"] = control(sock, {"op": "retune", "workloads": missing})
             summary["retune_s"] = wait_tuned(sock, t_end - time.time())
             gaps = _gaps(work, variants, every)
@@ -639,9 +648,11 @@ def ab_all(args: argparse.Namespace) -> None:
 
 
 def all_main(args: argparse.Namespace) -> None:
-    """``tune`` then ``ab`` within ``--deadline-s``; then summary.json and summary.md."""
+    """``tune`` then ``ab`` within ``--deadline-s``, in fresh folders under the temporary
+    directory (``--work`` is not used); then summary.json and summary.md."""
     t0 = time.time()
     out = Path(args.out)
+    args.work = tempfile.mkdtemp(prefix="gpuwatchd-resnet-")  # no store of an earlier run
     args.tune_timeout_s = min(args.tune_timeout_s, args.deadline_s * args.tune_part)
     try:
         tune_main(args)
@@ -686,6 +697,8 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all-shapes", default="", help="variants whose every conv shape is tuned")
     p.add_argument("--budget-s", type=float, default=4.0)
     p.add_argument("--tune-timeout-s", type=float, default=480.0)
+    p.add_argument("--retune-budget-s", type=float, default=12.0,
+                   help="per-workload budget for shapes the store lacks, asked again")  # fmt: skip
 
 
 def _add_round_args(p: argparse.ArgumentParser) -> None:
