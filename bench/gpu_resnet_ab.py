@@ -1,6 +1,6 @@
 """ResNet-50 with and without gpuwatchd: captured, tuned by the daemon, applied in a new process.
 
-    python3 bench/gpu_resnet_ab.py all --out DIR [--deadline-s 450] [--top 6] [--all-shapes V,...]
+    python3 bench/gpu_resnet_ab.py all --out DIR [--deadline-s 460] [--top 6] [--all-shapes V,...]
     python3 bench/gpu_resnet_ab.py tune --out DIR [--variants ...] [--top 8] [--all-shapes V,...]
     python3 bench/gpu_resnet_ab.py ab --src DIR --out DIR [--variants ...]
     python3 bench/gpu_resnet_ab.py summary FILE...   (ab.tar.gz, ab-<variant>.json, data file)
@@ -733,8 +733,8 @@ def main() -> None:
     _add_round_args(o)
     al = sub.add_parser("all")
     _add_tune_args(al)
-    al.add_argument("--deadline-s", type=float, default=450.0)
-    al.add_argument("--tune-part", type=float, default=0.45,
+    al.add_argument("--deadline-s", type=float, default=460.0)
+    al.add_argument("--tune-part", type=float, default=0.5,
                     help="at most this part of the deadline for capture and tuning")  # fmt: skip
     _add_round_args(al)
     s = sub.add_parser("summary")
@@ -746,6 +746,8 @@ def main() -> None:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if getattr(args, "deadline_s", 1.0) <= 0:
         p.error("--deadline-s must be > 0")
+    if not 0 < getattr(args, "tune_part", 0.5) < 1:
+        p.error("--tune-part must be between 0 and 1")
     run = {"tune": tune_main, "capture": capture_main, "ab": ab_all, "ab-one": ab_main,
            "all": all_main, "summary": summary_main}  # fmt: skip
     run[args.cmd](args)
