@@ -171,6 +171,7 @@ def summarise(runs: Mapping[str, Mapping[str, Any]], limit: float = LIMIT) -> di
             for r in rows
             if not r["applied"] and r["same_kernels"] is False
         ],
+        "not_applied_unprofiled": sum(not r["applied"] and r["same_kernels"] is None for r in rows),
         "faster": [
             {"variant": r["variant"], "layer": r["layer"], "by": 1.0 - r["gw"]["ratio"]}
             for r in rows

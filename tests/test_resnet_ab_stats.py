@@ -171,6 +171,7 @@ def test_summary_gives_verdicts_and_names_a_layer_that_ran_other_kernels_unappli
     assert c["gw_verdicts"] == {"within": 1, "faster": 1}
     assert c["aa_verdicts"] == {"within": 2}
     assert c["not_applied_other_kernels"] == ["nchw-fp16 model.conv.b"]
+    assert c["not_applied_unprofiled"] == 0
     assert c["faster"] == [
         {"variant": "nchw-fp16", "layer": "model.conv.b", "by": pytest.approx(0.03)}
     ]
@@ -202,6 +203,7 @@ def test_an_earlier_runs_file_is_summarised_without_a_ci(tmp_path: Path) -> None
     assert c["gw_verdicts"] == {"no CI": 2}
     assert (c["gw_median_over_limit"], c["gw_median_over_limit_not_applied"]) == (2, 1)
     assert c["aa_largest_deviation"] == pytest.approx(0.01)
+    assert c["not_applied_unprofiled"] == 1  # earlier runs recorded no kernels per arm
 
 
 def test_runs_load_from_the_ab_archive_and_from_one_variant_file(tmp_path: Path) -> None:
