@@ -115,8 +115,9 @@ def split_segments(seq: Sequence[KernelLaunch], count: int) -> list[list[KernelL
 
 
 def _cell(value: Any) -> dict[str, Any]:
-    """A cell of either format: a dict with a CI, or an earlier run's median ratio alone
-    (a bare number per layer; ``ratio_to_default`` with quartiles per step)."""
+    """A cell of either format: a dict with a CI, or a median ratio alone (a bare number
+    per layer, ``ratio_to_default`` with quartiles per step: the median-only format of
+    ``bench/data/h100-resnet50-ab.json``)."""
     if isinstance(value, Mapping):
         if "ratio" in value:
             return dict(value)

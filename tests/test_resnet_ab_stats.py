@@ -1,6 +1,6 @@
 """The ResNet-50 A/B bench's figures without a GPU: the Williams order of the arms,
 per-round ratios with a CI of their median, verdicts, the profiler segments that prove
-which kernels each arm ran, the table of a run (earlier runs' files included), and what
+which kernels each arm ran, the table of a run (median-only data files included), and what
 the tune stage still lacks in the store."""
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def test_summary_gives_verdicts_and_names_a_layer_that_ran_other_kernels_unappli
 
 
 def old_doc() -> dict[str, object]:
-    """An earlier run's variant: bare median ratios per layer, quartiles per step."""
+    """A median-only variant: bare median ratios per layer, quartiles per step."""
     return {
         "layers": {
             "model.conv.a": {"choice": "c", "applied": False, "share": 0.01,
@@ -194,7 +194,7 @@ def old_doc() -> dict[str, object]:
     }  # fmt: skip
 
 
-def test_an_earlier_runs_file_is_summarised_without_a_ci(tmp_path: Path) -> None:
+def test_a_median_only_data_file_is_summarised_without_a_ci(tmp_path: Path) -> None:
     path = tmp_path / "data.json"
     path.write_text(json.dumps({"machine": "m", "date": "d", "final": {"nchw-fp16": old_doc()}}))
     runs = load_runs(path)
@@ -203,7 +203,7 @@ def test_an_earlier_runs_file_is_summarised_without_a_ci(tmp_path: Path) -> None
     assert c["gw_verdicts"] == {"no CI": 2}
     assert (c["gw_median_over_limit"], c["gw_median_over_limit_not_applied"]) == (2, 1)
     assert c["aa_largest_deviation"] == pytest.approx(0.01)
-    assert c["not_applied_unprofiled"] == 1  # earlier runs recorded no kernels per arm
+    assert c["not_applied_unprofiled"] == 1  # no kernels recorded per arm
 
 
 def test_runs_load_from_the_ab_archive_and_from_one_variant_file(tmp_path: Path) -> None:
