@@ -219,6 +219,42 @@ def test_winner_keeps_the_format_when_the_gain_is_within_the_noise(tmp_path: Pat
     assert plan.model_format is None and plan.convs[0].kept_default
 
 
+def test_a_small_noisy_shape_does_not_veto_a_large_summed_gain(tmp_path: Path) -> None:
+    """The noise is weighed by each shape's time: a shape that is 2% of the conv time with
+    a 150% noise adds 3%, against a 40% gain."""
+    small = conv(share=0.02, channels=128)
+    results = {
+        workload_for(conv()).name: [
+            cudnn("heuristic", "contiguous", 1.00e-3),
+            cudnn("heuristic", "channels_last", 0.55e-3, beats=True, noise=0.01),
+        ],
+        workload_for(small).name: [
+            cudnn("heuristic", "contiguous", 0.02e-3),
+            cudnn("heuristic", "channels_last", 0.02e-3, beats=False, noise=1.5),
+        ],
+    }
+    plan = plan_for(tmp_path, [conv(), small], results, "winner")
+    assert plan.model_format == "channels_last", plan.model_format_reason
+    assert all(c.layouts == ("channels_last", "channels_last") for c in plan.convs)
+
+
+def test_a_gain_within_the_time_weighted_noise_keeps_the_format(tmp_path: Path) -> None:
+    other = conv(share=0.2, channels=128)
+    results = {
+        workload_for(conv()).name: [
+            cudnn("heuristic", "contiguous", 1.00e-3),
+            cudnn("heuristic", "channels_last", 0.90e-3, beats=True, noise=0.12),
+        ],
+        workload_for(other).name: [
+            cudnn("heuristic", "contiguous", 1.00e-3),
+            cudnn("heuristic", "channels_last", 0.90e-3, beats=True, noise=0.12),
+        ],
+    }
+    plan = plan_for(tmp_path, [conv(), other], results, "winner")
+    assert plan.model_format is None
+    assert "does not beat the kept choices beyond the noise 12.0%" in plan.model_format_reason
+
+
 def test_a_shape_whose_default_was_never_measured_is_skipped(tmp_path: Path) -> None:
     results = {workload_for(conv()).name: [cudnn("benchmark", "contiguous", 0.5e-3, beats=True)]}
     plan = plan_for(tmp_path, [conv()], results)

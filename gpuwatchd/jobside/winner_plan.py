@@ -193,9 +193,11 @@ def _model_format(
 ) -> tuple[str | None, str, dict[str, ConvChoice]]:
     """Whether converting the whole model to one memory format beats the kept choices.
 
-    Every captured conv shape must have a measured choice in that format that beats its
-    own default there; the summed time (calls x median) must beat the kept choices' by
-    more than the largest noise among the switched candidates.
+    Every captured conv shape must have a measured choice in that format; the summed time
+    (calls x median) must beat the kept choices' by more than the summed noise: each
+    switched candidate's noise against the job's default, weighted by its shape's time.
+    That bounds the sum's error even when every shape's errs the same way, and a small
+    noisy shape weighs as little as it costs.
     """
     job_layouts = {call.layouts for call in convs.values()}
     best_reason = "no captured conv shape was measured in another memory format"
@@ -217,7 +219,11 @@ def _model_format(
         else:
             keep_s = sum(_time(kept[n]) for n in kept)
             switch_s = sum(_time(switched[n]) for n in kept)
-            noise = max((_noise(winners[n], switched[n].candidate) for n in kept), default=0.0)
+            spread = sum(
+                _noise(winners[n], switched[n].candidate) * max(_time(kept[n]), _time(switched[n]))
+                for n in kept
+            )
+            noise = spread / keep_s if keep_s > 0 else 0.0
             if keep_s > 0 and switch_s < keep_s * (1.0 - noise):
                 gain = 1.0 - switch_s / keep_s
                 reason = f"summed conv time {gain * 100:.1f}% less, beyond the noise {noise:.1%}"
