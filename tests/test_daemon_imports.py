@@ -17,6 +17,14 @@ from daemon_helpers import http_get, wait_http
 #: web config's YAML and password hashes, the CLI's tables, and torch (the worker's).
 NOT_IMPORTED = ("statistics", "yaml", "bcrypt", "rich", "torch")
 
+#: Single modules loaded only when used: the IDNA codec (a listen address that is not
+#: ASCII), a captured-workload request's parser and Inductor sites' (a request, the worker).
+NOT_IMPORTED_MODULES = (
+    "encodings.idna",
+    "gpuwatchd.tuning.captured",
+    "gpuwatchd.tuning.inductor_sites",
+)
+
 #: The CLI modules ``gpuwatchd run`` needs: no other command's module or parser.
 RUN_CLI = ("gpuwatchd.cli", "gpuwatchd.cli.common", "gpuwatchd.cli.main", "gpuwatchd.cli.run")
 
@@ -85,6 +93,7 @@ def test_a_scraped_monitoring_daemon_imports_nothing_it_does_not_use(tmp_path: P
     loaded = _scraped_daemon_modules(tmp_path, ["--backend", "sim", "--gpus", "1"], False)
     heavy = sorted(m for m in loaded if m.split(".")[0] in NOT_IMPORTED)
     assert heavy == [], heavy
+    assert sorted(loaded.intersection(NOT_IMPORTED_MODULES)) == []
     cli = sorted(m for m in loaded if m.startswith("gpuwatchd.cli"))
     assert cli == sorted(RUN_CLI)
 

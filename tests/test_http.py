@@ -263,6 +263,16 @@ def test_start_twice_and_busy_port_fail_clearly(server: HttpServer, board: State
         other.start()
 
 
+def test_a_host_name_is_resolved_and_a_non_ascii_one_refused_in_one_line(
+    board: StateBoard,
+) -> None:
+    with HttpServer(board, build_registry(board, DAEMON_INFO), ("localhost", 0)) as srv:
+        assert request(srv, "GET", "/healthz")[0] == 200
+    other = HttpServer(board, build_registry(board, DAEMON_INFO), ("gpü.invalid", 0))
+    with pytest.raises(OSError, match=r"listen address 'gpü\.invalid': cannot resolve host"):
+        other.start()
+
+
 def test_out_of_range_port_is_refused(board: StateBoard) -> None:
     with pytest.raises(ValueError, match="listen port 70000 is out of range 0-65535"):
         HttpServer(board, build_registry(board, DAEMON_INFO), ("127.0.0.1", 70000))

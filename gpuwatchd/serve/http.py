@@ -68,8 +68,11 @@ def _bind_family(host: str) -> tuple[socket.AddressFamily, str]:
         return (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "0.0.0.0")
     if ":" in host:
         return socket.AF_INET6, host
+    # An ASCII name goes as bytes: a str is always run through the IDNA codec, which
+    # would load encodings.idna, stringprep and unicodedata for the daemon's lifetime.
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
     try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ListenError(f"listen address {host!r}: cannot resolve host: {exc.strerror}") from None
     return infos[0][0], host

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwatchd.tuning.families.torch_conv import MEMORY_FORMATS as CONV_LAYOUTS
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.validate import fail, need_bool, need_int, need_number, need_text
 
@@ -40,7 +41,6 @@ CAPTURE_FORMAT = "gpuwatchd-capture/1"
 KINDS = ("gemm", "conv2d")
 PHASES = ("forward", "backward")
 GEMM_LAYOUTS = ("nn", "nt", "tn", "tt")
-CONV_LAYOUTS = ("contiguous", "channels_last")
 TIMERS = ("cuda", "cpu")
 #: dtypes the GPU families measure; calls in other dtypes are recorded but not tuned.
 TUNABLE_DTYPES = ("bfloat16", "float16", "float32")

@@ -35,12 +35,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwatchd.tuning.families.inductor_mm import FAMILY
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.validate import fail, is_finite, need_text
 
-#: Workload op and candidate family of Inductor GEMM sites.
+#: Workload op of Inductor GEMM sites (its family: FAMILY).
 OP = "inductor.gemm"
-FAMILY = "inductor.mm"
 #: Inductor op names the worker can reproduce (one torch call each).
 OP_NAMES = ("mm", "addmm", "bmm", "baddbmm")
 #: Matrix operands per op, after any bias input.

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.control import wire
-from gpuwatchd.tuning.captured import CAPTURE_FORMAT, parse_capture
 from gpuwatchd.tuning.regular_file import read_regular_file
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.workloads import parse_workloads
@@ -195,6 +194,9 @@ def _toml_items(data: dict[str, Any]) -> list[Any]:
 
 
 def _json_items(doc: Any) -> list[Any]:
+    # the capture parser only when a request comes: a monitoring daemon never loads it
+    from gpuwatchd.tuning.captured import CAPTURE_FORMAT, parse_capture
+
     if isinstance(doc, list):
         return doc
     if isinstance(doc, dict) and doc.get("format") == CAPTURE_FORMAT:

@@ -1,7 +1,9 @@
 """inductor.mm: the choices torch Inductor's max-autotune weighs for one mm site."""
 
 from gpuwatchd.tuning.families import FamilySpec
-from gpuwatchd.tuning.inductor_sites import FAMILY
+
+#: The family of Inductor GEMM sites.
+FAMILY = "inductor.mm"
 
 SPECS = (
     FamilySpec(

@@ -1,6 +1,5 @@
 """torch.conv2d: cuDNN's convolution algorithms, by heuristic and by benchmark."""
 
-from gpuwatchd.tuning.captured import CONV_LAYOUTS
 from gpuwatchd.tuning.families import FamilySpec
 
 #: cuDNN's two ways to choose: its heuristic (``cudnn.benchmark=False``) or timing (True).
@@ -8,7 +7,7 @@ PICKS = ("heuristic", "benchmark")
 #: The pick a job gets without gpuwatchd (torch's default ``cudnn.benchmark=False``).
 DEFAULT_PICK = "heuristic"
 #: Memory formats of a conv's operands (NCHW, NHWC).
-MEMORY_FORMATS = CONV_LAYOUTS
+MEMORY_FORMATS = ("contiguous", "channels_last")
 
 SPECS = (
     FamilySpec(
