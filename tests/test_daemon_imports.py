@@ -25,6 +25,9 @@ NOT_IMPORTED_MODULES = (
     "gpuwatchd.tuning.inductor_sites",
 )
 
+#: The web config's modules (TLS, basic auth): a daemon serving plain HTTP loads none.
+WEB_CONFIG = "gpuwatchd.serve.web"
+
 #: The CLI modules ``gpuwatchd run`` needs: no other command's module or parser.
 RUN_CLI = ("gpuwatchd.cli", "gpuwatchd.cli.common", "gpuwatchd.cli.main", "gpuwatchd.cli.run")
 
@@ -94,6 +97,8 @@ def test_a_scraped_monitoring_daemon_imports_nothing_it_does_not_use(tmp_path: P
     heavy = sorted(m for m in loaded if m.split(".")[0] in NOT_IMPORTED)
     assert heavy == [], heavy
     assert sorted(loaded.intersection(NOT_IMPORTED_MODULES)) == []
+    web = sorted(m for m in loaded if m.startswith(WEB_CONFIG))
+    assert web == []
     cli = sorted(m for m in loaded if m.startswith("gpuwatchd.cli"))
     assert cli == sorted(RUN_CLI)
 

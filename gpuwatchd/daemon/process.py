@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -69,7 +69,6 @@ from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.serve import HttpServer
 from gpuwatchd.serve.control import ControlServer, default_socket_path
 from gpuwatchd.serve.loop import ServeLoop
-from gpuwatchd.serve.web.config import WebConfig, load_web_config
 from gpuwatchd.sessions.fleet import fleet_policy
 from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
 from gpuwatchd.sessions.readiness import WorkerProbe
@@ -86,6 +85,9 @@ from gpuwatchd.telemetry.proc_owner import process_user
 from gpuwatchd.telemetry.types import PodRef
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.validate import describe
+
+if TYPE_CHECKING:  # loaded only when a web config is set
+    from gpuwatchd.serve.web.config import WebConfig
 
 log = logging.getLogger("gpuwatchd")
 
@@ -144,6 +146,8 @@ def read_web_config(cfg: Config) -> WebConfig | None:
     path = cfg.daemon.web_config
     if not path:
         return None
+    from gpuwatchd.serve.web.config import load_web_config
+
     try:
         return load_web_config(path)
     except ValueError as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -35,9 +35,11 @@ from gpuwatchd.serve.routes import (
     json_response,
     request_path,
 )
-from gpuwatchd.serve.web.certinfo import CertInfo
-from gpuwatchd.serve.web.config import WebConfig
-from gpuwatchd.serve.web.security import WebSecurity
+
+if TYPE_CHECKING:  # the web-config modules load only with a web config
+    from gpuwatchd.serve.web.certinfo import CertInfo
+    from gpuwatchd.serve.web.config import WebConfig
+    from gpuwatchd.serve.web.security import WebSecurity
 
 __all__ = [
     "ALLOWED_METHODS",
@@ -146,8 +148,11 @@ class HttpServer:
         self._limits = limits
         renderer = MetricsRenderer(collector_registry, board.all, metrics_max_age_s)
         self.routes = Routes(renderer, state_json or (lambda: build_state_json(board)), json_routes)
-        self._security = WebSecurity(web_config) if web_config is not None else None
-        if self._security is not None:
+        self._security: WebSecurity | None = None
+        if web_config is not None:
+            from gpuwatchd.serve.web.security import WebSecurity
+
+            self._security = WebSecurity(web_config)
             self._security.warn_about_expiry()
         self._serve_loop = serve_loop
         self._server: LoopServer | None = None
@@ -161,7 +166,11 @@ class HttpServer:
         the running config stays.
         """
         previous = self._security
-        security = WebSecurity(web_config, previous) if web_config is not None else None
+        security = None
+        if web_config is not None:
+            from gpuwatchd.serve.web.security import WebSecurity
+
+            security = WebSecurity(web_config, previous)
         self._security = security
         log.info(
             "web config: %s, %s",

@@ -36,7 +36,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.serve.http_wire import (
     MAX_BODY,
@@ -49,9 +49,10 @@ from gpuwatchd.serve.http_wire import (
 )
 from gpuwatchd.serve.loop import ServeLoop
 from gpuwatchd.serve.routes import Request, Response, Routes, error_response
-from gpuwatchd.serve.web.auth import WWW_AUTHENTICATE
-from gpuwatchd.serve.web.logins import LoginPool
-from gpuwatchd.serve.web.security import Admission, WebSecurity
+
+if TYPE_CHECKING:  # the web-config modules load with the first request under a web config
+    from gpuwatchd.serve.web.logins import LoginPool
+    from gpuwatchd.serve.web.security import Admission, WebSecurity
 
 log = logging.getLogger("gpuwatchd.serve.http")
 
@@ -135,7 +136,7 @@ class LoopServer:
         self.cap = connection_cap(limits.max_connections)
         self._conns: OrderedDict[_Connection, None] = OrderedDict()  # oldest wait first
         self._workers = ThreadPoolExecutor(limits.route_workers, "gpuwatchd-http")
-        self._logins = LoginPool()
+        self._logins: LoginPool | None = None  # made by the first request with a web config
         self._serve_loop = serve_loop if serve_loop is not None else ServeLoop("gpuwatchd-http")
         self._loop = self._serve_loop.loop
         self._started = False
@@ -158,7 +159,8 @@ class LoopServer:
         self._serve_loop.run(self._shutdown, timeout)
         self._serve_loop.release(timeout)
         self._workers.shutdown(wait=False, cancel_futures=True)
-        self._logins.close()
+        if self._logins is not None:
+            self._logins.close()
 
     def call_every(self, interval_s: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the loop every ``interval_s`` (errors are logged, never raised)."""
@@ -265,6 +267,11 @@ class LoopServer:
         )
         if security is None:
             return self._route(request, head)
+        from gpuwatchd.serve.web.logins import LoginPool
+        from gpuwatchd.serve.web.security import Admission
+
+        if self._logins is None:  # on the loop's thread only, as every request
+            self._logins = LoginPool()
         admission = self._logins.admit_at_once(security, head.header("authorization"), conn.peer)
         if isinstance(admission, Admission):
             return self._admitted(admission, request, head, conn)
@@ -278,6 +285,8 @@ class LoopServer:
         head: RequestHead,
         conn: _Connection,
     ) -> Answer:
+        from gpuwatchd.serve.web.security import Admission
+
         user = await check
         admission = Admission.ALLOW if user is not None else Admission.UNAUTHORIZED
         answer = self._admitted(admission, request, head, conn)
@@ -286,6 +295,9 @@ class LoopServer:
     def _admitted(
         self, admission: Admission, request: Request, head: RequestHead, conn: _Connection
     ) -> Answer | Pending:
+        from gpuwatchd.serve.web.auth import WWW_AUTHENTICATE
+        from gpuwatchd.serve.web.security import Admission
+
         if admission is Admission.UNAUTHORIZED:
             log.debug("HTTP: unauthorized request from %s", conn.peer)
             challenge = (("WWW-Authenticate", WWW_AUTHENTICATE),)
