@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import re
+import tracemalloc
 from collections.abc import Iterator
 
 import pytest
@@ -141,3 +143,23 @@ def test_a_value_that_is_no_number_raises_as_in_the_library(value: object, error
         generate_latest(registry)
     with pytest.raises(error):  # not "g 0.0": that would look like a real reading
         TextEncoder().encode(registry)
+
+
+def test_readings_that_change_every_scrape_do_not_grow_the_memory_held() -> None:
+    """A power reading is new at every poll: its spellings are not kept without bound."""
+    encoder = TextEncoder()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for scrape in range(20):
+            gauge = GaugeMetricFamily("gpu_power_watts", "power", labels=["gpu"])
+            for gpu in range(1000):
+                gauge.add_metric([str(gpu)], 100.0 + scrape + gpu / 1000 + 1e-7)
+            registry = CollectorRegistry()
+            registry.register(_Fixed(gauge))
+            assert encoder.encode(registry) == generate_latest(registry)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 1 << 20, held  # 20,000 spellings kept would be over 2 MiB

@@ -35,8 +35,12 @@ _TYPE_RENAMES = {
     "gaugehistogram": ("", "histogram"),
     "unknown": ("", "untyped"),
 }
-#: Remembered label sets and values are dropped past this many (a changing pid label).
+#: Remembered label sets are dropped past this many (a changing pid label).
 _MEMO_LIMIT = 20_000
+#: Remembered value spellings are dropped past this many. The values that repeat
+#: (limits, states, whole degrees) are few; a reading that changes every poll would
+#: otherwise fill the memo to _MEMO_LIMIT, megabytes the process keeps for good.
+_VALUE_MEMO_LIMIT = 2_048
 _ZERO = floatToGoString(0.0)
 _NEGATIVE_ZERO = floatToGoString(-0.0)
 
@@ -123,7 +127,7 @@ class SeriesMemo:
         if shown is None:
             shown = floatToGoString(value)
             if value == value:  # NaN is never found again: don't keep it
-                if len(self._values) > _MEMO_LIMIT:
+                if len(self._values) >= _VALUE_MEMO_LIMIT:
                     self._values.clear()
                 self._values[value] = shown
         return shown
