@@ -18,9 +18,11 @@ from daemon_helpers import http_get, wait_http
 NOT_IMPORTED = ("statistics", "yaml", "bcrypt", "rich", "torch")
 
 #: Single modules loaded only when used: the IDNA codec (a listen address that is not
-#: ASCII), a captured-workload request's parser and Inductor sites' (a request, the worker).
+#: ASCII), a captured-workload request's parser and Inductor sites' (a request, the worker),
+#: the trace reader (``--backend replay``).
 NOT_IMPORTED_MODULES = (
     "encodings.idna",
+    "gpuwatchd.telemetry.trace",
     "gpuwatchd.tuning.captured",
     "gpuwatchd.tuning.inductor_sites",
 )

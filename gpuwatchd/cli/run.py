@@ -56,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwatchd.daemon.process import Daemon, read_web_config, setup_logging
     from gpuwatchd.serve.control import ControlError
     from gpuwatchd.store import StoreError
-    from gpuwatchd.telemetry.backend import BackendUnavailable
-    from gpuwatchd.telemetry.trace import TraceError
+    from gpuwatchd.telemetry.backend import BackendUnavailable, TraceError
 
     cfg, overrides = load_with_overrides(args)
     setup_logging(cfg.daemon.log_level)

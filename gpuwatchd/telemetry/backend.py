@@ -7,6 +7,7 @@ pynvml stays inside :mod:`gpuwatchd.telemetry.nvml`.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
@@ -18,6 +19,17 @@ class TelemetryError(Exception):
 
 class BackendUnavailable(TelemetryError):
     """The backend cannot start at all (no NVML library, bad trace file, ...)."""
+
+
+class TraceError(BackendUnavailable):
+    """A trace file that cannot be read; the message is one line: ``file:line: problem``.
+
+    Declared with the backend errors so that catching it loads no trace reader."""
+
+    def __init__(self, path: str | Path, line: int, message: str) -> None:
+        super().__init__(f"{path}:{line}: {message}" if line > 0 else f"{path}: {message}")
+        self.path = str(path)
+        self.line = line
 
 
 class GpuLost(TelemetryError):

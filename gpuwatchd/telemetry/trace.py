@@ -34,7 +34,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpuwatchd.telemetry.backend import BackendUnavailable
+from gpuwatchd.telemetry.backend import TraceError as TraceError  # raised here
 from gpuwatchd.telemetry.fields import (
     FIELDS,
     MAX_PROCS,
@@ -106,15 +106,6 @@ _DEVICE_STRING_KEYS = {
     "pci_bus_id": "pci_bus_id",
     "cuda_capability": "cuda_capability",
 }
-
-
-class TraceError(BackendUnavailable):
-    """A trace file that cannot be read; the message is one line: ``file:line: problem``."""
-
-    def __init__(self, path: str | Path, line: int, message: str) -> None:
-        super().__init__(f"{path}:{line}: {message}" if line > 0 else f"{path}: {message}")
-        self.path = str(path)
-        self.line = line
 
 
 @dataclass(frozen=True, slots=True)
