@@ -19,12 +19,15 @@ NOT_IMPORTED = ("statistics", "yaml", "bcrypt", "rich", "torch")
 
 #: Single modules loaded only when used: the IDNA codec (a listen address that is not
 #: ASCII), a captured-workload request's parser and Inductor sites' (a request, the worker),
-#: the trace reader (``--backend replay``).
+#: the trace reader (``--backend replay``), a tuning session's runner and spec (a session).
 NOT_IMPORTED_MODULES = (
     "encodings.idna",
+    "gpuwatchd.sessions.resume",
+    "gpuwatchd.sessions.runner",
     "gpuwatchd.telemetry.trace",
     "gpuwatchd.tuning.captured",
     "gpuwatchd.tuning.inductor_sites",
+    "gpuwatchd.tuning.session_spec",
 )
 
 #: The web config's modules (TLS, basic auth): a daemon serving plain HTTP loads none.

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import functools
 import logging
 import os
 import signal
@@ -72,7 +71,6 @@ from gpuwatchd.serve.loop import ServeLoop
 from gpuwatchd.sessions.fleet import fleet_policy
 from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
 from gpuwatchd.sessions.readiness import WorkerProbe
-from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.sessions.scheduler import RunnerFactory, TuneScheduler
 from gpuwatchd.store import SqlStore, StoreError, is_postgres_url, open_store
 from gpuwatchd.store.errors import StoreUnavailable
@@ -86,8 +84,10 @@ from gpuwatchd.telemetry.types import PodRef
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.validate import describe
 
-if TYPE_CHECKING:  # loaded only when a web config is set
+if TYPE_CHECKING:  # loaded only when a web config is set, a session starts
     from gpuwatchd.serve.web.config import WebConfig
+    from gpuwatchd.sessions.events import SessionListener
+    from gpuwatchd.sessions.runner import TuneRunner
 
 log = logging.getLogger("gpuwatchd")
 
@@ -111,14 +111,22 @@ MAX_TICK_S = 1.0
 
 
 def runner_factory(cfg: Config) -> RunnerFactory:
-    """Each GPU's session runner: the configured worker interpreter and resume age."""
-    return functools.partial(
-        TuneRunner,
-        python=cfg.tuning.worker_executable,
-        worker_user=cfg.tuning.worker_user,
-        resume_max_age_s=cfg.tuning.resume_max_age_s,
-        versions_now=current_versions,  # a session resumed whole: is its stack still installed?
-    )
+    """Each GPU's session runner: the configured worker interpreter and resume age (the
+    runner's module loads with the first session)."""
+
+    def runner(store: SqlStore, *, on_finished: SessionListener) -> TuneRunner:
+        from gpuwatchd.sessions.runner import TuneRunner
+
+        return TuneRunner(
+            store,
+            on_finished=on_finished,
+            python=cfg.tuning.worker_executable,
+            worker_user=cfg.tuning.worker_user,
+            resume_max_age_s=cfg.tuning.resume_max_age_s,
+            versions_now=current_versions,  # a session resumed whole: is its stack still installed?
+        )
+
+    return runner
 
 
 def _no_pod(_uuid: str) -> PodRef | None:

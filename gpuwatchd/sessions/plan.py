@@ -6,14 +6,17 @@ Never imports torch. Shared by the daemon's scheduler and ``gpuwatchd tune``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import GpuSnapshot
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.session_spec import SessionSpec, SimSpec
 from gpuwatchd.tuning.settings import TuningSetup
 from gpuwatchd.tuning.types import Regime, Workload
 from gpuwatchd.tuning.workloads import device_kind
+
+if TYPE_CHECKING:  # specs are built when a session starts
+    from gpuwatchd.tuning.session_spec import SessionSpec
 
 #: Which worker devices each telemetry backend can serve when asked by name.
 DEVICES_FOR_BACKEND: dict[str, tuple[str, ...]] = {
@@ -74,6 +77,8 @@ def build_specs(
     """One session spec per worker device kind, in a stable order (sim/cpu/cuda as they appear).
 
     ``sim_speed`` paces a sim worker's clock to the daemon's (see ``SimSpec.speed``)."""
+    from gpuwatchd.tuning.session_spec import SessionSpec, SimSpec
+
     groups: dict[str, list[Workload]] = {}
     for w in workloads:
         groups.setdefault(device_kind(w), []).append(w)

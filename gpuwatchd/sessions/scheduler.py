@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuwatchd.monitor.board import GpuSnapshot, StateBoard
 from gpuwatchd.sessions.claim_renewal import ClaimRenewer
@@ -59,16 +59,18 @@ from gpuwatchd.sessions.readiness import (
     needed_modules,
     readiness,
 )
-from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.store import FINAL_STATUSES, SqlStore
 from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.telemetry.backend import FeelsSessionLoad
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.session_spec import SessionSpec
 from gpuwatchd.tuning.settings import TuningSetup
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.windows import in_windows, parse_windows
+
+if TYPE_CHECKING:  # a session's modules load with the first session
+    from gpuwatchd.sessions.runner import TuneRunner
+    from gpuwatchd.tuning.session_spec import SessionSpec
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +151,14 @@ class RunnerFactory(Protocol):
     def __call__(self, store: SqlStore, *, on_finished: SessionListener) -> TuneRunner: ...
 
 
+def default_runner(store: SqlStore, *, on_finished: SessionListener) -> TuneRunner:
+    """A runner with the defaults; its module (the worker's wire, resume) loads with the
+    first session, so a daemon that never tunes never loads it."""
+    from gpuwatchd.sessions.runner import TuneRunner
+
+    return TuneRunner(store, on_finished=on_finished)
+
+
 class TuneScheduler:
     """Starts tuning sessions on GPUs whose gate is open, one GPU at a time by default.
 
@@ -167,7 +177,7 @@ class TuneScheduler:
         store: SqlStore,
         backend_name: str,
         sim_time: Callable[[], float] = lambda: 0.0,
-        runner_factory: RunnerFactory = TuneRunner,
+        runner_factory: RunnerFactory = default_runner,
         now: Callable[[], float] = time.time,
         local_now: Callable[[], dt.datetime] = dt.datetime.now,
         events: SessionEvents | None = None,
