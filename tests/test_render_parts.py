@@ -36,12 +36,15 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 class _Source:
     """A sub-collector over a value the test changes; counts runs and their threads."""
 
-    def __init__(self, name: str, versioned: bool = True, inline: bool = False) -> None:
+    def __init__(
+        self, name: str, versioned: bool = True, inline: bool = False, timeless: bool = False
+    ) -> None:
         self.name = name
         self.value = 1.0
         self.runs = 0
         self.threads: list[str] = []
         self.runs_inline = inline
+        self.timeless = timeless
         if versioned:
             self.version = lambda: self.value
 
@@ -106,6 +109,31 @@ def test_a_versioned_part_is_reused_until_its_version_or_max_age_moves_on() -> N
     board.put(full_h200())
     renderer.render("", "")
     assert tuning.runs == 3
+
+
+def test_a_timeless_part_is_kept_past_max_age_until_its_version_moves_on() -> None:
+    tuning = _Source("tuning", timeless=True)
+    board, _, renderer, clock = _setup(tuning, max_age_s=1.0)
+    renderer.render("", "")
+    for _ in range(3):  # scrapes a max age apart, a poll between them
+        clock.t += 1.0
+        board.put(full_h200())
+        assert b"gpuwatchd_test_tuning 1.0" in renderer.render("", "").body
+    assert tuning.runs == 1
+    tuning.value = 2.0  # its source changed: the next render shows it
+    board.put(full_h200())
+    assert b"gpuwatchd_test_tuning 2.0" in renderer.render("", "").body
+    assert tuning.runs == 2
+
+
+def test_the_daemons_clockless_collectors_are_timeless_and_the_fleets_is_not() -> None:
+    from gpuwatchd.exporter.collectors.fleet import FleetCollector
+    from gpuwatchd.exporter.collectors.store import StoreCollector
+    from gpuwatchd.exporter.collectors.tuning import TuningCollector
+
+    timeless = (GpuCollector, HealthCollector, TuningCollector, DriftCollector, StoreCollector)
+    assert all(getattr(c, "timeless", False) for c in timeless)
+    assert not getattr(FleetCollector, "timeless", False)  # its sync age moves with the clock
 
 
 def test_each_format_keeps_its_own_parts() -> None:

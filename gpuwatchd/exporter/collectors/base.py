@@ -17,7 +17,10 @@ own thread: it cannot hang, and a thread hand-off costs more than most such coll
 :meth:`GpuwatchdCollector.render` also keeps each sub-collector's encoded families: one
 with a ``version()`` (equal versions, equal output) is re-run only when its version
 changed or its text is ``max_age_s`` old, so a scrape after a poll re-renders the GPU
-families and reuses the tuning, drift and fleet ones.
+families and reuses the tuning, drift and fleet ones. A sub-collector whose output is
+read from its versioned sources alone, never from a clock (``timeless = True``), keeps
+its text until its version changes, however old: at one scrape a second, the age limit
+alone would re-run every collector at every other scrape.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ class SubCollector(Protocol):
     Optional, read with ``getattr``: ``version()`` returns a value that compares equal
     whenever the output would (the objects its data comes from: an identity check
     first, so an unchanged snapshot costs nothing); ``runs_inline = True`` says
-    ``collect`` reads only immutable in-memory state and cannot block.
+    ``collect`` reads only immutable in-memory state and cannot block; ``timeless =
+    True`` says its output is made from what ``version()`` versions and nothing else (no
+    clock), so a kept text never goes stale while the version holds.
     """
 
     name: str
@@ -108,6 +113,7 @@ class _Worker:
     def __init__(self, sub: SubCollector) -> None:
         self.sub = sub
         self.inline = bool(getattr(sub, "runs_inline", False))
+        self.timeless = bool(getattr(sub, "timeless", False))
         self._version: Callable[[], object] | None = getattr(sub, "version", None)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -205,7 +211,8 @@ class GpuwatchdCollector:
         self, encode: Encode, fmt: Hashable, max_age_s: float, now: float, *, wait: bool = True
     ) -> bytes | None:
         """Everything :meth:`collect` yields, encoded, reusing each sub-collector's text
-        while its version is unchanged and younger than ``max_age_s`` (``now``, monotonic).
+        while its version is unchanged and younger than ``max_age_s`` (``now``, monotonic;
+        a ``timeless`` one's at any age).
 
         ``fmt`` names the encoding (texts of different formats are kept apart). The
         version is read before the sub-collector runs, so a kept text is never older
@@ -225,7 +232,7 @@ class GpuwatchdCollector:
             if (
                 part is not None
                 and version is not _UNVERSIONED
-                and 0 <= now - part.created < max_age_s
+                and (worker.timeless or 0 <= now - part.created < max_age_s)
                 and part.version == version
             ):
                 bodies[i] = part.body

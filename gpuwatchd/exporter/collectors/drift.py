@@ -21,6 +21,7 @@ class DriftCollector:
 
     name = "drift"
     runs_inline = True  # the published view is replaced whole, never changed
+    timeless = True  # made from that view alone
 
     def __init__(self, view: Callable[[], dict[int, GpuDriftView]]) -> None:
         self._view = view

@@ -169,6 +169,8 @@ class BoardCollector:
     name: str
     #: Reads immutable snapshots only: runs in the scrape's thread (see collectors.base).
     runs_inline = True
+    #: Its families are made from the board's snapshots alone (see collectors.base).
+    timeless = True
 
     def __init__(self, board: StateBoard) -> None:
         self._board = board

@@ -17,6 +17,7 @@ class StoreCollector:
 
     name = "store"
     runs_inline = True
+    timeless = True  # made from up() alone
 
     def __init__(self, up: Callable[[], bool]) -> None:
         self._up = up

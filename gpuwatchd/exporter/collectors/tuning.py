@@ -53,6 +53,7 @@ class TuningCollector:
 
     name = "tuning"
     runs_inline = True  # published snapshots only; ``added`` must not wait on a lock
+    timeless = True  # made from what version() returns, no clock
 
     def __init__(
         self,
