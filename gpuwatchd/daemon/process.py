@@ -45,7 +45,7 @@ from gpuwatchd.daemon.jobs import JobRegistry
 from gpuwatchd.daemon.ops import OpTable
 from gpuwatchd.daemon.retune import MANUAL_REASON, retune_ops
 from gpuwatchd.daemon.sdnotify import Notifier
-from gpuwatchd.daemon.store_link import CHECK_EVERY_S, StoreLink
+from gpuwatchd.daemon.store_link import StoreLink
 from gpuwatchd.daemon.user_ops import user_ops
 from gpuwatchd.daemon.user_work import UserWork
 from gpuwatchd.drift import (
@@ -106,7 +106,8 @@ SPOOL_RESCAN_S = 60.0
 #: The first pruning waits this long after start (at most an interval): a fleet that
 #: restarts at once does not ask for the pruning lease all in its first seconds.
 FIRST_PRUNE_S = 300.0
-#: The main loop's longest sleep: a config reload (SIGHUP) waits at most this long.
+#: The main loop's longest sleep: a config reload (SIGHUP) waits at most this long, and
+#: so does the next look at a store that is down (``StoreLink.poke``).
 MAX_TICK_S = 1.0
 
 
@@ -456,7 +457,6 @@ class Daemon:
         self.scheduler.add_job(
             self.user_work.rescan, "interval", seconds=SPOOL_RESCAN_S, id="spool"
         )
-        self.scheduler.add_job(self.store_link, "interval", seconds=CHECK_EVERY_S, id="store")
         if self.pruner.interval_s > 0:
             self.scheduler.add_job(
                 self.pruner,
@@ -504,11 +504,13 @@ class Daemon:
         ping_every = self.notifier.watchdog_interval_s()
         last_ping = 0.0
         # Wake when a read in flight could have stalled, at most MAX_TICK_S apart (a
-        # SIGHUP is applied within that), not every poll period: each wake-up costs CPU.
+        # SIGHUP is applied and a down store looked at within that), not every poll
+        # period: each wake-up costs CPU.
         while not self._stop.wait(
             min(self.poller.stall_check_due_in(), MAX_TICK_S, ping_every or MAX_TICK_S)
         ):
             self.poller.check_stalls()
+            self.store_link.poke()  # a thread only while the store is down or just back
             if self._reload.is_set():
                 self._reload.clear()
                 self.reload()

@@ -1,15 +1,21 @@
 """The daemon's link to its store: reconnects in the background, tells who waits for it.
 
 The daemon starts and runs without its store (telemetry, the gate and /metrics need
-none of it). A periodic task calls :class:`StoreLink` every second: while the store
-is down (or never opened) it probes it; once it answers again, the listeners hear of
-it (the scheduler records the sessions an outage cut off, the winners cache refreshes).
+none of it). One call of :class:`StoreLink` is one look: while the store is down (or
+never opened) it probes it; once it answers again, the listeners hear of it (the
+scheduler records the sessions an outage cut off, the winners cache refreshes). The
+daemon's main loop calls :meth:`StoreLink.poke` at every turn (at least once a
+second), which starts a look on a thread of its own only when a look has something to
+do, at most once per :data:`CHECK_EVERY_S`: a store that stays up costs no thread
+wake-up at all, a down one is probed once a second without holding up the main loop.
 The store itself logs one line when it goes down and one when it is back.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 
 from gpuwatchd.store import SqlStore, StoreError
@@ -29,9 +35,39 @@ class StoreLink:
         self._listeners: list[Callable[[], None]] = []
         self._was_up = store.up
         self._refused: str | None = None  # a non-transient error, logged once
+        self._looking = threading.Lock()  # held by the look in progress
+        self._last_look = -CHECK_EVERY_S  # time.monotonic() when the last poked look began
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
+
+    def due(self) -> bool:
+        """Whether a look has anything to do: the store is down, or it came back and
+        the listeners have not heard yet."""
+        return not (self._store.up and self._was_up)
+
+    def poke(self) -> None:
+        """Start a look on a thread of its own if one is due, none is in progress and
+        the last began at least :data:`CHECK_EVERY_S` ago. Never blocks."""
+        now = time.monotonic()
+        if now - self._last_look < CHECK_EVERY_S or not self.due():
+            return
+        if not self._looking.acquire(blocking=False):
+            return  # a probe of an unreachable store still waiting: not doubled
+        self._last_look = now
+        try:
+            threading.Thread(target=self._look, name="gpuwatchd-store-link", daemon=True).start()
+        except BaseException:
+            self._looking.release()
+            raise
+
+    def _look(self) -> None:
+        try:
+            self()
+        except Exception:  # the look's own bug: logged, and the next poke looks again
+            log.exception("looking at the store failed")
+        finally:
+            self._looking.release()
 
     def __call__(self) -> None:
         if not self._store.up:
