@@ -65,6 +65,7 @@ from gpuwatchd.exporter.collectors.tls import TlsCertificateCollector
 from gpuwatchd.exporter.collectors.tuning import TuningCollector
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
+from gpuwatchd.monitor.stop_signal import StopSignal
 from gpuwatchd.serve import HttpServer
 from gpuwatchd.serve.control import ControlServer, default_socket_path
 from gpuwatchd.serve.loop import ServeLoop
@@ -375,7 +376,7 @@ class Daemon:
             serve_loop=self.serve_loop,
         )
         self.notifier = Notifier.from_env()
-        self._stop = threading.Event()
+        self._stop = StopSignal()  # the main loop sleeps on it between turns
         self._reload = threading.Event()
         self._healthy = True
 

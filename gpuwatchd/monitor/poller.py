@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuwatchd.gate import GateConfig
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
+from gpuwatchd.monitor.stop_signal import StopSignal
 from gpuwatchd.monitor.watch import GpuWatch, OwnPids
 from gpuwatchd.telemetry.backend import Backend, GpuLost
 from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
@@ -86,7 +87,7 @@ class Poller:
         self.stall_periods = stall_periods
         self._own_pids = own_pids
         self._listeners: list[SnapshotListener] = []
-        self._stop = threading.Event()
+        self._stop = StopSignal()  # the sweeper sleeps on it between sweeps
         self._threads: list[threading.Thread] = []
         self._generation = 0  # bumped whenever a stuck sweeper is replaced
         self._sweep_lock = threading.Lock()
