@@ -61,6 +61,31 @@ def test_hanging_read_is_noticed_within_two_periods_and_others_keep_polling(capl
     assert wait_until(lambda: backend.reads[1] > 0)
 
 
+def test_the_next_stall_check_waits_for_the_next_sweep_unless_a_gpu_is_stalled():
+    backend = FakeBackend(gpus=1)
+    board = StateBoard()
+    poller = Poller(backend, board, GateConfig(), period_s=1.0, stall_periods=2)
+    limit = 2.0
+    poller.start()
+    try:
+        # Between sweeps no read is in flight and none begins before the next sweep.
+        assert wait_until(lambda: poller.stall_check_due_in() > limit, 5, "sweep-aware check")
+        assert poller.stall_check_due_in() <= 1.0 + limit
+    finally:
+        poller.stop()
+
+    backend = FakeBackend(gpus=1)
+    poller = Poller(backend, StateBoard(), GateConfig(), period_s=0.05, stall_periods=2)
+    poller.start()
+    try:
+        backend.hang(0)
+        assert wait_until(lambda: poller.check_stalls() == [0])
+        assert poller.stall_check_due_in() <= 0.1  # re-published once per limit meanwhile
+    finally:
+        backend.unhang(0)
+        poller.stop()
+
+
 def test_recovers_after_a_stall():
     backend = FakeBackend(gpus=1)
     board = StateBoard()

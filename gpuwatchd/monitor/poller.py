@@ -13,11 +13,12 @@ the static facts it reads first and after a GPU answers again included), quarant
 that GPU and starts a fresh sweeper for the rest. When the stuck call finally returns,
 its old sweeper publishes that reading, releases the GPU back to the current sweeper and
 exits. ``stall_check_due_in`` tells that loop when to look next, so it wakes once per
-stall limit rather than every period. Slow fields (energy counter, static facts) are
-read off the hot path by a dispatch that never blocks: a GPU whose previous slow read is
-still running is skipped, not queued. The sweeper starts that dispatch itself every
-``energy_period_s`` (no scheduler thread wakes for it); ``dispatch_slow_reads`` also
-starts one at once and restarts that clock.
+stall limit rather than every period, counted from the sweeper's next sweep while no
+read is in flight (no read of the sweeper's can begin before it). Slow fields (energy
+counter, static facts) are read off the hot path by a dispatch that never blocks: a GPU
+whose previous slow read is still running is skipped, not queued. The sweeper starts
+that dispatch itself every ``energy_period_s`` (no scheduler thread wakes for it);
+``dispatch_slow_reads`` also starts one at once and restarts that clock.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class Poller:
         self._tracks: dict[int, _GpuTrack] = {}
         self._slow_pool: ThreadPoolExecutor | None = None
         self._next_slow_at = float("inf")  # time.monotonic() of the sweeper's next dispatch
+        self._next_sweep_at = 0.0  # time.monotonic() the sweeper's next sweep begins
 
     # -- configuration -------------------------------------------------------------
 
@@ -187,15 +189,18 @@ class Poller:
         """Seconds until :meth:`check_stalls` can next find something new.
 
         A read in flight becomes a stall ``stall_periods`` periods after it began; one
-        not yet begun cannot stall sooner than that from now. A GPU already stalled is
-        re-published once per limit, as the gate's unavailable spell goes on.
+        not yet begun cannot stall sooner than that after the sweeper's next sweep
+        begins (or from now, where that is past). A GPU already stalled is re-published
+        once per limit, as the gate's unavailable spell goes on.
         """
         limit = self.stall_periods * self.period_s
         now = time.monotonic()
-        due = limit
+        due = max(limit, self._next_sweep_at + limit - now)
         for track in list(self._tracks.values()):
             since = track.in_flight_since
-            if since is not None and not track.stall_logged:
+            if track.stall_logged:
+                due = min(due, limit)
+            elif since is not None:
                 due = min(due, since + limit - now)
         return max(0.01, due)
 
@@ -240,6 +245,7 @@ class Poller:
             if delay < 0:  # fell behind (a slow read): don't burst to catch up
                 next_at = time.monotonic()
                 delay = 0.0
+            self._next_sweep_at = next_at
             if self._stop.wait(delay):
                 return
 
