@@ -3,7 +3,8 @@
 Runs ``gpuwatchd run --backend sim`` (tuning and drift off) from this tree or ``--tree``
 with the functions named in ``TIMED`` wrapped to add up the calling thread's CPU time
 (``time.thread_time_ns``) and their calls, scrapes it once a second over a new
-connection each time (as bench/daemon_cost.py's start-up phase does), and prints, for
+connection each time (as bench/daemon_cost.py's start-up phase does; ``--keep-alive``:
+over one kept connection, as Prometheus does), and prints, for
 a steady window after ``--settle`` seconds: each thread's CPU and wake-ups per second
 (/proc schedstat and context switches) and each timed function's CPU per second, calls
 per second and CPU per call. Nested functions are counted in both (``data_received``
@@ -11,12 +12,13 @@ holds ``answer``, which holds the render). The wrappers add about a microsecond 
 call; compare trees run the same way, not these figures with bench/daemon_cost.py's.
 
     python3 bench/daemon_breakdown.py [--tree DIR] [--gpus 1] [--hz 1] [--seconds 30]
-        [--path /metrics]
+        [--path /metrics] [--keep-alive]
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -115,12 +117,30 @@ def snapshot(pid: int, out: Path) -> dict[str, dict[str, list[int]]]:
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
-def scrape_for(url: str, seconds: float) -> None:
-    """Once a second, a new connection each time (urllib closes it)."""
-    start = time.monotonic()
-    for n in range(1, int(seconds) + 1):
-        time.sleep(max(0.0, start + n - time.monotonic()))
-        urllib.request.urlopen(url, timeout=5).read()
+class Scraper:
+    """GET ``path`` once a call: over a new connection each time (urllib closes it), or
+    over one HTTP/1.1 connection kept open between calls."""
+
+    def __init__(self, port: int, path: str, keep_alive: bool) -> None:
+        self.url = f"http://127.0.0.1:{port}{path}"
+        self.path = path
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5) if keep_alive else None
+
+    def __call__(self) -> None:
+        if self.conn is None:
+            urllib.request.urlopen(self.url, timeout=5).read()
+            return
+        self.conn.request("GET", self.path)
+        response = self.conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{self.url}: HTTP {response.status}")
+
+    def once_a_second_for(self, seconds: float) -> None:
+        start = time.monotonic()
+        for n in range(1, int(seconds) + 1):
+            time.sleep(max(0.0, start + n - time.monotonic()))
+            self()
 
 
 def main() -> None:
@@ -131,6 +151,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0, help="the measured window")
     ap.add_argument("--settle", type=float, default=8.0, help="scraped before measuring")
     ap.add_argument("--path", default="/metrics", help="what is scraped, e.g. /healthz")
+    ap.add_argument("--keep-alive", action="store_true", help="one connection kept open")
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="daemon-breakdown-"))
     config = home / "config.toml"
@@ -163,14 +184,16 @@ def main() -> None:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError(f"{url} never answered (log: {home}/daemon.log)") from None
                 time.sleep(0.05)
-        scrape_for(url, args.settle)
+        scrape = Scraper(port, args.path, args.keep_alive)
+        scrape.once_a_second_for(args.settle)
         before, t0 = snapshot(proc.pid, out), time.monotonic()
-        scrape_for(url, args.seconds)
+        scrape.once_a_second_for(args.seconds)
         after, elapsed = snapshot(proc.pid, out), time.monotonic() - t0
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
-    print(f"# {args.tree}: {args.gpus} sim GPU(s) at {args.hz:g} Hz, {args.path} scraped 1/s")
+    how = "over one kept connection" if args.keep_alive else "a new connection each"
+    print(f"# {args.tree}: {args.gpus} sim GPU(s) at {args.hz:g} Hz, {args.path} 1/s, {how}")
     print("| thread | µs CPU per s | wake-ups per s |\n| --- | ---: | ---: |")
     total = 0.0
     for name, (ns, switches) in after["threads"].items():
