@@ -729,7 +729,8 @@ def test_a_reacquired_gpu_is_watched_again() -> None:
     with pytest.raises(GpuLost):
         backend.read(0)
     fake.recover(0)
-    backend.read(0)  # re-acquired: a new handle
+    backend.read(0)  # re-acquired: a new handle, registered by the XID thread between waits
+    wait_for(lambda: fake.count("nvmlDeviceRegisterEvents") == 2)
     fake.xid(0, 94)
     wait_for(lambda: xids_after_slow_read(backend, 0) == {94: 1})
     backend.close()
@@ -770,6 +771,45 @@ def _slow_wait_api(calls: list[str], wait_s: float) -> nvml_xid.XidApi:
         is_timeout=lambda exc: True,
         key=lambda h: h,
     )
+
+
+def test_gpus_are_registered_on_the_xid_thread_and_never_while_it_waits() -> None:
+    """The driver spins the registering thread until a wait on the same set returns."""
+    calls: list[tuple[str, str]] = []
+    waiting = threading.Event()
+
+    class _Timeout(Exception):
+        pass
+
+    def wait(event_set: object, timeout_ms: int) -> object:
+        waiting.set()
+        time.sleep(timeout_ms / 1000.0)
+        waiting.clear()
+        raise _Timeout
+
+    def register(handle: object, mask: int, event_set: object) -> None:
+        during_wait = "during a wait" if waiting.is_set() else ""
+        calls.append((str(handle), threading.current_thread().name + during_wait))
+
+    api = nvml_xid.XidApi(
+        create=object,
+        supported=lambda h: nvml_xid.XID_EVENT,
+        register=register,
+        wait=wait,
+        free=lambda event_set: None,
+        errors=(_Timeout,),
+        is_timeout=lambda exc: True,
+        key=lambda h: h,
+    )
+    counter = nvml_xid.XidCounter(api, wait_s=0.05)
+    assert counter.start({0: "h0", 1: "h1"})
+    wait_for(lambda: len(calls) == 2)
+    assert counter.watch(1, "h1-again")  # a re-acquired handle, while the thread waits
+    wait_for(lambda: len(calls) == 3)
+    counter.close()
+    thread = "gpuwatchd-xid"
+    assert calls == [("h0", thread), ("h1", thread), ("h1-again", thread)]
+    assert counter.counts(0) == {} and counter.counts(1) == {}
 
 
 def test_close_does_not_wait_out_a_long_xid_wait() -> None:

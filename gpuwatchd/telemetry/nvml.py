@@ -579,10 +579,7 @@ class NvmlBackend:
             if self._xids_started or self._closed:
                 return
             self._xids_started = True
-            if self._xids.start():
-                for g in self._gpus.values():
-                    if g.lost is None:
-                        self._xids.watch(g.index, g.handle)
+            self._xids.start({g.index: g.handle for g in self._gpus.values() if g.lost is None})
 
     def device_info(self, gpu: int, refresh: bool = False) -> DeviceInfo:
         """Static facts, cached after the first call (the max clocks are slow calls).

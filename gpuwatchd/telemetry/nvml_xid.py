@@ -7,6 +7,12 @@ C with the GIL released for up to its timeout (seconds: each wait costs CPU in t
 so :meth:`XidCounter.close` does not wait that out: it gives the thread a moment, and if
 the thread is still inside the wait it leaves the event set, and whatever must follow its
 freeing (``nvmlShutdown``), to the thread on its way out. A daemon stopping exits first.
+
+GPUs are registered on that thread, between waits, never while it waits: the driver makes
+``nvmlDeviceRegisterEvents`` on a set that another thread is waiting on spin on a core
+until the wait returns (a whole wait timeout of CPU per registration; bench/RESULTS.md,
+"start-up on a real GPU"). The GPUs known at start are registered before the first wait;
+one re-acquired later is registered when the current wait ends.
 Subscribing to events changes no GPU setting. The NVML functions are injected (bound by
 :mod:`gpuwatchd.telemetry.nvml`), so this module never imports pynvml.
 """
@@ -58,6 +64,7 @@ class XidCounter:
         self._api = api
         self._wait_ms = max(1, round(wait_s * 1000))
         self._set: Any = None
+        self._to_register: list[tuple[int, Any]] = []  # (gpu, handle), for the thread (under _lock)
         self._gpu_of: dict[Hashable, int] = {}
         self._counts: dict[int, Mapping[int, int]] = {}  # only GPUs that are watched
         self._lock = threading.Lock()
@@ -68,13 +75,19 @@ class XidCounter:
         self._left_to_thread = False  # close() left the freeing to the thread (under _lock)
         self._then: Callable[[], None] | None = None  # what close() asked to follow it
 
-    def start(self) -> bool:
-        """Create the event set and the thread; False if this NVML has no events."""
+    def start(self, gpus: Mapping[int, Any] | None = None) -> bool:
+        """Create the event set, watch ``gpus`` (index -> handle), start the thread.
+
+        False if this NVML has no events. The thread registers ``gpus`` before it first
+        waits.
+        """
         try:
             self._set = self._api.create()
         except self._api.errors as exc:
             log.info("XID events unavailable (%s); no gpuwatchd_gpu_xid_* series", exc)
             return False
+        for gpu, handle in (gpus or {}).items():
+            self.watch(gpu, handle)
         self._thread = threading.Thread(target=self._run, name="gpuwatchd-xid", daemon=True)
         self._thread.start()
         return True
@@ -82,21 +95,36 @@ class XidCounter:
     def watch(self, gpu: int, handle: Any) -> bool:
         """Subscribe to ``gpu``'s XID events (again after a re-acquired handle).
 
-        False if the GPU does not report XIDs; its count then stays absent.
+        The event thread registers it before its next wait. False if the GPU does not
+        report XIDs; its count then stays absent.
         """
         if self._set is None:
             return False
         try:
             if not self._api.supported(handle) & XID_EVENT:
                 return False
-            self._api.register(handle, XID_EVENT, self._set)
         except self._api.errors as exc:
             log.info("GPU %d: XID events unavailable: %s", gpu, one_line(exc))
             return False
         with self._lock:
-            self._gpu_of[self._api.key(handle)] = gpu
+            self._to_register.append((gpu, handle))
             self._counts.setdefault(gpu, MappingProxyType({}))
         return True
+
+    def _register_waiting(self) -> None:
+        """Register the GPUs :meth:`watch` queued; on the event thread, between waits."""
+        with self._lock:
+            queued, self._to_register = self._to_register, []
+        for gpu, handle in queued:
+            try:
+                self._api.register(handle, XID_EVENT, self._set)
+            except self._api.errors as exc:
+                log.info("GPU %d: XID events unavailable: %s", gpu, one_line(exc))
+                with self._lock:
+                    self._counts.pop(gpu, None)
+                continue
+            with self._lock:
+                self._gpu_of[self._api.key(handle)] = gpu
 
     def counts(self, gpu: int) -> Mapping[int, int] | None:
         """XID code -> events seen since start; None if the GPU's XIDs are not watched."""
@@ -145,6 +173,7 @@ class XidCounter:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._register_waiting()
             try:
                 event = self._api.wait(self._set, self._wait_ms)
             except self._api.errors as exc:
