@@ -15,6 +15,7 @@ after the step. It subscribes to events only; it changes no GPU setting.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import threading
@@ -93,10 +94,8 @@ def main() -> int:
     es2 = nv.nvmlEventSetCreate()
 
     def waiter() -> None:
-        try:
+        with contextlib.suppress(nv.NVMLError):
             nv.nvmlEventSetWait_v2(es2, 3000)
-        except nv.NVMLError:
-            pass
 
     t = threading.Thread(target=waiter)
     t.start()
