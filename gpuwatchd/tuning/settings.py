@@ -118,6 +118,12 @@ class ProtocolConfig:
     skip_sustained: bool = True
     skip_power_ratio: float = 0.85
     power_probe_s: float = 1.0
+    #: ``power_probe_s`` where the session reads instantaneous power (NVML's
+    #: ``POWER_INSTANT``): that reading follows a load within its refresh period and the
+    #: power limiter engages within about a tenth of a second (bench/RESULTS.md, "How fast
+    #: the power readings and the limiter follow a load step"), so a short probe shows the
+    #: load. It also bounds the load a power reading needs before settling counts it.
+    power_probe_instant_s: float = 0.25
     #: End the power probe early once a sample after half of it shows a power or thermal
     #: reason or a clock well under max: the sustained regime is then measured anyway.
     probe_ends_on_limit: bool = True
@@ -162,7 +168,8 @@ class ProtocolConfig:
                self.contender_rounds)  # fmt: skip
         _check(0 < self.skip_power_ratio <= 1, "skip_power_ratio", "must be in (0, 1]",
                self.skip_power_ratio)  # fmt: skip
-        _check(self.power_probe_s >= 0, "power_probe_s", "must be >= 0", self.power_probe_s)
+        for name in ("power_probe_s", "power_probe_instant_s"):
+            _check(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
         _check(self.queue_workloads >= 1, "queue_workloads", "must be >= 1",
                self.queue_workloads)  # fmt: skip
 

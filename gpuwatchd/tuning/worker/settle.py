@@ -7,8 +7,11 @@ Two rules over the samples read after each settling batch:
   ``settle_clock_rel``, and so does power's unless the board is pinned at its power cap
   (every sample of the window shows SW_POWER_CAP: the controller then holds the power at
   the limit, and the clock is what tells whether anything still changes) and the load
-  has lasted ``power_probe_s`` (NVML's power reading is a 1 s average: before that it
-  still shows the idle time before the load, and the candidates' power would read low).
+  has lasted long enough for the power reading to show it: ``power_probe_s`` for NVML's
+  1 s average (before that it still shows the idle time before the load, and the
+  candidates' power would read low), ``power_probe_instant_s`` where the session reads
+  instantaneous power, which is then the power judged
+  (:mod:`~gpuwatchd.tuning.worker.load_power`).
   A power cap engages within a quarter second of a heavy load and the die's time
   constant is ~0.3 s (H200 fit), so a flat trend comes long before a fixed 3 s window;
 - the half-window rule (``settle_horizon_s == 0``, the earlier protocol's rule): the
@@ -21,15 +24,23 @@ seen only once in the window says nothing about the trend (its intercept absorbs
 only candidates seen at least twice count towards ``MIN_TREND_SAMPLES``, and a window
 too short for that is not judged yet (the protocol widens it to two rounds).
 
+Where the session reads instantaneous power, a window with a sample drawing over the
+power limit with no power reason is not settled, whatever the trend says: the limiter
+has not engaged yet, and it will (it acts on filtered power, so a load just over the
+limit takes longest to reach). This holds until the load has lasted ``power_probe_s``,
+the wait the averaged reading needs anyway, so a board whose instantaneous reading and
+limit disagree in scope settles no later than without the reading.
+
 A device without clock or power telemetry (the CPU) is settled once a full window ran.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from gpuwatchd.telemetry.types import Sample, ThrottleReason
+from gpuwatchd.telemetry.types import POWER_REASONS, Sample, ThrottleReason, instant_power
 from gpuwatchd.tuning.settings import ProtocolConfig
+from gpuwatchd.tuning.worker.load_power import counts, load_power
 
 #: Fewest samples a trend is fitted to (of candidates seen at least twice in the window);
 #: fewer and the window is not judged yet.
@@ -42,36 +53,52 @@ def settled(
     span: float,
     groups: Sequence[str] | None = None,
     loaded_s: float = float("inf"),
+    power_limit_w: float | None = None,
 ) -> bool:
     """Whether the last ``span`` seconds of ``window`` show a settled device.
 
     ``groups`` (parallel to ``window``) names the candidate each sample was read after;
-    ``loaded_s`` is how long the device has been loaded back-to-back.
+    ``loaded_s`` is how long the device has been loaded back-to-back; ``power_limit_w``
+    is the board's power limit, when known.
     """
     if not window:
         return False
     end = window[-1].t
     keep = [i for i, w in enumerate(window) if w.t >= end - span]
     recent = [window[i] for i in keep]
+    if loaded_s < cfg.power_probe_s and any(limiter_pending(w, power_limit_w) for w in recent):
+        return False
     if cfg.settle_horizon_s > 0:
         names = [groups[i] for i in keep] if groups is not None else [""] * len(keep)
-        return _trend_flat(recent, names, cfg, loaded_s >= cfg.power_probe_s)
+        return _trend_flat(recent, names, cfg, counts(cfg, window[-1], loaded_s))
     return _halves_agree(recent, cfg, end - span / 2)
 
 
+def limiter_pending(s: Sample, power_limit_w: float | None) -> bool:
+    """The instantaneous power reading is over the limit, and no power reason shows."""
+    watts = instant_power(s)
+    if watts is None or not power_limit_w or watts <= power_limit_w:
+        return False
+    return not (s.reasons and s.reasons & POWER_REASONS)
+
+
+def _clock(w: Sample) -> float | None:
+    return w.sm_clock_mhz
+
+
 def _trend_flat(
-    recent: Sequence[Sample], names: Sequence[str], cfg: ProtocolConfig, averaged: bool
+    recent: Sequence[Sample], names: Sequence[str], cfg: ProtocolConfig, shows_load: bool
 ) -> bool:
     if len(recent) < MIN_TREND_SAMPLES:
         return False
     capped = all(w.reasons is not None and w.reasons & ThrottleReason.SW_POWER_CAP for w in recent)
-    fields = [("sm_clock_mhz", cfg.settle_clock_rel)]
-    if not (capped and averaged):
-        fields.append(("power_w", cfg.settle_power_rel))
-    for field, limit in fields:
+    fields: list[tuple[Callable[[Sample], float | None], float]] = [(_clock, cfg.settle_clock_rel)]
+    if not (capped and shows_load):
+        fields.append((load_power, cfg.settle_power_rel))
+    for read, limit in fields:
         by: dict[str, list[tuple[float, float]]] = {}
         for w, name in zip(recent, names, strict=True):
-            v = getattr(w, field)
+            v = read(w)
             if v is not None:
                 by.setdefault(name, []).append((w.t, float(v)))
         if not by:
@@ -97,7 +124,7 @@ def _halves_agree(recent: Sequence[Sample], cfg: ProtocolConfig, mid: float) -> 
         return False
     checks = (
         ([w.sm_clock_mhz for w in first], [w.sm_clock_mhz for w in second], cfg.settle_clock_rel),
-        ([w.power_w for w in first], [w.power_w for w in second], cfg.settle_power_rel),
+        ([load_power(w) for w in first], [load_power(w) for w in second], cfg.settle_power_rel),
     )
     for a, b, limit in checks:
         ma, mb = _mean(a), _mean(b)
