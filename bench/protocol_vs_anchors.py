@@ -21,6 +21,9 @@ For gpuwatchd's protocols, where the GPU time went: timed batches (accepted and
 rejected, as measured), pauses (between batches and to cool), the sustained regime's
 settling, and the rest (warm-ups, the power probe, L2 flushes).
 
+The simulated GPU reads instantaneous power as an H100's NVML does (``POWER_INSTANT``);
+``--no-instant-power`` runs it without, as on a GPU or driver that lacks the field.
+
     nice -n 10 python3 bench/protocol_vs_anchors.py --sets 1000 \
         --out bench/data/sim-protocol-vs-anchors.json
 """
@@ -101,6 +104,10 @@ def anchor_runner(pick: Callable[[NoisySession, list[BenchKernel]], str]) -> Run
 QUEUED = ("gpuwatchd.queued",)
 
 
+#: Whether the simulated GPU reads instantaneous power (``--no-instant-power``: it lacks
+#: the field, as older GPUs and drivers do). Set in :func:`main`, read by workers.
+INSTANT_POWER = [True]
+
 #: ``--variant NAME:KEY=VALUE,...``: today's defaults with some knobs changed, run as
 #: protocol ``gpuwatchd.NAME`` beside the others (set in :func:`main`, read by workers).
 VARIANTS: dict[str, ProtocolConfig] = {}
@@ -167,7 +174,7 @@ def run_group(args: tuple[Sequence[int], int, Sequence[str]]) -> list[Row]:
     for name in names:
         queues = [csets] if name in QUEUED else [[c] for c in csets]
         for queue in queues:
-            session = NoisySession(queue[0], name)
+            session = NoisySession(queue[0], name, instant_power=INSTANT_POWER[0])
             session.flush_bytes = FLUSH_BYTES.get(name, session.flush_bytes)
             picks = runners[name](session, queue)
             share = 1.0 / len(queue)  # time and energy per tuned workload
@@ -282,7 +289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME:KEY=VALUE,...",
         help="also today's protocol with these ProtocolConfig knobs, as gpuwatchd.NAME",
     )
+    ap.add_argument(
+        "--no-instant-power",
+        action="store_true",
+        help="the simulated GPU lacks instantaneous power (the protocol's fallback)",
+    )
     args = ap.parse_args(argv)
+    INSTANT_POWER[0] = not args.no_instant_power
     for text in args.variant:
         try:
             name, cfg = parse_variant(text)
@@ -316,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sets": args.sets,
             "seed": args.seed,
             "queue": k,
+            "instant_power": INSTANT_POWER[0],
             "summary": summary,
             "by_kind": breakdown(rows, "kind"),
             "by_start": breakdown(rows, "start"),

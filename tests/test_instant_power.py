@@ -178,21 +178,29 @@ def test_settling_judges_instantaneous_power_and_needs_no_second_of_load() -> No
     assert not settled(instant(lagging, lambda t: 400.0 + 200.0 * t), c, 0.5, loaded_s=0.3)
 
 
-def test_a_board_over_its_limit_with_no_power_reason_has_not_settled() -> None:
-    """The limiter has yet to engage: flat readings at full clock are not the steady
-    state. That wait ends where the averaged reading's own wait would have."""
-    c = cfg(settle_window_s=0.5, settle_horizon_s=1.0, power_probe_s=1.0)
+def test_a_board_near_or_over_its_limit_with_no_power_reason_has_not_settled() -> None:
+    """The limiter may yet engage: flat readings at full clock are not the steady state.
+    Near the limit that wait lasts the averaged reading's own (power_probe_s), over it
+    until transient_max_s, when a state that lasts counts as the steady one."""
+    c = cfg(settle_window_s=0.5, settle_horizon_s=1.0, power_probe_s=1.0, transient_max_s=2.0)
     flat = _samples(lambda t: 1980.0, lambda t: 600.0, capped=False)
-    over = [with_instant_power(s, 745.0) for s in flat]
-    assert not settled(over, c, 0.5, loaded_s=0.6, power_limit_w=700.0)
-    assert settled(over, c, 0.5, loaded_s=c.power_probe_s, power_limit_w=700.0)
-    one = [*over[:-1], with_instant_power(flat[-1], 690.0)]  # the window still holds one
-    assert not settled(one, c, 0.5, loaded_s=0.6, power_limit_w=700.0)
-    under = [with_instant_power(s, 690.0) for s in flat]
-    assert settled(under, c, 0.5, loaded_s=0.6, power_limit_w=700.0)
+
+    def reading(watts: float) -> list[Sample]:
+        return [with_instant_power(s, watts) for s in flat]
+
+    def ok(window: list[Sample], loaded_s: float) -> bool:
+        return settled(window, c, 0.5, loaded_s=loaded_s, power_limit_w=700.0)
+
+    over, near, under = reading(745.0), reading(650.0), reading(500.0)
+    assert not ok(over, 0.6) and not ok(over, 1.0) and ok(over, 2.0)
+    assert not ok(near, 0.6) and ok(near, 1.0)
+    assert ok(under, 0.6)
+    one = [*under[:-1], over[-1]]  # one hungry candidate in the window is enough
+    assert not ok(one, 1.0)
     capped = [replace(s, reasons=ThrottleReason.SW_POWER_CAP) for s in over]
-    assert settled(capped, c, 0.5, loaded_s=0.6, power_limit_w=700.0)
-    assert settled(flat, c, 0.5, loaded_s=0.6, power_limit_w=700.0)  # no reading: as before
+    assert ok(capped, 0.6)  # the limiter holds it: the trend alone decides
+    assert ok(flat, 0.6)  # no instantaneous reading: as before
+    assert settled(over, c, 0.5, loaded_s=0.6)  # the limit unknown: nothing to wait for
 
 
 def test_sustained_batches_carry_instantaneous_power_and_energy_from_it() -> None:

@@ -24,12 +24,14 @@ seen only once in the window says nothing about the trend (its intercept absorbs
 only candidates seen at least twice count towards ``MIN_TREND_SAMPLES``, and a window
 too short for that is not judged yet (the protocol widens it to two rounds).
 
-Where the session reads instantaneous power, a window with a sample drawing over the
+Where the session reads instantaneous power, a window with a sample drawing near the
 power limit with no power reason is not settled, whatever the trend says: the limiter
-has not engaged yet, and it will (it acts on filtered power, so a load just over the
-limit takes longest to reach). This holds until the load has lasted ``power_probe_s``,
-the wait the averaged reading needs anyway, so a board whose instantaneous reading and
-limit disagree in scope settles no later than without the reading.
+may not have engaged yet (it acts on filtered power, so a load just over the limit
+takes longest to reach it, and a die still warming draws more as its leakage grows).
+Near means ``skip_power_ratio`` of the limit until ``power_probe_s`` of load (the wait
+the averaged reading needs anyway), then over the limit until ``transient_max_s`` (a
+state that lasts that long is the steady state, as for hardware slowdowns), so a board
+whose instantaneous reading and limit disagree in scope cannot hold settling for long.
 
 A device without clock or power telemetry (the CPU) is settled once a full window ran.
 """
@@ -66,7 +68,7 @@ def settled(
     end = window[-1].t
     keep = [i for i, w in enumerate(window) if w.t >= end - span]
     recent = [window[i] for i in keep]
-    if loaded_s < cfg.power_probe_s and any(limiter_pending(w, power_limit_w) for w in recent):
+    if limiter_pending(recent, cfg, loaded_s, power_limit_w):
         return False
     if cfg.settle_horizon_s > 0:
         names = [groups[i] for i in keep] if groups is not None else [""] * len(keep)
@@ -74,12 +76,26 @@ def settled(
     return _halves_agree(recent, cfg, end - span / 2)
 
 
-def limiter_pending(s: Sample, power_limit_w: float | None) -> bool:
-    """The instantaneous power reading is over the limit, and no power reason shows."""
-    watts = instant_power(s)
-    if watts is None or not power_limit_w or watts <= power_limit_w:
+def limiter_pending(
+    recent: Sequence[Sample], cfg: ProtocolConfig, loaded_s: float, power_limit_w: float | None
+) -> bool:
+    """Whether the power limiter may still engage on this load: some sample shows no power
+    reason with instantaneous power near the limit (``skip_power_ratio`` of it) before
+    ``power_probe_s`` of load, or over the limit before ``transient_max_s``."""
+    if not power_limit_w:
         return False
-    return not (s.reasons and s.reasons & POWER_REASONS)
+    if loaded_s < cfg.power_probe_s:
+        near_w = cfg.skip_power_ratio * power_limit_w
+    elif loaded_s < cfg.transient_max_s:
+        near_w = power_limit_w
+    else:
+        return False
+    return any(_unlimited_at(w, near_w) for w in recent)
+
+
+def _unlimited_at(s: Sample, near_w: float) -> bool:
+    watts = instant_power(s)
+    return watts is not None and watts >= near_w and not (s.reasons and s.reasons & POWER_REASONS)
 
 
 def _clock(w: Sample) -> float | None:
