@@ -107,6 +107,8 @@ QUEUED = ("gpuwatchd.queued",)
 #: Whether the simulated GPU reads instantaneous power (``--no-instant-power``: it lacks
 #: the field, as older GPUs and drivers do). Set in :func:`main`, read by workers.
 INSTANT_POWER = [True]
+#: Protocols from before the worker read instantaneous power: their GPU lacks it.
+BEFORE_INSTANT_POWER = ("gpuwatchd.round1", "gpuwatchd.classic")
 
 #: ``--variant NAME:KEY=VALUE,...``: today's defaults with some knobs changed, run as
 #: protocol ``gpuwatchd.NAME`` beside the others (set in :func:`main`, read by workers).
@@ -174,7 +176,8 @@ def run_group(args: tuple[Sequence[int], int, Sequence[str]]) -> list[Row]:
     for name in names:
         queues = [csets] if name in QUEUED else [[c] for c in csets]
         for queue in queues:
-            session = NoisySession(queue[0], name, instant_power=INSTANT_POWER[0])
+            instant = INSTANT_POWER[0] and name not in BEFORE_INSTANT_POWER
+            session = NoisySession(queue[0], name, instant_power=instant)
             session.flush_bytes = FLUSH_BYTES.get(name, session.flush_bytes)
             picks = runners[name](session, queue)
             share = 1.0 / len(queue)  # time and energy per tuned workload

@@ -410,6 +410,7 @@ class _RegimeRun:
         unlimited = False
         if probing:
             self._power_probe(load_began)
+            self.regime_meta["power_probe_s"] = self._probe_s
             unlimited = self._unlimited()
         if sustained:
             self._settle()
