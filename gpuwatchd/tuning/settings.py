@@ -119,11 +119,13 @@ class ProtocolConfig:
     skip_power_ratio: float = 0.85
     power_probe_s: float = 1.0
     #: ``power_probe_s`` where the session reads instantaneous power (NVML's
-    #: ``POWER_INSTANT``): that reading follows a load within its refresh period and the
-    #: power limiter engages within about a tenth of a second (bench/RESULTS.md, "How fast
-    #: the power readings and the limiter follow a load step"), so a short probe shows the
-    #: load. It also bounds the load a power reading needs before settling counts it.
-    power_probe_instant_s: float = 0.25
+    #: ``POWER_INSTANT``): that reading follows a load within its refresh period, so the
+    #: probe need only outlast the power limiter's reaction (a tenth of a second on an
+    #: H100, about a quarter on an H200: bench/RESULTS.md, "How fast the power readings
+    #: and the limiter follow a load step"); with ``probe_ends_on_limit`` a limited load
+    #: ends it at half. It also bounds the load a power reading needs before settling
+    #: counts it.
+    power_probe_instant_s: float = 0.5
     #: End the power probe early once a sample after half of it shows a power or thermal
     #: reason or a clock well under max: the sustained regime is then measured anyway.
     probe_ends_on_limit: bool = True

@@ -618,6 +618,8 @@ class _RegimeRun:
             length = self._probe_s
             long_enough = self.s.now() - load_began >= length
             for slot in self._active():
+                if self._over_budget():
+                    return
                 if self._time(slot, slot.calls) is None:
                     continue
                 if long_enough:
@@ -645,6 +647,8 @@ class _RegimeRun:
         while self._active() and not self._over_budget():
             round_began = self.s.now()
             for slot in self._active():
+                if self._over_budget():
+                    break
                 if self._time(slot, slot.calls) is None:
                     continue
                 window.append((self.s.sample(), slot.name))
