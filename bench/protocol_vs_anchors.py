@@ -107,6 +107,8 @@ QUEUED = ("gpuwatchd.queued",)
 #: Whether the simulated GPU reads instantaneous power (``--no-instant-power``: it lacks
 #: the field, as older GPUs and drivers do). Set in :func:`main`, read by workers.
 INSTANT_POWER = [True]
+#: ``--limiter-tau-s``: the simulated power limiter's time constant (None: SimSession's).
+LIMITER_TAU_S: list[float | None] = [None]
 #: Protocols from before the worker read instantaneous power: their GPU lacks it.
 BEFORE_INSTANT_POWER = ("gpuwatchd.round1", "gpuwatchd.classic")
 
@@ -177,7 +179,9 @@ def run_group(args: tuple[Sequence[int], int, Sequence[str]]) -> list[Row]:
         queues = [csets] if name in QUEUED else [[c] for c in csets]
         for queue in queues:
             instant = INSTANT_POWER[0] and name not in BEFORE_INSTANT_POWER
-            session = NoisySession(queue[0], name, instant_power=instant)
+            session = NoisySession(
+                queue[0], name, instant_power=instant, limiter_tau_s=LIMITER_TAU_S[0]
+            )
             session.flush_bytes = FLUSH_BYTES.get(name, session.flush_bytes)
             picks = runners[name](session, queue)
             share = 1.0 / len(queue)  # time and energy per tuned workload
@@ -297,8 +301,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="the simulated GPU lacks instantaneous power (the protocol's fallback)",
     )
+    ap.add_argument(
+        "--limiter-tau-s",
+        type=float,
+        help="time constant of the simulated power limiter (default SimSession's, fitted to "
+        "an H200; 0.15 engages it about as fast as an H100's)",
+    )
     args = ap.parse_args(argv)
     INSTANT_POWER[0] = not args.no_instant_power
+    LIMITER_TAU_S[0] = args.limiter_tau_s
     for text in args.variant:
         try:
             name, cfg = parse_variant(text)
@@ -333,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seed": args.seed,
             "queue": k,
             "instant_power": INSTANT_POWER[0],
+            "limiter_tau_s": LIMITER_TAU_S[0],
             "summary": summary,
             "by_kind": breakdown(rows, "kind"),
             "by_start": breakdown(rows, "start"),

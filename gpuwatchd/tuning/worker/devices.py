@@ -104,8 +104,10 @@ class SimSession:
     cap 0.23 s after an idle start, as in the trace): while the filtered power is under
     the limit, the kernel's power handed to the model is trimmed to fit under it, so
     the model keeps the full clock and reports no reason; once it is over, the
-    kernel's full power goes to the model, which caps the clock. ``limiter_tau_s=0``
-    turns this off (a model with its own limiter latency needs no help).
+    kernel's full power goes to the model, which caps the clock. An H100's limiter is
+    faster (bench/RESULTS.md, "How fast the power readings and the limiter follow a load
+    step"): ``limiter_tau_s=0.15`` is about as fast. ``limiter_tau_s=0`` turns this off
+    (a model with its own limiter latency needs no help).
 
     ``sample`` reads the backend and adds every throttle reason the model showed
     since the previous sample: NVML's reasons are only a snapshot, and a throttle
