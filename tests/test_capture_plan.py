@@ -255,6 +255,42 @@ def test_a_gain_within_the_time_weighted_noise_keeps_the_format(tmp_path: Path) 
     assert "does not beat the kept choices beyond the noise 12.0%" in plan.model_format_reason
 
 
+@pytest.mark.parametrize("noise", [-1e9, True, "0.01"])
+def test_a_stored_noise_that_is_not_a_fraction_never_switches_the_model(
+    tmp_path: Path, noise: object
+) -> None:
+    """Stored rows are untrusted: a negative noise must not make a slower format win."""
+    small = conv(share=0.02, channels=128)
+    results = {
+        workload_for(conv()).name: [
+            cudnn("heuristic", "contiguous", 1.00e-3),
+            cudnn("heuristic", "channels_last", 1.40e-3, beats=False, noise=0.01),
+        ],
+        workload_for(small).name: [
+            cudnn("heuristic", "contiguous", 0.02e-3),
+            cudnn("heuristic", "channels_last", 0.02e-3, beats=False, noise=noise),  # type: ignore[arg-type]
+        ],
+    }
+    plan = plan_for(tmp_path, [conv(), small], results, "winner")
+    assert plan.model_format is None
+    assert "no noise recorded" in plan.model_format_reason
+
+
+def test_a_shape_without_its_own_default_blocks_the_model_format(tmp_path: Path) -> None:
+    """A shape the plan could not weigh (no default measured) is never switched unseen."""
+    other = conv(share=0.2, channels=128)
+    results = {
+        workload_for(conv()).name: [
+            cudnn("heuristic", "contiguous", 1.00e-3),
+            cudnn("heuristic", "channels_last", 0.50e-3, beats=True),
+        ],
+        workload_for(other).name: [cudnn("heuristic", "channels_last", 0.50e-3, beats=True)],
+    }
+    plan = plan_for(tmp_path, [conv(), other], results, "winner")
+    assert plan.model_format is None
+    assert "default was not measured" in plan.model_format_reason
+
+
 def test_a_shape_whose_default_was_never_measured_is_skipped(tmp_path: Path) -> None:
     results = {workload_for(conv()).name: [cudnn("benchmark", "contiguous", 0.5e-3, beats=True)]}
     plan = plan_for(tmp_path, [conv()], results)

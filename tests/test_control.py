@@ -545,6 +545,74 @@ def test_a_peers_connections_share_one_group_lookup_in_flight(
         srv.stop()
 
 
+def test_a_lookup_older_than_a_connection_is_not_shared_and_a_recovered_service_admits(
+    sockdir: Path, sched: FakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group = grp.getgrgid(os.getegid()).gr_name
+    released = threading.Event()
+    asked: list[int] = []
+
+    def getpwuid(uid: int) -> Any:
+        asked.append(uid)
+        if len(asked) == 1:  # the name service hangs once, then answers
+            released.wait(30)
+        return argparse.Namespace(pw_name="someone")
+
+    monkeypatch.setattr("gpuwatchd.serve.control.pwd.getpwuid", getpwuid)
+    monkeypatch.setattr(
+        "gpuwatchd.serve.control.grp.getgrgid", lambda gid: argparse.Namespace(gr_mem=["someone"])
+    )
+    srv = ControlServer(
+        sockdir / "c.sock", handler_for(sched), allowed_group=group, client_timeout_s=0.3
+    )
+    srv.start()
+    stranger = PeerCred(pid=1, uid=4242, gid=4242)
+    try:
+        loop = srv._loop()
+
+        def permitted(seconds: float) -> bool:
+            check = srv._permitted(stranger, loop.time() + seconds)
+            return bool(asyncio.run_coroutine_threadsafe(check, loop).result(10))
+
+        assert permitted(0.3) is False  # the hung lookup
+        time.sleep(0.35)  # older than a connection's limit: the next one starts afresh
+        assert permitted(2.0) is True
+        assert asked == [4242, 4242]
+    finally:
+        released.set()
+        srv.stop()
+
+
+def test_hung_permission_checks_are_bounded_by_max_clients(
+    sockdir: Path, sched: FakeScheduler
+) -> None:
+    released = threading.Event()
+    calls: list[int] = []
+
+    def hangs(peer: PeerCred) -> bool:
+        calls.append(peer.uid)
+        released.wait(30)
+        return True
+
+    srv = ControlServer(
+        sockdir / "c.sock", handler_for(sched), allowed=hangs, max_clients=2, client_timeout_s=0.3
+    )
+    srv.start()
+    try:
+        loop = srv._loop()
+        checks = [
+            asyncio.run_coroutine_threadsafe(
+                srv._permitted(PeerCred(pid=1, uid=5000 + i, gid=5000), loop.time() + 0.3), loop
+            )
+            for i in range(5)
+        ]
+        assert [c.result(10) for c in checks] == [False] * 5
+        assert len(calls) == 2  # two threads wait on the hung check; the rest were refused
+    finally:
+        released.set()
+        srv.stop()
+
+
 def test_peer_policy() -> None:
     me = os.getegid()
     group = grp.getgrgid(me).gr_name

@@ -266,3 +266,27 @@ def test_apply_winners_takes_a_loaded_capture_for_the_model(tmp_path: Path) -> N
         gt.apply_winners(model, capture=gt.load_capture(path))
     with pytest.raises(ValueError, match="pass capture=load_capture"):
         gt.apply_winners(model)
+
+
+def test_the_converted_model_gets_its_input_in_the_format_by_position_or_keyword() -> None:
+    """``model(x)`` and ``model(pixel_values=x)`` both reach the convs in the measured format."""
+    from gpuwatchd.jobside.apply_winners import convert_model
+
+    seen: list[bool] = []
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(4, 4, 3)
+
+        def forward(self, pixel_values: Any) -> Any:
+            seen.append(pixel_values.is_contiguous(memory_format=torch.channels_last))
+            return self.conv(pixel_values)
+
+    model = Net()
+    convert_model(model, "channels_last")
+    x = torch.randn(2, 4, 8, 8)
+    model(x)
+    model(pixel_values=x)
+    assert seen == [True, True]
+    assert model.conv.weight.is_contiguous(memory_format=torch.channels_last)

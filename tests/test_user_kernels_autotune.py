@@ -181,8 +181,8 @@ def test_hit_runs_the_recorded_winner_without_benchmarking(
 @pytest.mark.parametrize(
     ("meta", "said"),
     [
-        ({JOB_DEFAULT: True, KEPT_DEFAULT: True}, "the job's own pick, nothing beat it"),
-        ({VS_DEFAULT: {"margin": 0.052, "noise": 0.01, "beats": True}}, "5.2% ahead of the job's"),
+        ({JOB_DEFAULT: True, KEPT_DEFAULT: True}, "Triton's own pick when the key was filed, no"),
+        ({VS_DEFAULT: {"margin": 0.052, "noise": 0.01, "beats": True}}, "5.2% ahead of Triton's"),
         ({VS_DEFAULT: {"margin": "lots"}}, "3.1% ahead)"),  # stored meta is untrusted
     ],
 )

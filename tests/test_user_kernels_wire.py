@@ -47,6 +47,7 @@ def test_request_round_trips_through_json() -> None:
         "grid": [8192],
     }
     assert KernelRequest.loads(req.dumps()) == req
+    assert "job_default" not in doc  # unknown: left out, so older daemons read the request
 
 
 def test_workload_name_carries_kernel_identity_and_key() -> None:

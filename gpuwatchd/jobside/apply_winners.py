@@ -144,13 +144,19 @@ def convert_model(model: Any, memory_format: str) -> None:
     if old is not None:
         old.remove()
 
-    def to_format(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(
+    def convert(a: Any) -> Any:
+        return (
             a.contiguous(memory_format=fmt) if isinstance(a, torch.Tensor) and a.dim() == 4 else a
-            for a in args
         )
 
-    setattr(model, _HOOK_ATTR, model.register_forward_pre_hook(to_format))
+    def to_format(
+        _module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # keyword inputs too: model(pixel_values=x) must reach the convs as measured
+        return tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()}
+
+    hook = model.register_forward_pre_hook(to_format, with_kwargs=True)
+    setattr(model, _HOOK_ATTR, hook)
 
 
 def _torch_format(layout: str) -> Any:

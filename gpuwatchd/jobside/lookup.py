@@ -79,14 +79,17 @@ def _margin(margin: float | None) -> str:
 
 
 def _versus_job(meta: dict[str, Any]) -> str:
-    """How the winner stands against what the job runs without gpuwatchd, where known."""
+    """How the winner stands against what the job runs without gpuwatchd, where known: the
+    config plain Triton picked in a job that filed the key (one of them, if several jobs
+    filed it with different picks)."""
     if meta.get(JOB_DEFAULT) is True:
         kept = meta.get(KEPT_DEFAULT) is True
-        return "; the job's own pick" + (", nothing beat it beyond the noise" if kept else "")
+        own = "; Triton's own pick when the key was filed"
+        return own + (", nothing beat it beyond the noise" if kept else "")
     vs = meta.get(VS_DEFAULT)
     margin = vs.get("margin") if isinstance(vs, dict) else None
     if isinstance(margin, int | float) and not isinstance(margin, bool) and math.isfinite(margin):
-        return f"; {margin:.1%} ahead of the job's own pick"
+        return f"; {margin:.1%} ahead of Triton's own pick when the key was filed"
     return ""
 
 

@@ -24,6 +24,7 @@ gives up.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -217,12 +218,18 @@ def _model_format(
                 name, call, c.name, pick, (fmt, fmt), c.median_s, False, _kernels(c)
             )
         else:
+            unplanned = next((n for n in convs if n not in kept), None)
+            if unplanned is not None:
+                best_reason = f"{unplanned}: the job's default was not measured in its layouts"
+                continue
+            noises = {n: _noise(winners[n], switched[n].candidate) for n in kept}
+            unknown = next((n for n, x in noises.items() if x is None), None)
+            if unknown is not None:
+                best_reason = f"{unknown}: no noise recorded against the job's default in {fmt}"
+                continue
             keep_s = sum(_time(kept[n]) for n in kept)
             switch_s = sum(_time(switched[n]) for n in kept)
-            spread = sum(
-                _noise(winners[n], switched[n].candidate) * max(_time(kept[n]), _time(switched[n]))
-                for n in kept
-            )
+            spread = sum((noises[n] or 0.0) * max(_time(kept[n]), _time(switched[n])) for n in kept)
             noise = spread / keep_s if keep_s > 0 else 0.0
             if keep_s > 0 and switch_s < keep_s * (1.0 - noise):
                 gain = 1.0 - switch_s / keep_s
@@ -303,14 +310,16 @@ def _kernels(c: RankedCandidate) -> tuple[str, ...]:
     return tuple(str(n) for n in names) if isinstance(names, list) else ()
 
 
-def _noise(w: Winner, candidate: str) -> float:
-    """The noise the candidate's margin over the default had to beat (0 if unknown)."""
+def _noise(w: Winner, candidate: str) -> float | None:
+    """The noise the candidate's margin over the default had to beat; None where the
+    stored verdict has none that is a finite fraction >= 0 (stored rows are untrusted)."""
     for c in w.ranked:
         if c.name == candidate:
             verdict = c.meta.get(VS_DEFAULT)
-            if isinstance(verdict, Mapping) and isinstance(verdict.get("noise"), int | float):
-                return float(verdict["noise"])
-    return 0.0
+            noise = verdict.get("noise") if isinstance(verdict, Mapping) else None
+            if isinstance(noise, int | float) and not isinstance(noise, bool):
+                return float(noise) if math.isfinite(noise) and noise >= 0 else None
+    return None
 
 
 def _measured(ranked: Iterable[RankedCandidate]) -> list[RankedCandidate]:
@@ -341,7 +350,7 @@ def _blas_choice(
         default = marked or default
         own = next((c for c in measured if _beats_default(c)), None)
         best_of[name] = own.name if own is not None else default
-        noise = max([noise] + [_noise(w, c.name) for c in measured])
+        noise = max([noise] + [_noise(w, c.name) or 0.0 for c in measured])
     libraries = set.intersection(*(set(t) for t in per_shape.values())) if per_shape else set()
     if not libraries:
         return BlasChoice(None, {}, 0, default)

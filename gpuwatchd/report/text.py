@@ -46,7 +46,8 @@ def _result_json(s: StoredResult) -> dict[str, Any]:
         "tie": r.tie,
         "margin": r.margin,
         "noise": r.noise,
-        # what the job runs without gpuwatchd, and whether nothing beat it beyond the noise
+        # what the job runs without gpuwatchd, and whether it stays (it won, or nothing
+        # beat it beyond the noise)
         "job_default": default,
         "kept_default": kept,
         "candidates": [_candidate_json(c) for c in r.candidates],

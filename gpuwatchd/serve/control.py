@@ -198,8 +198,9 @@ class ControlServer:
         self.max_per_peer = max_per_peer
         self._given_loop = serve_loop
         self._serve_loop: ServeLoop | None = None
-        #: uid -> its group lookup in flight (loop thread only)
-        self._lookups: dict[int, asyncio.Future[Any]] = {}
+        #: uid -> its group lookup in flight and when it began; how many checks run (loop only)
+        self._lookups: dict[int, tuple[asyncio.Future[Any], float]] = {}
+        self._checks_running = 0
         # Touched on the loop's thread only:
         self._per_peer: dict[int, int] = {}  # open connections by uid
         self._active: set[socket.socket] = set()
@@ -451,23 +452,37 @@ class ControlServer:
         """The peer policy's verdict; off the loop when it needs the group database.
 
         The database may be a network name service that hangs: the verdict is awaited
-        until the connection's deadline at most (then the peer is refused), and a peer's
-        connections share one lookup in flight, so a hung service holds one thread per
-        uid, not one per connection.
+        until the connection's deadline at most (then the peer is refused). A peer's
+        connections share its lookup while that lookup is younger than one connection's
+        time limit, after which a fresh one starts (the service may be back); and no more
+        lookups than ``max_clients`` run at once, so a hung service holds a bounded number
+        of threads.
         """
-        if self._allowed is self._policy:
+        loop = self._loop()
+        shared = self._allowed is self._policy
+        if shared:
             verdict = self._policy.at_once(peer)
             if verdict is not None:
                 return verdict
-            lookup = self._lookups.get(peer.uid)
-            if lookup is None:
-                lookup = asyncio.ensure_future(self._off_loop(self._policy, peer))
-                self._lookups[peer.uid] = lookup
-                lookup.add_done_callback(functools.partial(self._lookup_done, peer.uid))
+        entry = self._lookups.get(peer.uid) if shared else None
+        if entry is not None and loop.time() - entry[1] < self.client_timeout_s:
+            lookup = entry[0]
+        elif self._checks_running >= self.max_clients:
+            log.warning(
+                "control socket: refused uid %d: %d permission checks already wait on the "
+                "group database (is its name service answering?)",
+                peer.uid,
+                self._checks_running,
+            )
+            return False
         else:
+            self._checks_running += 1
             lookup = asyncio.ensure_future(self._off_loop(self._allowed, peer))
+            lookup.add_done_callback(functools.partial(self._lookup_done, peer.uid))
+            if shared:
+                self._lookups[peer.uid] = (lookup, loop.time())
         try:
-            left = max(0.0, deadline - self._loop().time())
+            left = max(0.0, deadline - loop.time())
             return bool(await asyncio.wait_for(asyncio.shield(lookup), left))
         except TimeoutError:
             log.warning(
@@ -478,8 +493,11 @@ class ControlServer:
             )
             return False
 
-    def _lookup_done(self, uid: int, _: asyncio.Future[Any]) -> None:
-        self._lookups.pop(uid, None)
+    def _lookup_done(self, uid: int, lookup: asyncio.Future[Any]) -> None:
+        self._checks_running -= 1
+        entry = self._lookups.get(uid)
+        if entry is not None and entry[0] is lookup:
+            del self._lookups[uid]
 
     async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on a daemon thread of its own; its result or exception here."""

@@ -537,7 +537,8 @@ class KernelRequest:
             "gpu_model": self.gpu_model,
             "versions": json.loads(self.versions.key()),
             "origin": dict(self.origin),
-            "job_default": self.job_default,
+            # left out when unknown, so a daemon that predates the field reads the request
+            **({} if self.job_default is None else {"job_default": self.job_default}),
         }
 
     def dumps(self) -> str:
