@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import queue
 import re
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pynvml  # type: ignore[import-untyped]
 import pytest
@@ -810,6 +812,53 @@ def test_gpus_are_registered_on_the_xid_thread_and_never_while_it_waits() -> Non
     thread = "gpuwatchd-xid"
     assert calls == [("h0", thread), ("h1", thread), ("h1-again", thread)]
     assert counter.counts(0) == {} and counter.counts(1) == {}
+
+
+def test_a_failed_reregistration_keeps_the_counts_and_the_thread() -> None:
+    """A flapping GPU's second registration fails: its counts stay, every GPU still counts."""
+
+    class _Err(Exception):
+        pass
+
+    events: queue.Queue[object] = queue.Queue()
+    failing = threading.Event()
+
+    def register(handle: object, mask: int, event_set: object) -> None:
+        if failing.is_set():
+            raise _Err("NVML_ERROR_UNKNOWN")
+
+    def wait(event_set: object, timeout_ms: int) -> object:
+        try:
+            return events.get(timeout=timeout_ms / 1000.0)
+        except queue.Empty:
+            raise _Err("timeout") from None
+
+    api = nvml_xid.XidApi(
+        create=object,
+        supported=lambda h: nvml_xid.XID_EVENT,
+        register=register,
+        wait=wait,
+        free=lambda event_set: None,
+        errors=(_Err,),
+        is_timeout=lambda exc: str(exc) == "timeout",
+        key=lambda h: h,
+    )
+
+    def xid(handle: str, code: int) -> None:
+        events.put(SimpleNamespace(device=handle, eventType=nvml_xid.XID_EVENT, eventData=code))
+
+    counter = nvml_xid.XidCounter(api, wait_s=0.02)
+    assert counter.start({0: "h0", 1: "h1"})
+    xid("h0", 79)
+    wait_for(lambda: counter.counts(0) == {79: 1})
+    failing.set()
+    counter.watch(0, "h0")  # re-acquired: NVML hands back the same device address
+    time.sleep(0.1)
+    xid("h0", 79)
+    xid("h1", 48)
+    wait_for(lambda: counter.counts(1) == {48: 1})
+    assert counter.counts(0) == {79: 2}
+    counter.close()
 
 
 def test_close_does_not_wait_out_a_long_xid_wait() -> None:

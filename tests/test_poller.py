@@ -86,6 +86,20 @@ def test_the_next_stall_check_waits_for_the_next_sweep_unless_a_gpu_is_stalled()
         poller.stop()
 
 
+def test_a_quarantined_gpu_keeps_the_stall_check_within_one_limit():
+    """A replaced sweeper may start its next read on a quarantined GPU at any moment."""
+    backend = FakeBackend(gpus=1)
+    poller = Poller(backend, StateBoard(), GateConfig(), period_s=1.0, stall_periods=2)
+    limit = 2.0
+    poller.start()
+    try:
+        assert wait_until(lambda: poller.stall_check_due_in() > limit, 5, "sweep-aware check")
+        next(iter(poller._tracks.values())).quarantined = True
+        assert poller.stall_check_due_in() <= limit
+    finally:
+        poller.stop()
+
+
 def test_recovers_after_a_stall():
     backend = FakeBackend(gpus=1)
     board = StateBoard()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from builders import wait_until
 
 from gpuwatchd.daemon import store_link
@@ -91,3 +92,23 @@ def test_a_store_back_by_itself_is_told_to_the_listeners_at_the_next_poke() -> N
     wait_until(lambda: heard == [1], 5, "the listeners told")
     assert store.probes == []
     wait_until(lambda: not link.due(), 5, "nothing left to do")
+
+
+def test_a_look_whose_thread_cannot_start_is_tried_again_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cgroup out of threads must not take the daemon's main loop down with it."""
+    store = _Store(up=False)
+    link = StoreLink(store)  # type: ignore[arg-type]
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    link.poke()  # logged, not raised
+    assert not _looks(link)  # free for the next turn
+    monkeypatch.undo()
+    link._last_look = -store_link.CHECK_EVERY_S  # as if a second went by
+    store.reachable = True
+    link.poke()
+    wait_until(lambda: store.up, 5, "the store back")

@@ -57,6 +57,9 @@ class StoreLink:
         self._last_look = now
         try:
             threading.Thread(target=self._look, name="gpuwatchd-store-link", daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had (a cgroup's limit): the next turn tries
+            self._looking.release()
+            log.warning("looking at the store: cannot start a thread: %s", exc)
         except BaseException:
             self._looking.release()
             raise

@@ -198,7 +198,7 @@ class Poller:
         due = max(limit, self._next_sweep_at + limit - now)
         for track in list(self._tracks.values()):
             since = track.in_flight_since
-            if track.stall_logged:
+            if track.stall_logged or track.quarantined:  # its next read may begin any time
                 due = min(due, limit)
             elif since is not None:
                 due = min(due, since + limit - now)

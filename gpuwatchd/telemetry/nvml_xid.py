@@ -121,7 +121,8 @@ class XidCounter:
             except self._api.errors as exc:
                 log.info("GPU %d: XID events unavailable: %s", gpu, one_line(exc))
                 with self._lock:
-                    self._counts.pop(gpu, None)
+                    if gpu not in self._gpu_of.values():  # never registered: no count
+                        self._counts.pop(gpu, None)
                 continue
             with self._lock:
                 self._gpu_of[self._api.key(handle)] = gpu
@@ -192,9 +193,10 @@ class XidCounter:
         code = int(event.eventData)
         with self._lock:
             gpu = self._gpu_of.get(self._api.key(event.device))
-            if gpu is None:
+            counts = None if gpu is None else self._counts.get(gpu)
+            if gpu is None or counts is None:
                 return
-            new = dict(self._counts[gpu])
+            new = dict(counts)
             new[code] = new.get(code, 0) + 1
             self._counts[gpu] = MappingProxyType(new)  # readers see old or new
         log.warning("GPU %d: XID %d reported by the driver", gpu, code)
