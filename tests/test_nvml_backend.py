@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -751,28 +752,38 @@ def test_a_broken_event_set_is_logged_once_and_does_not_spin(
     assert len(failures) == 1
 
 
+class _XidTimeout(Exception):
+    """The fake event functions' error: str "timeout" for a wait that timed out."""
+
+
+def _fake_xid_api(
+    wait: Callable[[object, int], object],
+    register: Callable[[object, int, object], None] = lambda h, mask, event_set: None,
+    free: Callable[[object], None] = lambda event_set: None,
+) -> nvml_xid.XidApi:
+    """NVML's event functions for :class:`XidCounter`, handles being their own keys."""
+    return nvml_xid.XidApi(
+        create=object,
+        supported=lambda h: nvml_xid.XID_EVENT,
+        register=register,
+        wait=wait,
+        free=free,
+        errors=(_XidTimeout,),
+        is_timeout=lambda exc: str(exc) == "timeout",
+        key=lambda h: h,
+    )
+
+
 def _slow_wait_api(calls: list[str], wait_s: float) -> nvml_xid.XidApi:
     """Event functions whose wait always lasts its whole timeout (no XID ever comes)."""
-
-    class _Timeout(Exception):
-        pass
 
     def wait(event_set: object, timeout_ms: int) -> object:
         calls.append("wait")
         time.sleep(timeout_ms / 1000.0)
         calls.append("woke")
-        raise _Timeout
+        raise _XidTimeout("timeout")
 
-    return nvml_xid.XidApi(
-        create=object,
-        supported=lambda h: nvml_xid.XID_EVENT,
-        register=lambda h, mask, event_set: None,
-        wait=wait,
-        free=lambda event_set: calls.append("free"),
-        errors=(_Timeout,),
-        is_timeout=lambda exc: True,
-        key=lambda h: h,
-    )
+    return _fake_xid_api(wait, free=lambda event_set: calls.append("free"))
 
 
 def test_gpus_are_registered_on_the_xid_thread_and_never_while_it_waits() -> None:
@@ -780,30 +791,17 @@ def test_gpus_are_registered_on_the_xid_thread_and_never_while_it_waits() -> Non
     calls: list[tuple[str, str]] = []
     waiting = threading.Event()
 
-    class _Timeout(Exception):
-        pass
-
     def wait(event_set: object, timeout_ms: int) -> object:
         waiting.set()
         time.sleep(timeout_ms / 1000.0)
         waiting.clear()
-        raise _Timeout
+        raise _XidTimeout("timeout")
 
     def register(handle: object, mask: int, event_set: object) -> None:
         during_wait = "during a wait" if waiting.is_set() else ""
         calls.append((str(handle), threading.current_thread().name + during_wait))
 
-    api = nvml_xid.XidApi(
-        create=object,
-        supported=lambda h: nvml_xid.XID_EVENT,
-        register=register,
-        wait=wait,
-        free=lambda event_set: None,
-        errors=(_Timeout,),
-        is_timeout=lambda exc: True,
-        key=lambda h: h,
-    )
-    counter = nvml_xid.XidCounter(api, wait_s=0.05)
+    counter = nvml_xid.XidCounter(_fake_xid_api(wait, register), wait_s=0.05)
     assert counter.start({0: "h0", 1: "h1"})
     wait_for(lambda: len(calls) == 2)
     assert counter.watch(1, "h1-again")  # a re-acquired handle, while the thread waits
@@ -816,38 +814,23 @@ def test_gpus_are_registered_on_the_xid_thread_and_never_while_it_waits() -> Non
 
 def test_a_failed_reregistration_keeps_the_counts_and_the_thread() -> None:
     """A flapping GPU's second registration fails: its counts stay, every GPU still counts."""
-
-    class _Err(Exception):
-        pass
-
     events: queue.Queue[object] = queue.Queue()
     failing = threading.Event()
 
     def register(handle: object, mask: int, event_set: object) -> None:
         if failing.is_set():
-            raise _Err("NVML_ERROR_UNKNOWN")
+            raise _XidTimeout("NVML_ERROR_UNKNOWN")
 
     def wait(event_set: object, timeout_ms: int) -> object:
         try:
             return events.get(timeout=timeout_ms / 1000.0)
         except queue.Empty:
-            raise _Err("timeout") from None
-
-    api = nvml_xid.XidApi(
-        create=object,
-        supported=lambda h: nvml_xid.XID_EVENT,
-        register=register,
-        wait=wait,
-        free=lambda event_set: None,
-        errors=(_Err,),
-        is_timeout=lambda exc: str(exc) == "timeout",
-        key=lambda h: h,
-    )
+            raise _XidTimeout("timeout") from None
 
     def xid(handle: str, code: int) -> None:
         events.put(SimpleNamespace(device=handle, eventType=nvml_xid.XID_EVENT, eventData=code))
 
-    counter = nvml_xid.XidCounter(api, wait_s=0.02)
+    counter = nvml_xid.XidCounter(_fake_xid_api(wait, register), wait_s=0.02)
     assert counter.start({0: "h0", 1: "h1"})
     xid("h0", 79)
     wait_for(lambda: counter.counts(0) == {79: 1})
