@@ -26,11 +26,6 @@ total-energy counter; also net of the idle power measured before the run). Regre
 alternate their order from one repeat to the next, and every run starts on a GPU that
 has cooled back to its idle temperature.
 
-Where NVML reads instantaneous power (``POWER_INSTANT``), the ``fast`` settings use it
-(a ``power_probe_instant_s`` probe, settling on that reading, sustained power tags) and
-``classic`` runs without it, as it did; the script says at start which holds, and per
-workload the probe's length and the sustained power reading used.
-
 It only reads GPU state and runs kernels; it never changes a GPU setting. About 3-6
 minutes on an H100 or H200 with the default single repeat.
 
@@ -44,7 +39,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from protocol_history import CLASSIC
 
 from gpuwatchd.telemetry.nvml import NvmlBackend
-from gpuwatchd.telemetry.types import POWER_INSTANT_KEY, Sample, instant_power
+from gpuwatchd.telemetry.types import Sample
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import Regime, RegimeResult, Workload
 from gpuwatchd.tuning.worker.candidate import Candidate
@@ -91,14 +86,11 @@ class Meters:
 
 
 class MeteredSession:
-    """The CUDA session, summing the device time of every timed batch. Without
-    ``instant_power`` its samples lack the instantaneous power reading, as the protocol's
-    samples did before it read one (the ``classic`` setting)."""
+    """The CUDA session, summing the device time of every timed batch."""
 
-    def __init__(self, inner: CudaSession, meters: Meters, *, instant_power: bool = True) -> None:
+    def __init__(self, inner: CudaSession, meters: Meters) -> None:
         self._inner = inner
         self._meters = meters
-        self._instant_power = instant_power
         self.info = inner.info
         self.l2_bytes = inner.l2_bytes
         self.device = inner.device  # what the GPU families allocate on
@@ -109,10 +101,7 @@ class MeteredSession:
         return t
 
     def sample(self) -> Sample:
-        s = self._inner.sample()
-        if self._instant_power or POWER_INSTANT_KEY not in s.extra:
-            return s
-        return replace(s, extra={k: v for k, v in s.extra.items() if k != POWER_INSTANT_KEY})
+        return self._inner.sample()
 
     def flush_l2(self) -> None:
         self._inner.flush_l2()
@@ -192,7 +181,7 @@ def run_setting(
     budget_s: float,
 ) -> Run:
     meters = Meters(nvml, gpu)
-    session = MeteredSession(cuda, meters, instant_power=setting != "classic")
+    session = MeteredSession(cuda, meters)
     base = CLASSIC if setting == "classic" else ProtocolConfig()
     cfg = ProtocolConfig(**{**asdict(base), "time_budget_s": budget_s})
     queue: list[tuple[Workload, Sequence[Candidate]]] = [
@@ -228,14 +217,7 @@ def run_setting(
                     },
                     **{
                         key: r.candidates[0].meta.get(key)
-                        for key in (
-                            "unpaused",
-                            "probe_ended",
-                            "pause_s",
-                            "settled",
-                            "power_probe_s",
-                            "power_note",
-                        )
+                        for key in ("unpaused", "probe_ended", "pause_s", "settled")
                     },
                 }
                 for r in results
@@ -322,19 +304,6 @@ def regrets(classic: Run, other: Run) -> dict[str, dict[str, float | None]]:
     return out
 
 
-def print_power_use(run: Run) -> None:
-    """Per workload: the power probe's length and what the sustained batches' power was."""
-    for name, results in run.results.items():
-        probe = next((r["power_probe_s"] for r in results if r.get("power_probe_s")), None)
-        note = next((r["power_note"] for r in results if r["regime"] == "sustained"), None)
-        skipped = any(r["skipped"] for r in results)
-        print(
-            f"  {name}: power probe {probe if probe is not None else '-'} s; sustained "
-            f"{'skipped' if skipped else 'power: ' + (note or '1 s average')}",
-            flush=True,
-        )
-
-
 def telemetry_index(nvml: NvmlBackend) -> int:
     """The NVML index of the GPU CUDA calls device 0 (honours CUDA_VISIBLE_DEVICES)."""
     want = cuda_identities()[0].uuid
@@ -370,20 +339,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             idle.append(nvml.read(gpu))
             time.sleep(0.2)
         idle_w = sorted(s.power_w or 0.0 for s in idle)[2]
-        instant_w = instant_power(cuda.sample())
-        if instant_w is None:
-            print(
-                "instantaneous power: not read on this GPU/driver (NVML POWER_INSTANT): "
-                "the protocol uses the 1 s average (power_probe_s)",
-                flush=True,
-            )
-        else:
-            print(
-                f"instantaneous power: read ({instant_w:.0f} W idle): the fast settings probe "
-                f"for power_probe_instant_s = {ProtocolConfig().power_probe_instant_s:g} s; "
-                "classic runs without it",
-                flush=True,
-            )
         idle_temp = min((s.temp_c for s in idle if s.temp_c is not None), default=100.0)
         runs: list[Run] = []
         for rep in range(args.repeats):
@@ -397,7 +352,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     runs.append(
                         run_setting(setting, rep, workloads, cuda, nvml, gpu, idle_w, args.budget_s)
                     )
-                    print_power_use(runs[-1])
         report = summarize(runs, args.workloads)
         print(report["table"])
         doc = {
@@ -406,7 +360,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "driver": cuda.info.driver_version,
             "software": cuda.software(),
             "idle_power_w": idle_w,
-            "instant_power_idle_w": instant_w,
             "runs": [asdict(r) for r in runs],
             "summary": report["summary"],
         }

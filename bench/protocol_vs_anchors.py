@@ -21,9 +21,6 @@ For gpuwatchd's protocols, where the GPU time went: timed batches (accepted and
 rejected, as measured), pauses (between batches and to cool), the sustained regime's
 settling, and the rest (warm-ups, the power probe, L2 flushes).
 
-The simulated GPU reads instantaneous power as an H100's NVML does (``POWER_INSTANT``);
-``--no-instant-power`` runs it without, as on a GPU or driver that lacks the field.
-
     nice -n 10 python3 bench/protocol_vs_anchors.py --sets 1000 \
         --out bench/data/sim-protocol-vs-anchors.json
 """
@@ -104,14 +101,6 @@ def anchor_runner(pick: Callable[[NoisySession, list[BenchKernel]], str]) -> Run
 QUEUED = ("gpuwatchd.queued",)
 
 
-#: Whether the simulated GPU reads instantaneous power (``--no-instant-power``: it lacks
-#: the field, as older GPUs and drivers do). Set in :func:`main`, read by workers.
-INSTANT_POWER = [True]
-#: ``--limiter-tau-s``: the simulated power limiter's time constant (None: SimSession's).
-LIMITER_TAU_S: list[float | None] = [None]
-#: Protocols from before the worker read instantaneous power: their GPU lacks it.
-BEFORE_INSTANT_POWER = ("gpuwatchd.round1", "gpuwatchd.classic")
-
 #: ``--variant NAME:KEY=VALUE,...``: today's defaults with some knobs changed, run as
 #: protocol ``gpuwatchd.NAME`` beside the others (set in :func:`main`, read by workers).
 VARIANTS: dict[str, ProtocolConfig] = {}
@@ -178,10 +167,7 @@ def run_group(args: tuple[Sequence[int], int, Sequence[str]]) -> list[Row]:
     for name in names:
         queues = [csets] if name in QUEUED else [[c] for c in csets]
         for queue in queues:
-            instant = INSTANT_POWER[0] and name not in BEFORE_INSTANT_POWER
-            session = NoisySession(
-                queue[0], name, instant_power=instant, limiter_tau_s=LIMITER_TAU_S[0]
-            )
+            session = NoisySession(queue[0], name)
             session.flush_bytes = FLUSH_BYTES.get(name, session.flush_bytes)
             picks = runners[name](session, queue)
             share = 1.0 / len(queue)  # time and energy per tuned workload
@@ -296,20 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME:KEY=VALUE,...",
         help="also today's protocol with these ProtocolConfig knobs, as gpuwatchd.NAME",
     )
-    ap.add_argument(
-        "--no-instant-power",
-        action="store_true",
-        help="the simulated GPU lacks instantaneous power (the protocol's fallback)",
-    )
-    ap.add_argument(
-        "--limiter-tau-s",
-        type=float,
-        help="time constant of the simulated power limiter (default SimSession's, fitted to "
-        "an H200; 0.15 engages it about as fast as an H100's)",
-    )
     args = ap.parse_args(argv)
-    INSTANT_POWER[0] = not args.no_instant_power
-    LIMITER_TAU_S[0] = args.limiter_tau_s
     for text in args.variant:
         try:
             name, cfg = parse_variant(text)
@@ -343,8 +316,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sets": args.sets,
             "seed": args.seed,
             "queue": k,
-            "instant_power": INSTANT_POWER[0],
-            "limiter_tau_s": LIMITER_TAU_S[0],
             "summary": summary,
             "by_kind": breakdown(rows, "kind"),
             "by_start": breakdown(rows, "start"),

@@ -251,20 +251,10 @@ class NoisySession(SimSession):
     ``flush_bytes`` is how much ``flush_l2`` writes (each anchor flushes its own way).
     """
 
-    def __init__(
-        self,
-        cset: CandidateSet,
-        tag: str,
-        *,
-        instant_power: bool = True,
-        limiter_tau_s: float | None = None,
-    ) -> None:
+    def __init__(self, cset: CandidateSet, tag: str) -> None:
         clock = ManualClock()
         backend = SimBackend(clock=clock, seed=cset.seed)
-        tau = {} if limiter_tau_s is None else {"limiter_tau_s": limiter_tau_s}
-        super().__init__(
-            backend, clock, noise=0.0, seed=cset.index, instant_power=instant_power, **tau
-        )
+        super().__init__(backend, clock, noise=0.0, seed=cset.index)
         self.cset = cset
         self.disturbances = Disturbances(cset.noise, f"{cset.seed}:{cset.index}")
         self._rng = random.Random(f"gpuwatchd-bench-noise:{cset.seed}:{cset.index}:{tag}")

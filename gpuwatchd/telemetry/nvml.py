@@ -74,7 +74,6 @@ from gpuwatchd.telemetry.nvml_slow import (
     MEMORY,
     PCIE_RX,
     PCIE_TX,
-    POWER_INSTANT,
     PROCESS_MEMORY,
     REMAPPED_ROWS,
     FieldSpec,
@@ -309,9 +308,6 @@ class NvmlBackend:
         self._get_energy = fn("nvmlDeviceGetTotalEnergyConsumption")
         self._get_field_values = fn("nvmlDeviceGetFieldValues")
         self._field_specs: tuple[FieldSpec, ...] = field_specs(nv)
-        self._power_instant = (
-            FieldSpec(POWER_INSTANT, int(getattr(nv, "NVML_FI_DEV_POWER_INSTANT", 186))),
-        )
         self._clock_sm = nv.NVML_CLOCK_SM
         self._clock_mem = nv.NVML_CLOCK_MEM
         self._threshold_slowdown = nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
@@ -545,33 +541,9 @@ class NvmlBackend:
         ok.append(key)
         return value
 
-    def read_instant_power(self, gpu: int) -> float | None:
-        """Board power right now in watts (NVML's ``POWER_INSTANT`` field), or None where
-        the GPU or its driver lacks it (remembered, not asked again) or the read failed.
-
-        One field-values call, for the tuning worker's samples: the poll's ``power_w``
-        is NVML's 1 s average, and this is never part of the poll.
-        """
-        g = self._live(gpu)
-        failed: list[str] = []
-        ok: list[str] = []
-        values = self._read_field_values(g, failed, ok, self._power_instant)
-        if failed or g.failing:
-            self._count_failures(g, failed, ok)
-        milliwatts = values.get(POWER_INSTANT)
-        return None if milliwatts is None else milliwatts / 1000.0
-
-    def _read_field_values(
-        self,
-        g: _Gpu,
-        failed: list[str],
-        ok: list[str],
-        asked: Sequence[FieldSpec] | None = None,
-    ) -> dict[str, float]:
-        """Every supported field value of ``asked`` (default: the slow path's) in one NVML
-        call; each field succeeds on its own."""
-        asked = self._field_specs if asked is None else asked
-        specs = [spec for spec in asked if spec.key not in g.unsupported]
+    def _read_field_values(self, g: _Gpu, failed: list[str], ok: list[str]) -> dict[str, float]:
+        """Every supported field value in one NVML call; each field succeeds on its own."""
+        specs = [spec for spec in self._field_specs if spec.key not in g.unsupported]
         if not specs:
             return {}
         try:

@@ -37,7 +37,6 @@ ECC_AGGREGATE_UNCORRECTED = "ecc_aggregate_uncorrected"
 PCIE_REPLAY = "pcie_replay"
 PCIE_TX = "pcie_tx"  # nvmlDeviceGetPcieThroughput, KB/s
 PCIE_RX = "pcie_rx"
-POWER_INSTANT = "power_instant"  # NvmlBackend.read_instant_power only, never the poll
 NVLINK_TX = "nvlink_tx"
 NVLINK_RX = "nvlink_rx"
 MEMORY = "memory"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 
@@ -170,25 +170,6 @@ class Sample:
     extra: dict[str, float] = field(default_factory=dict, compare=False)
     slow: SlowReading | None = field(default=None, compare=False)
     field_errors: Mapping[str, int] = field(default_factory=lambda: _NO_COUNTS, compare=False)
-
-
-#: The :attr:`Sample.extra` key of instantaneous board power in watts (NVML's
-#: ``POWER_INSTANT`` field), where the tuning worker's session reads it: ``power_w`` is
-#: NVML's 1 s average, which lags a load step by about as long, while the instantaneous
-#: reading follows the power limiter. The daemon's poll never reads it.
-POWER_INSTANT_KEY = "power_instant_w"
-
-
-def instant_power(sample: Sample) -> float | None:
-    """The sample's instantaneous board power in watts, or None where it was not read."""
-    return sample.extra.get(POWER_INSTANT_KEY)
-
-
-def with_instant_power(sample: Sample, watts: float | None) -> Sample:
-    """``sample`` carrying the instantaneous power reading ``watts`` (unchanged for None)."""
-    if watts is None:
-        return sample
-    return replace(sample, extra={**sample.extra, POWER_INSTANT_KEY: watts})
 
 
 def normalize_uuid(uuid: str) -> str:

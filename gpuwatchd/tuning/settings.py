@@ -118,14 +118,6 @@ class ProtocolConfig:
     skip_sustained: bool = True
     skip_power_ratio: float = 0.85
     power_probe_s: float = 1.0
-    #: ``power_probe_s`` where the session reads instantaneous power (NVML's
-    #: ``POWER_INSTANT``): that reading follows a load within its refresh period, so the
-    #: probe need only outlast the power limiter's reaction (a tenth of a second on an
-    #: H100, about a quarter on an H200: bench/RESULTS.md, "How fast the power readings
-    #: and the limiter follow a load step"); with ``probe_ends_on_limit`` a limited load
-    #: ends it at half. It also bounds the load a power reading needs before settling
-    #: counts it.
-    power_probe_instant_s: float = 0.5
     #: End the power probe early once a sample after half of it shows a power or thermal
     #: reason or a clock well under max: the sustained regime is then measured anyway.
     probe_ends_on_limit: bool = True
@@ -170,8 +162,7 @@ class ProtocolConfig:
                self.contender_rounds)  # fmt: skip
         _check(0 < self.skip_power_ratio <= 1, "skip_power_ratio", "must be in (0, 1]",
                self.skip_power_ratio)  # fmt: skip
-        for name in ("power_probe_s", "power_probe_instant_s"):
-            _check(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
+        _check(self.power_probe_s >= 0, "power_probe_s", "must be >= 0", self.power_probe_s)
         _check(self.queue_workloads >= 1, "queue_workloads", "must be >= 1",
                self.queue_workloads)  # fmt: skip
 

@@ -84,36 +84,3 @@ class Sensor:
             pstate=0,
             slow=slow,
         )
-
-
-#: How long the simulated instantaneous power reading holds each value: an H100's
-#: ``POWER_INSTANT`` field refreshes on about this period.
-INSTANT_POWER_PERIOD_S = 0.1
-#: Relative sigma of the instantaneous reading while the power cap holds: the limiter
-#: hunts around the limit, and an H100's reading swings with it (the averaged one does not).
-INSTANT_POWER_CAPPED_NOISE_RATIO = 0.08
-
-
-class InstantPowerSensor:
-    """NVML's ``POWER_INSTANT`` for a simulated GPU: the board's power at the latest
-    refresh, which comes every :data:`INSTANT_POWER_PERIOD_S` (aligned to the clock),
-    with :data:`POWER_NOISE_RATIO` noise, or the capped hunt's while the cap holds.
-
-    A refresh takes the power of the read that first sees the new period: the caller
-    knows only the power now, and reads come far more often than refreshes while a
-    protocol loads the GPU.
-    """
-
-    def __init__(self, rng: random.Random) -> None:
-        self._rng = rng
-        self._period: int | None = None  # index of the period the value was read in
-        self._value = 0.0
-
-    def read(self, t: float, power_w: float, capped: bool) -> float:
-        """The reading at time ``t``, the board drawing ``power_w`` now."""
-        period = int(t // INSTANT_POWER_PERIOD_S)
-        if period != self._period:
-            ratio = INSTANT_POWER_CAPPED_NOISE_RATIO if capped else POWER_NOISE_RATIO
-            self._value = round(power_w * (1.0 + self._rng.gauss(0.0, ratio)), 3)
-            self._period = period
-        return self._value

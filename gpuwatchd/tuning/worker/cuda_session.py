@@ -24,12 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.telemetry.types import (
-    DeviceInfo,
-    Sample,
-    normalize_uuid,
-    with_instant_power,
-)
+from gpuwatchd.telemetry.types import DeviceInfo, Sample, normalize_uuid
 from gpuwatchd.tuning.dtypes import canonical
 from gpuwatchd.tuning.worker.candidate import Candidate
 
@@ -141,10 +136,6 @@ class CudaSession:
             raise ValueError(f"launch_cover_s must be >= 0, got {launch_cover_s!r}")
         self.gpu_index = gpu_index
         self._telemetry = telemetry
-        #: The backend's instantaneous power reader (NVML has one), else None.
-        self._read_instant: Callable[[int], float | None] | None = getattr(
-            telemetry, "read_instant_power", None
-        )
         if telemetry is not None:
             self.info: DeviceInfo = telemetry.device_info(gpu_index)
             ordinal = cuda_device if cuda_device is not None else None
@@ -175,15 +166,9 @@ class CudaSession:
     # -- DeviceSession ----------------------------------------------------------------
 
     def sample(self) -> Sample:
-        """The telemetry's fast fields, plus instantaneous power where the backend reads
-        it (:data:`~gpuwatchd.telemetry.types.POWER_INSTANT_KEY` in ``extra``): one more
-        NVML call per sample, and none once the GPU said it lacks the field."""
         if self._telemetry is None:
             return Sample(gpu=self.gpu_index, t=self.now())
-        s = self._telemetry.read(self.gpu_index)
-        if self._read_instant is None:
-            return s
-        return with_instant_power(s, self._read_instant(self.gpu_index))
+        return self._telemetry.read(self.gpu_index)
 
     def time_batch(self, candidate: Candidate, calls: int) -> float:
         """Device seconds for ``calls`` back-to-back calls, between two CUDA events.

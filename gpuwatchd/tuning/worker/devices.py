@@ -19,13 +19,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason, with_instant_power
+from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
 from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError
 
 if TYPE_CHECKING:
     from gpuwatchd.telemetry.clocks import ManualClock
     from gpuwatchd.telemetry.sim import SimBackend
-    from gpuwatchd.telemetry.sim.sensor import InstantPowerSensor
 
 
 def _cpu_name() -> str:
@@ -104,18 +103,12 @@ class SimSession:
     cap 0.23 s after an idle start, as in the trace): while the filtered power is under
     the limit, the kernel's power handed to the model is trimmed to fit under it, so
     the model keeps the full clock and reports no reason; once it is over, the
-    kernel's full power goes to the model, which caps the clock. An H100's limiter is
-    faster (bench/RESULTS.md, "How fast the power readings and the limiter follow a load
-    step"): ``limiter_tau_s=0.15`` is about as fast. ``limiter_tau_s=0`` turns this off
-    (a model with its own limiter latency needs no help).
+    kernel's full power goes to the model, which caps the clock. ``limiter_tau_s=0``
+    turns this off (a model with its own limiter latency needs no help).
 
     ``sample`` reads the backend and adds every throttle reason the model showed
     since the previous sample: NVML's reasons are only a snapshot, and a throttle
-    that came and went inside a batch must still reach the protocol. With
-    ``instant_power`` it also carries the instantaneous power reading a CUDA session
-    reads from NVML (:class:`~gpuwatchd.telemetry.sim.sensor.InstantPowerSensor`, in
-    ``extra``): what the GPU really draws, over the limit too while the limiter has not
-    engaged yet; without it, samples are what a GPU lacking the field gives. The batch time
+    that came and went inside a batch must still reach the protocol. The batch time
     carries ``noise`` relative Gaussian jitter (seeded), like CUDA-event timings do.
     """
 
@@ -130,7 +123,6 @@ class SimSession:
         seed: int = 0,
         pid: int | None = None,
         limiter_tau_s: float = 0.4,
-        instant_power: bool = True,
     ) -> None:
         if substep_s <= 0:
             raise ValueError(f"substep_s must be > 0, got {substep_s}")
@@ -154,13 +146,6 @@ class SimSession:
         self._applied_w: float | None = None  # dynamic power handed to the model now
         self._engaged = False  # the limiter caps until the load stops
         self._static_w = self._filtered_w  # board power without the kernel's dynamic power
-        self._true_w: float | None = None  # what the GPU draws while the limiter trims
-        self._instant: InstantPowerSensor | None = None
-        if instant_power:
-            from gpuwatchd.telemetry.sim.sensor import InstantPowerSensor
-
-            rng = random.Random(f"gpuwatchd-sim-instant-power:{seed}:{gpu}")
-            self._instant = InstantPowerSensor(rng)
 
     @classmethod
     def create(
@@ -172,7 +157,6 @@ class SimSession:
         substep_s: float = 0.01,
         noise: float = 0.002,
         limiter_tau_s: float = 0.4,
-        instant_power: bool = True,
     ) -> SimSession:
         """A session on a fresh simulated GPU with its own manual clock."""
         from gpuwatchd.telemetry.clocks import ManualClock
@@ -188,17 +172,11 @@ class SimSession:
             noise=noise,
             seed=seed,
             limiter_tau_s=limiter_tau_s,
-            instant_power=instant_power,
         )
 
     def sample(self) -> Sample:
         s = self.backend.read(self.gpu)
         seen, self._seen = self._seen, ThrottleReason(0)
-        if self._instant is not None:
-            view = self._view
-            watts = self._true_w if self._true_w is not None else view.power_w
-            capped = bool(view.reasons & ThrottleReason.SW_POWER_CAP)
-            s = with_instant_power(s, self._instant.read(s.t, watts, capped))
         if not seen:
             return s
         return replace(s, reasons=(s.reasons or ThrottleReason(0)) | seen)
@@ -211,7 +189,7 @@ class SimSession:
         remaining = float(calls)  # in calls
         elapsed = 0.0
         while remaining > 1e-9:
-            true_w = self._true_w = self._load(candidate.dynamic_power_w)
+            true_w = self._load(candidate.dynamic_power_w)
             per_call = candidate.seconds_per_call(view.sm_clock_mhz, fmax)
             step = min(self._substep, remaining * per_call)
             self.clock.advance(step)
@@ -229,7 +207,6 @@ class SimSession:
             self.backend.clear_load(self.gpu)
             self._applied_w = None
         self._engaged = False
-        self._true_w = None
         if seconds > 0:
             self.clock.advance(seconds)
             self._filter(self._view.power_w, seconds)

@@ -4,10 +4,8 @@ The sustained regime exists because a kernel run back-to-back may draw enough po
 hit the limit (or heat the GPU into a thermal limit) and run at a lower clock. The
 unthrottled regime alone cannot show that: its batches are short and paused on purpose.
 So it first runs its warm-ups, and if need be a short probe, back-to-back for at least
-``power_probe_s`` (NVML's power reading is a 1 s average on current GPUs), or
-``power_probe_instant_s`` where the session reads instantaneous power
-(:mod:`~gpuwatchd.tuning.worker.load_power`), and reads the power. The sustained regime
-is skipped only when all of this holds:
+``power_probe_s`` (NVML's power reading is a 1 s average on current GPUs) and reads the
+power. The sustained regime is skipped only when all of this holds:
 
 - the device reports its power limit and maximum SM clock (else nothing can be judged);
 - the loaded power reading stayed under ``skip_power_ratio`` of the limit: the margin
@@ -33,7 +31,6 @@ from gpuwatchd.telemetry.types import (
     Sample,
     ThrottleReason,
 )
-from gpuwatchd.tuning.worker.load_power import load_power
 
 #: A busy GPU at full clock reads a bin or two under max now and then; a power cap pulls
 #: it down 10-30% (and says so in its reasons). Only a clock this far under max counts.
@@ -57,16 +54,14 @@ class LoadEvidence:
 
         Readings before ``probe_s`` are ignored: they still show the state the device
         was in when the regime began (another job's power cap, say), not our own load.
-        Power is the reading that follows the load (instantaneous where read).
         """
         if loaded_s < probe_s:
             return
         self.after_batch(s)
-        watts = load_power(s)
-        if watts is not None:
+        if s.power_w is not None:
             self.loaded_s = max(self.loaded_s, loaded_s)
-            if self.loaded_power_w is None or watts > self.loaded_power_w:
-                self.loaded_power_w = watts
+            if self.loaded_power_w is None or s.power_w > self.loaded_power_w:
+                self.loaded_power_w = s.power_w
 
     def after_batch(self, s: Sample) -> None:
         """A sample read right after a batch (the GPU was busy until then)."""

@@ -46,20 +46,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuwatchd.telemetry.types import (
-    LIMITING_REASONS,
-    POWER_REASONS,
-    Sample,
-    ThrottleReason,
-    instant_power,
-)
+from gpuwatchd.telemetry.types import LIMITING_REASONS, POWER_REASONS, Sample, ThrottleReason
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import BatchRecord, CandidateStats, Regime, RegimeResult, Workload
 from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, VS_DEFAULT
 from gpuwatchd.tuning.worker import stats
 from gpuwatchd.tuning.worker.candidate import Candidate, CandidateError, DeviceSession
 from gpuwatchd.tuning.worker.headroom import LoadEvidence, shows_limit, skip_reason
-from gpuwatchd.tuning.worker.load_power import load_power, probe_s
 from gpuwatchd.tuning.worker.racing import decide_race, decided, out_of_race
 from gpuwatchd.tuning.worker.settle import settled as device_settled
 from gpuwatchd.validate import describe
@@ -387,9 +380,6 @@ class _RegimeRun:
         self._transient_since: float | None = None  # sustained: when HW slowdown began
         self._round = 0  # the round being timed (1-based; 0 before the first)
         self._load_began = self.start  # when this regime's back-to-back load began
-        #: The power probe's length: by whether the latest sample read instantaneous power.
-        self._probe_s = cfg.power_probe_s
-        self._instant_tags = False  # a sustained batch's power was an instantaneous reading
         for slot in slots:
             slot.reset()
 
@@ -410,7 +400,6 @@ class _RegimeRun:
         unlimited = False
         if probing:
             self._power_probe(load_began)
-            self.regime_meta["power_probe_s"] = self._probe_s
             unlimited = self._unlimited()
         if sustained:
             self._settle()
@@ -602,29 +591,23 @@ class _RegimeRun:
         """Read the device after back-to-back load since ``load_began`` (skip evidence)."""
         if self.evidence is not None:
             loaded = self.s.now() - load_began
-            s = self.s.sample()
-            self._probe_s = probe_s(self.cfg, s)
-            self.evidence.after_load(s, loaded, self._probe_s)
+            self.evidence.after_load(self.s.sample(), loaded, self.cfg.power_probe_s)
 
     def _power_probe(self, load_began: float) -> None:
-        """Keep the device loaded until the probe's length of it, then read after each
-        candidate.
+        """Keep the device loaded until ``power_probe_s`` of it, then read after each candidate.
 
         The warm-ups usually last long enough on their own; the probe tops them up (a
-        few candidates, short warm-ups) so the power reading covers load only: 1 s for
-        NVML's average, ``power_probe_instant_s`` where instantaneous power is read.
+        few candidates, short warm-ups) so a 1 s power average covers load only.
         """
+        probe_s = self.cfg.power_probe_s
         while self._active() and not self._over_budget():
-            length = self._probe_s
-            long_enough = self.s.now() - load_began >= length
+            long_enough = self.s.now() - load_began >= probe_s
             for slot in self._active():
-                if self._over_budget():
-                    return
                 if self._time(slot, slot.calls) is None:
                     continue
                 if long_enough:
                     self._read_load(load_began)
-                elif self.cfg.probe_ends_on_limit and self.s.now() - load_began >= length / 2:
+                elif self.cfg.probe_ends_on_limit and self.s.now() - load_began >= probe_s / 2:
                     s = self.s.sample()
                     if shows_limit(s, self.s.info):  # our own load is limited: no skip
                         self.regime_meta["probe_ended"] = "limited after half the probe"
@@ -647,8 +630,6 @@ class _RegimeRun:
         while self._active() and not self._over_budget():
             round_began = self.s.now()
             for slot in self._active():
-                if self._over_budget():
-                    break
                 if self._time(slot, slot.calls) is None:
                     continue
                 window.append((self.s.sample(), slot.name))
@@ -658,9 +639,7 @@ class _RegimeRun:
             samples, names = [w for w, _ in window], [name for _, name in window]
             # Carried heat: the previous workload's load goes on in the power reading.
             loaded = math.inf if self.warm else now - self._load_began
-            if now - begin >= span and device_settled(
-                samples, cfg, span, names, loaded, self.s.info.power_limit_w
-            ):
+            if now - begin >= span and device_settled(samples, cfg, span, names, loaded):
                 settled = True
                 break
             if now - begin >= cfg.settle_timeout_s:
@@ -748,15 +727,6 @@ class _RegimeRun:
             )
         return None
 
-    def _power_tag(self, after: Sample) -> float | None:
-        """A batch's power: sustained, the reading that follows the load (instantaneous
-        where read); unthrottled, NVML's average (no per-kernel power is claimed there)."""
-        if self.regime is not Regime.SUSTAINED:
-            return after.power_w
-        if instant_power(after) is not None:
-            self._instant_tags = True
-        return load_power(after)
-
     def _record(
         self, slot: _Slot, t: float, before: Sample, after: Sample, reject: str | None
     ) -> None:
@@ -766,7 +736,7 @@ class _RegimeRun:
             seconds_per_call=t / slot.calls,
             calls=slot.calls,
             sm_clock_mhz=after.sm_clock_mhz,
-            power_w=self._power_tag(after),
+            power_w=after.power_w,
             temp_c=after.temp_c,
             reasons=int(_batch_reasons(before, after)),
             rejected=reject is not None,
@@ -880,8 +850,6 @@ class _RegimeRun:
             # NVML power is a ~1 s average: over short batches with pauses it is the duty-
             # cycled mean, not the kernel's draw, so no energy per call is claimed here.
             meta["power_note"] = "1 s average over paused batches"
-        elif self._instant_tags:
-            meta["power_note"] = "instantaneous power after each batch"
         meta["flush_l2"] = slot.flush
         if slot.skipped:
             meta["skipped_batches"] = slot.skipped
