@@ -153,6 +153,21 @@ class Run:
     energy_over_idle_j: float = 0.0
     per_workload: dict[str, dict[str, float]] = field(default_factory=dict)
 
+    def add(
+        self, names: Sequence[str], held: float, busy: float, energy: float, idle_w: float
+    ) -> None:
+        """What measuring ``names`` together cost, shared evenly among them, and the totals."""
+        cost = {
+            "held_s": held,
+            "busy_s": busy,
+            "energy_j": energy,
+            "energy_over_idle_j": energy - idle_w * held,
+        }
+        for name in names:
+            self.per_workload[name] = {k: v / len(names) for k, v in cost.items()}
+        for key, value in cost.items():
+            setattr(self, key, getattr(self, key) + value)
+
 
 def pick(r: RegimeResult) -> str | None:
     """The winner, or on a tie the fastest median: what a job would use either way."""
@@ -198,7 +213,6 @@ def run_setting(
         held = time.monotonic() - t0 - (meters.setup_s - setup_s0)
         energy = meters.energy_j() - e0 - (meters.setup_j - setup_j0)
         busy = meters.busy_s - busy0
-        share = 1.0 / len(group)
         for (w, _), results in zip(group, outcome, strict=True):
             run.results[w.name] = [
                 {
@@ -222,16 +236,7 @@ def run_setting(
                 }
                 for r in results
             ]
-            run.per_workload[w.name] = {
-                "held_s": held * share,
-                "busy_s": busy * share,
-                "energy_j": energy * share,
-                "energy_over_idle_j": (energy - idle_w * held) * share,
-            }
-        run.held_s += held
-        run.busy_s += busy
-        run.energy_j += energy
-        run.energy_over_idle_j += energy - idle_w * held
+        run.add([w.name for w, _ in group], held, busy, energy, idle_w)
     return run
 
 
@@ -275,15 +280,7 @@ def run_do_bench(
         run.results[w.name] = [
             {"regime": r.value, "pick": best, "winner": best, "medians_s": medians} for r in REGIMES
         ]
-        run.per_workload[w.name] = {
-            "held_s": held,
-            "busy_s": 0.0,
-            "energy_j": energy,
-            "energy_over_idle_j": energy - idle_w * held,
-        }
-        run.held_s += held
-        run.energy_j += energy
-        run.energy_over_idle_j += energy - idle_w * held
+        run.add([w.name], held, 0.0, energy, idle_w)
     return run
 
 
