@@ -200,6 +200,9 @@ def _model_format(
     That bounds the sum's error even when every shape's errs the same way, and a small
     noisy shape weighs as little as it costs.
     """
+    unplanned = next((n for n in convs if n not in kept), None)
+    if unplanned is not None:  # its time cannot be weighed: no switch, whatever the format
+        return None, f"{unplanned}: the job's default was not measured in its layouts", {}
     job_layouts = {call.layouts for call in convs.values()}
     best_reason = "no captured conv shape was measured in another memory format"
     for fmt in _LAYOUTS:
@@ -218,10 +221,6 @@ def _model_format(
                 name, call, c.name, pick, (fmt, fmt), c.median_s, False, _kernels(c)
             )
         else:
-            unplanned = next((n for n in convs if n not in kept), None)
-            if unplanned is not None:
-                best_reason = f"{unplanned}: the job's default was not measured in its layouts"
-                continue
             noises = {n: _noise(winners[n], switched[n].candidate) for n in kept}
             unknown = next((n for n, x in noises.items() if x is None), None)
             if unknown is not None:
