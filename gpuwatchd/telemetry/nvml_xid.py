@@ -11,8 +11,9 @@ freeing (``nvmlShutdown``), to the thread on its way out. A daemon stopping exit
 GPUs are registered on that thread, between waits, never while it waits: the driver makes
 ``nvmlDeviceRegisterEvents`` on a set that another thread is waiting on spin on a core
 until the wait returns (a whole wait timeout of CPU per registration; bench/RESULTS.md,
-"start-up on a real GPU"). The GPUs known at start are registered before the first wait;
-one re-acquired later is registered when the current wait ends.
+"The daemon on a real GPU beside nvitop-exporter and nvidia-smi"). The GPUs known at
+start are registered before the first wait; one re-acquired later is registered when the
+current wait ends.
 Subscribing to events changes no GPU setting. The NVML functions are injected (bound by
 :mod:`gpuwatchd.telemetry.nvml`), so this module never imports pynvml.
 """
