@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.client import Client, Winner
+from gpuwatchd.client import Client
 from gpuwatchd.tuning.types import Regime
 from gpuwatchd.tuning.worker.families.triton_matmul import FAMILY, TileConfig
+
+if TYPE_CHECKING:
+    from gpuwatchd.api.winners import Winner
 
 #: The meta-parameters of the triton.matmul kernel, in the order Triton prints them.
 META_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")

@@ -19,12 +19,11 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from gpuwatchd.api.fetch import HttpStatusError, UnreachableError, get_json, is_base_url
 from gpuwatchd.api.gpu_state import GpuState
 from gpuwatchd.api.state import STATE_PATH, StateDocument, parse_state
-from gpuwatchd.api.winners import WINNERS_PATH, Winner, parse_regime, parse_winners, winners_json
 from gpuwatchd.client.discovery import (
     STORE_ENV,
     URL_ENV,
@@ -34,12 +33,14 @@ from gpuwatchd.client.discovery import (
     default_url,
 )
 from gpuwatchd.client.errors import GpuwatchdError, GpuwatchdUnavailable, NotServed
-from gpuwatchd.client.own_gate import _DaemonJobGate, _OwnProcessGate
-from gpuwatchd.store import StoreError, open_store, redact_url
-from gpuwatchd.store.rows import host_name
 from gpuwatchd.telemetry.types import normalize_uuid
 from gpuwatchd.tuning.types import Regime
 from gpuwatchd.validate import field_error, is_finite, is_number
+
+if TYPE_CHECKING:  # the gate and the store load when a call needs them: a job's import stays
+    # cheap (tests/test_job_imports.py pins what it loads)
+    from gpuwatchd.api.winners import Winner
+    from gpuwatchd.client.own_gate import _DaemonJobGate, _OwnProcessGate
 
 
 class Client:
@@ -84,6 +85,8 @@ class Client:
         self._control: str | os.PathLike[str] | bool | None = control_socket
 
     def __repr__(self) -> str:
+        from gpuwatchd.store import redact_url
+
         shown = redact_url(self._store) if self._store is not None else None
         return f"Client(url={self.url!r}, store={shown!r})"
 
@@ -146,6 +149,8 @@ class Client:
         every state judged (to log why a job waits). Raises TimeoutError naming the last
         state and its reasons, and GpuwatchdUnavailable when the daemon stops answering.
         """
+        from gpuwatchd.client.own_gate import _OwnProcessGate
+
         _check_seconds(timeout, "timeout", allow_zero=True)
         _check_seconds(poll_s, "poll_s", allow_zero=False)
         own = frozenset(own_pids) if own_pids is not None else frozenset({os.getpid()})
@@ -180,6 +185,8 @@ class Client:
             self._sleep(min(pause, left))
 
     def _job_gate(self) -> _DaemonJobGate | None:
+        from gpuwatchd.client.own_gate import _DaemonJobGate
+
         if self._control is False:
             return None
         path = self._control if self._control is not None else default_socket_path()
@@ -197,6 +204,8 @@ class Client:
     ) -> list[Winner]:
         """The newest winner per (GPU model, workload, regime) matching the filters; on a
         store shared by a fleet, this host's own where it measured one."""
+        from gpuwatchd.api.winners import WINNERS_PATH, parse_regime, parse_winners, winners_json
+
         filters: dict[str, Any] = {
             "workload": _opt_name(workload, "workload"),
             "regime": parse_regime(regime),
@@ -209,6 +218,9 @@ class Client:
                 return parse_winners(self._get_json(WINNERS_PATH, query), self.url)
             except GpuwatchdError as exc:  # down, too old to serve winners, or garbage
                 problems.append(str(exc))
+        from gpuwatchd.store import StoreError, open_store
+        from gpuwatchd.store.rows import host_name
+
         try:
             location, password_file = self._store_location()
             host = host_name()  # the daemon's name for this host: its own winners first
@@ -249,6 +261,8 @@ class Client:
         return self._store_path(), None
 
     def _store_path(self) -> Path:
+        from gpuwatchd.store import StoreError
+
         candidates = default_store_paths()
         for path in candidates:
             if path.is_file():

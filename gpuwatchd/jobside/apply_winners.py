@@ -16,24 +16,34 @@ a different pick for those shapes cannot take effect there, and the result says 
 (``blocked``) instead of pretending.
 
 What it applies is exactly what was measured, or nothing: a conv choice in the job's own
-layouts, whose pick is first made on a throwaway thread and kept only if it lands on the
-kernels the worker measured (cuDNN's benchmark mode may pick others), then checked again
-on the job's thread; the whole model and its input converted to another memory format only when
-the plan found that faster for the summed convs (never one layer alone); the BLAS
-library, process-wide, only when it beats the default. Everything else stays as the job
-has it.
+layouts; a benchmark pick only where the worker saw it land on the same kernels every
+time it made the pick again on fresh threads (``reproducible``) under this process's
+torch and cuDNN, since a job can ask cuDNN for the mode, not for the kernels; the whole
+model and its input converted to another memory format only when the plan found that
+faster for the summed convs (never one layer alone); the BLAS library, process-wide,
+only when it beats the default. Everything else stays as the job has it.
+
+It leaves nothing behind: no profiler is started in the job's process (CUPTI, once
+attached, stays and slows the process in bursts), no thread is started, and
+``cudnn.benchmark`` is put back after each first call. The only process-wide switches it
+may change are the ones the plan says it applied: the BLAS library, and the model's
+memory format.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.client import Client
 from gpuwatchd.jobside.capture import MODEL_ATTR, Capture, cached_pick, conv_plan_key
 from gpuwatchd.jobside.winner_plan import ConvChoice, WinnerPlan, latest_by_workload, plan_winners
 from gpuwatchd.tuning.types import Regime
+
+if TYPE_CHECKING:
+    from gpuwatchd.api.winners import Winner
 
 #: Attribute a converted model keeps its input-conversion hook handle under.
 _HOOK_ATTR = "_gpuwatchd_memory_format_hook"
@@ -98,21 +108,45 @@ def apply_winners(
         convert_model(model, plan.model_format)
     warmed: list[str] = []
     blocked: list[tuple[str, str]] = []
+    stack = _this_stack()
     for choice in plan.convs:
         if not choice.acts:
             continue
-        why = plan_cache_conflict(choice) or _lands_elsewhere(choice)
+        why = plan_cache_conflict(choice) or _stack_mismatch(choice, winners, stack)
         if why is not None:
             blocked.append((choice.workload, why))
             continue
-        ran = _first_call(choice)
-        if choice.kernels and ran and sorted(ran) != sorted(choice.kernels):
-            blocked.append((choice.workload, f"this thread's pick launched {', '.join(ran)}"))
-            continue
+        _first_call(choice)
         warmed.append(choice.workload)
     if plan.blas.library is not None:
         torch.backends.cuda.preferred_blas_library(plan.blas.library)
     return AppliedWinners(plan, tuple(warmed), plan.model_format, plan.blas.library, tuple(blocked))
+
+
+def _this_stack() -> dict[str, str | None]:
+    """The torch and cuDNN versions of this process, as the worker records them."""
+    import torch
+
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"torch": torch.__version__, "cudnn": str(cudnn) if cudnn is not None else None}
+
+
+def _stack_mismatch(
+    choice: ConvChoice, winners: Mapping[str, Winner], stack: Mapping[str, str | None]
+) -> str | None:
+    """Why a benchmark pick measured under another torch or cuDNN is not applied here:
+    its kernels were seen (and seen to repeat) under the recorded stack only."""
+    w = winners.get(choice.workload)
+    if choice.pick != "benchmark" or w is None:
+        return None
+    for field in ("torch", "cudnn"):
+        recorded = getattr(w.versions, field)
+        if recorded is not None and recorded != stack[field]:
+            return (
+                f"measured under {field} {recorded}, this process has {stack[field]}: "
+                "the default stays"
+            )
+    return None
 
 
 def plan_cache_conflict(choice: ConvChoice, thread: int | None = None) -> str | None:
@@ -165,47 +199,29 @@ def _torch_format(layout: str) -> Any:
     return torch.channels_last if layout == "channels_last" else torch.contiguous_format
 
 
-def _lands_elsewhere(choice: ConvChoice) -> str | None:
-    """Make the pick on a throwaway thread: why not to apply it, if its kernels differ."""
-    if not choice.kernels:
-        return None
-    seen: list[list[str]] = []
-    probe = threading.Thread(target=lambda: seen.append(_first_call(choice)), daemon=True)
-    probe.start()
-    probe.join()
-    if seen and seen[0] and sorted(seen[0]) != sorted(choice.kernels):
-        return (
-            f"the {choice.pick} pick landed on {', '.join(seen[0])} here, not the measured "
-            f"{', '.join(choice.kernels)}: the default stays"
-        )
-    return None
+#: Where :func:`_first_call` makes its tensors (a seam for the CPU test of what is left).
+DEVICE = "cuda"
 
 
-def _first_call(choice: ConvChoice) -> list[str]:
+def _first_call(choice: ConvChoice) -> None:
     """The shape's first conv, with the chosen pick and layouts, so its plan is cached on
-    this thread; then the kernels a second call launches (empty if not profiled)."""
+    this thread; ``cudnn.benchmark`` is as the job had it again on return."""
     import torch
     import torch.nn.functional as F
-
-    from gpuwatchd.tuning.worker.cuda_session import launched_kernels
 
     s = choice.call.shape
     dt = getattr(torch, choice.call.dtype)
     x_fmt, w_fmt = (_torch_format(lay) for lay in choice.layouts)
-    x = torch.randn(s["input"], dtype=dt, device="cuda").contiguous(memory_format=x_fmt)
-    w = torch.randn(s["weight"], dtype=dt, device="cuda").contiguous(memory_format=w_fmt)
-    b = torch.randn(s["weight"][0], dtype=dt, device="cuda") if choice.call.bias else None
+    x = torch.randn(s["input"], dtype=dt, device=DEVICE).contiguous(memory_format=x_fmt)
+    w = torch.randn(s["weight"], dtype=dt, device=DEVICE).contiguous(memory_format=w_fmt)
+    b = torch.randn(s["weight"][0], dtype=dt, device=DEVICE) if choice.call.bias else None
     cudnn = torch.backends.cudnn
     previous = cudnn.benchmark
-
-    def conv() -> None:
-        with torch.no_grad():
-            F.conv2d(x, w, b, s["stride"], s["padding"], s["dilation"], s["groups"])
-
     try:
         cudnn.benchmark = choice.pick == "benchmark"
-        conv()
-        torch.cuda.synchronize()
+        with torch.no_grad():
+            F.conv2d(x, w, b, s["stride"], s["padding"], s["dilation"], s["groups"])
+        if x.is_cuda:
+            torch.cuda.synchronize()
     finally:
         cudnn.benchmark = previous
-    return launched_kernels(conv) if choice.kernels else []

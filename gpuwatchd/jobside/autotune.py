@@ -21,9 +21,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.client import Client, Winner
+from gpuwatchd.client import Client
 from gpuwatchd.jobside.call import (
     CallFacts,
     TritonKey,
@@ -44,6 +44,9 @@ from gpuwatchd.tuning.kernels import (
 )
 from gpuwatchd.tuning.types import Regime
 from gpuwatchd.validate import one_line
+
+if TYPE_CHECKING:
+    from gpuwatchd.api.winners import Winner
 
 log = logging.getLogger("gpuwatchd.triton")
 

@@ -5,10 +5,15 @@ it a ``TorchDispatchMode`` sees every ATen op below autograd, the backward pass'
 included (autograd carries the mode to its own threads), and notes each ``mm``,
 ``addmm``, ``bmm``, ``baddbmm``, ``convolution`` and ``convolution_backward``: shapes,
 layout (which operand is transposed; contiguous or channels_last), dtype, the job's
-TF32 setting, forward or backward, and how often. Each such call runs inside a
-``torch.profiler`` range named for its signature, so the profiler gives every
-signature its time: the GPU time of the kernels it launched on a GPU, CPU time on a
-machine without one, and its share of all the time the profiler saw.
+TF32 setting, forward or backward, and how often. Each such call is timed where it
+runs: between two CUDA events on its stream on a GPU (what its kernels took, gaps
+between them included), with ``time.perf_counter`` on a machine without one; its share
+is of the whole block's span on the same clock.
+
+No profiler is ever started: CUPTI, once attached, stays with the process and slows it
+in bursts for the rest of its life. What the capture costs while the block runs is two
+event records per tracked call and the mode's Python dispatch of every op; when the
+block ends the mode is gone and nothing of it is left running.
 
 The result (:class:`Capture`) prints as a table, turns into workloads for the existing
 families (:mod:`gpuwatchd.tuning.captured`), writes them as TOML ``[[workload]]``
@@ -28,6 +33,7 @@ import json
 import os
 import socket
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,8 +53,6 @@ from gpuwatchd.tuning.captured import (
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.workload_requests import workloads_toml
 
-#: Profiler range names of captured calls: ``gpuwatchd.capture#<signature index>``.
-RANGE_PREFIX = "gpuwatchd.capture#"
 #: Attribute a captured model keeps its capture under (for ``apply_winners(model)``).
 MODEL_ATTR = "_gpuwatchd_capture"
 _GEMMS = ("mm", "addmm", "bmm", "baddbmm")
@@ -226,9 +230,38 @@ def _weight_layout(w: Any, input_layout: str) -> str:
     return _conv_layout(w)
 
 
-def _make_mode(tally: _Tally) -> Any:
-    """The dispatch mode: note each tracked call, run it inside its profiler range."""
-    import torch
+class _Clock:
+    """Times spans on one clock: CUDA events on the current stream, else perf_counter.
+
+    ``mark()`` returns a token; ``seconds(a, b)`` reads the span between two tokens once
+    everything has run (after :meth:`finish`)."""
+
+    def __init__(self, use_cuda: bool) -> None:
+        self.use_cuda = use_cuda
+
+    def mark(self) -> Any:
+        if not self.use_cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def finish(self) -> None:
+        if self.use_cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        if self.use_cuda:
+            return float(start.elapsed_time(end)) / 1e3
+        return float(end - start)
+
+
+def _make_mode(tally: _Tally, clock: _Clock, spans: list[tuple[int, Any, Any]]) -> Any:
+    """The dispatch mode: note each tracked call and the clock marks around it."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class GemmConvRecorder(TorchDispatchMode):  # type: ignore[misc]
@@ -243,8 +276,10 @@ def _make_mode(tally: _Tally) -> Any:
             i = tally.note(sig)
             if sig.kind == "conv2d" and sig.phase == "forward":
                 _note_cached_plan(sig)
-            with torch.profiler.record_function(f"{RANGE_PREFIX}{i}"):
-                return func(*args, **kwargs)
+            start = clock.mark()
+            out = func(*args, **kwargs)
+            spans.append((i, start, clock.mark()))  # list.append: safe from autograd threads
+            return out
 
     return GemmConvRecorder()
 
@@ -349,27 +384,28 @@ class Capture:
 def capture(model: Any = None, *, timer: str = "auto") -> Iterator[Capture]:
     """Record the GEMM and convolution calls of the steps run inside the block.
 
-    ``timer``: ``cuda`` (GPU time through torch.profiler), ``cpu`` (CPU time), or
+    ``timer``: ``cuda`` (GPU time, CUDA events), ``cpu`` (wall time on the host), or
     ``auto`` (``cuda`` when CUDA is available). ``model``, when given, keeps the capture
-    so that ``apply_winners(model)`` finds its shapes.
+    so that ``apply_winners(model)`` finds its shapes. No profiler is started.
     """
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     if timer not in ("auto", "cuda", "cpu"):
         raise ValueError(f"timer: expected auto, cuda or cpu, got {timer!r}")
     use_cuda = torch.cuda.is_available() if timer == "auto" else timer == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+    clock = _Clock(use_cuda)
     tally = _Tally()
+    spans: list[tuple[int, Any, Any]] = []
     result = Capture()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*Profiler clears events", UserWarning)
-        with profile(activities=activities) as prof:
-            with _make_mode(tally):
-                yield result
-            if use_cuda:
-                torch.cuda.synchronize()
-    times, total = _times(prof, len(tally.counts), use_cuda)
+    begin = clock.mark()
+    with _make_mode(tally, clock, spans):
+        yield result
+    end = clock.mark()
+    clock.finish()
+    times = [0.0] * len(tally.counts)
+    for i, start, stop in spans:
+        times[i] += clock.seconds(start, stop)
+    total = clock.seconds(begin, end)
     device = torch.cuda.get_device_name() if use_cuda else None
     calls = _calls(tally, times, total)
     result._finish(
@@ -377,35 +413,6 @@ def capture(model: Any = None, *, timer: str = "auto") -> Iterator[Capture]:
     )
     if model is not None:
         setattr(model, MODEL_ATTR, result)
-
-
-def _times(prof: Any, n: int, use_cuda: bool) -> tuple[list[float], float]:
-    """Seconds per signature (its ranges' GPU or CPU time) and all the time seen."""
-    from torch.autograd import DeviceType
-
-    times = [0.0] * n
-    total_us = 0.0
-    for e in prof.events():
-        if e.device_type != DeviceType.CPU:
-            continue  # GPU-side copies of user ranges: their kernels are counted on the op
-        if use_cuda:
-            total_us += _device_us(e, "self_")
-        else:
-            total_us += e.self_cpu_time_total
-        if e.name.startswith(RANGE_PREFIX):
-            i = int(e.name[len(RANGE_PREFIX) :])
-            if i < n:
-                times[i] += (_device_us(e, "") if use_cuda else e.cpu_time_total) / 1e6
-    return times, total_us / 1e6
-
-
-def _device_us(e: Any, prefix: str) -> float:
-    """``device_time_total`` (newer torch) or ``cuda_time_total`` (older), self or not."""
-    for name in (f"{prefix}device_time_total", f"{prefix}cuda_time_total"):
-        v = getattr(e, name, None)
-        if v is not None:
-            return float(v)
-    return 0.0
 
 
 def _calls(tally: _Tally, times: list[float], total: float) -> tuple[CapturedCall, ...]:

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.client import Client, Winner
+from gpuwatchd.client import Client
 from gpuwatchd.jobside.requests import Submission
 from gpuwatchd.jobside.winner_plan import latest_by_workload
 from gpuwatchd.jobside.workload_submit import submit_workloads
@@ -44,6 +44,9 @@ from gpuwatchd.tuning.worker.inductor import (
     table_handler,
 )
 from gpuwatchd.tuning.workload_requests import workloads_toml
+
+if TYPE_CHECKING:
+    from gpuwatchd.api.winners import Winner
 
 
 class CompiledCapture:

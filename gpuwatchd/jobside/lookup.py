@@ -11,15 +11,18 @@ import math
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.client import Client, GpuwatchdError, Winner
+from gpuwatchd.client import Client, GpuwatchdError
 from gpuwatchd.jobside.stack import Stack
 from gpuwatchd.telemetry.types import ThrottleReason
 from gpuwatchd.tuning.kernels import versions_mismatch
 from gpuwatchd.tuning.types import Regime
 from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, VS_DEFAULT
 from gpuwatchd.validate import one_line
+
+if TYPE_CHECKING:
+    from gpuwatchd.api.winners import Winner
 
 #: Throttle reasons that mean the GPU is already in its sustained, capped state.
 _CAPPED = {

@@ -28,13 +28,15 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.client import RankedCandidate, Winner
 from gpuwatchd.tuning.captured import CONV_LAYOUTS as _LAYOUTS
 from gpuwatchd.tuning.captured import CapturedCall, workload_for
 from gpuwatchd.tuning.families.torch_conv import DEFAULT_PICK
 from gpuwatchd.tuning.winners import JOB_DEFAULT, VS_DEFAULT
+
+if TYPE_CHECKING:
+    from gpuwatchd.api.winners import RankedCandidate, Winner
 
 MEMORY_FORMATS = ("keep", "winner")
 #: The library torch prefers in a process that never chose one.
