@@ -24,6 +24,7 @@ from gpuwatchd.tuning.inductor_sites import (  # noqa: E402
     TensorDesc,
     check_table,
     entry_label,
+    is_default_choice,
     lookup_key,
     lookup_table,
     parse_site_workload,
@@ -332,6 +333,52 @@ def test_the_table_comes_from_the_recorded_winners(tmp_path: Path) -> None:
         torch_version="1.0.0")  # fmt: skip
     table = gt.inductor_lookup_table(client=client)
     assert table == lookup_table([SiteChoice(site().keys, KEY_TRITON, TRITON)])
+
+
+BIAS_ADDMM = {"template_id": "aten::bias_addmm"}
+_DEFAULT = {"job_default": True}
+
+
+def _verdict(beats: bool) -> dict[str, Any]:
+    return {"vs_default": {"margin": 0.004, "noise": 0.01, "beats": beats}}
+
+
+def test_only_atens_own_op_is_the_sites_default() -> None:
+    """torch.compile without max-autotune lowers addmm to aten::addmm alone; bias_addmm is
+    one of max-autotune's extras. Marking both made the protocol's default whichever came
+    first, so a tie kept bias_addmm (issue 27)."""
+    entries = [e for _, e in site().choices()] + [BIAS_ADDMM]
+    assert [e["template_id"] for e in entries if is_default_choice(e, "addmm")] == ["aten::addmm"]
+    assert is_default_choice({"template_id": "aten::mm"}, "mm")
+    assert not is_default_choice({"template_id": "aten::mm"}, "addmm")
+
+
+@pytest.mark.parametrize(
+    ("winner_meta", "expected"),
+    [
+        # a row recorded when bias_addmm counted as a default: the nominal winner of a tie
+        (_DEFAULT, ATEN),
+        # a template within the noise of the default
+        (_verdict(False), ATEN),
+        # beyond the noise: it replaces the default
+        (_verdict(True), None),
+    ],
+)
+def test_the_table_keeps_the_default_unless_the_winner_beat_it(
+    tmp_path: Path, winner_meta: dict[str, Any], expected: dict[str, Any] | None
+) -> None:
+    name = site().workload().name
+    old_default = "job_default" in winner_meta  # the bias_addmm row of a tie
+    entry, key = (BIAS_ADDMM, KEY_ATEN) if old_default else (TRITON, KEY_TRITON)
+    won = _site_stats("inductor[winner]", entry, key, 1.00e-4)
+    won.meta.update(winner_meta)
+    default = _site_stats("inductor[aten::addmm]", ATEN, KEY_ATEN, 1.01e-4)
+    default.meta.update(_DEFAULT)
+    client = client_with(tmp_path, [result(name, [won, default])], torch_version=torch.__version__)
+    want = (
+        SiteChoice(site().keys, KEY_ATEN, ATEN) if expected else SiteChoice(site().keys, key, entry)
+    )
+    assert gt.inductor_lookup_table(client=client) == lookup_table([want])
 
 
 def test_use_inductor_winners_installs_and_removes_the_table() -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwatchd.client import Client
 from gpuwatchd.jobside.requests import Submission
-from gpuwatchd.jobside.winner_plan import latest_by_workload
+from gpuwatchd.jobside.winner_plan import beats_default, latest_by_workload
 from gpuwatchd.jobside.workload_submit import submit_workloads
 from gpuwatchd.tuning.inductor_sites import (
     EXCLUSIVE_ID,
@@ -33,9 +33,11 @@ from gpuwatchd.tuning.inductor_sites import (
     SiteChoice,
     check_table,
     entry_label,
+    is_default_choice,
     lookup_table,
 )
 from gpuwatchd.tuning.types import Regime, Workload
+from gpuwatchd.tuning.winners import JOB_DEFAULT, VS_DEFAULT
 from gpuwatchd.tuning.worker.inductor import (
     handler_installed,
     install_globally,
@@ -132,7 +134,8 @@ def capture_compiled(*, reset: bool = True) -> Iterator[CompiledCapture]:
 
 
 def site_choices(winners: Iterable[Winner], torch_version: str | None) -> list[SiteChoice]:
-    """The lookup choice each ``inductor.mm`` winner records (newest per workload).
+    """The lookup choice for each ``inductor.mm`` site (newest winner per workload): see
+    :func:`table_meta`.
 
     Winners measured under another torch are left out: Inductor's keys and templates are
     that torch's.
@@ -143,10 +146,46 @@ def site_choices(winners: Iterable[Winner], torch_version: str | None) -> list[S
             continue
         if torch_version and w.versions.torch and w.versions.torch != torch_version:
             continue
-        choice = _choice_from_meta(w.meta)
+        choice = _choice_from_meta(table_meta(w))
         if choice is not None:
             out.append(choice)
     return out
+
+
+def table_meta(w: Winner) -> Mapping[str, Any]:
+    """The measured candidate whose choice the table hands a site: the winner where it is
+    the site's default (ATen's own op, what torch.compile runs without max-autotune) or
+    was shown faster than that default beyond the noise; otherwise the default.
+
+    Shown faster: the worker's verdict against the default says so, or, where none was
+    recorded, the winner won outright over every candidate. A stored winner need not be
+    either: a tie's nominal fastest, or a row recorded when ``aten::bias_addmm`` counted as
+    a default too (``job_default`` on a choice that is not ATen's own op), so a table
+    could hand a site a choice nothing showed to be faster.
+    """
+    op_name = _op_name(w.meta)
+    if op_name is None or _is_default(w.meta, op_name):
+        return w.meta
+    if VS_DEFAULT in w.meta:
+        shown = beats_default(w.meta)
+    else:
+        shown = not w.tie and not w.meta.get(JOB_DEFAULT)
+    if shown:
+        return w.meta
+    default = next(
+        (c for c in w.ranked if c.median_s is not None and _is_default(c.meta, op_name)), None
+    )
+    return default.meta if default is not None else w.meta
+
+
+def _op_name(meta: Mapping[str, Any]) -> str | None:
+    key = meta.get("lookup_key")
+    return key.rsplit("+", 1)[-1] if isinstance(key, str) and "+" in key else None
+
+
+def _is_default(meta: Mapping[str, Any], op_name: str) -> bool:
+    entry = meta.get("lookup_entry")
+    return isinstance(entry, Mapping) and is_default_choice(entry, op_name)
 
 
 def _choice_from_meta(meta: Mapping[str, Any]) -> SiteChoice | None:

@@ -182,7 +182,7 @@ def _conv_choice(
     for c, (pick, lay) in mine:  # fastest first
         if c is default:
             break
-        if _beats_default(c) and _reproducible(c):
+        if beats_default(c.meta) and _reproducible(c):
             return ConvChoice(name, call, c.name, pick, lay, c.median_s, False, _kernels(c))
     return ConvChoice(
         name, call, default.name, DEFAULT_PICK, layouts, default.median_s, True, _kernels(default)
@@ -295,9 +295,10 @@ def _layout_text(layouts: tuple[str, str]) -> str:
 # -- the default and the noise ---------------------------------------------------------------
 
 
-def _beats_default(c: RankedCandidate) -> bool:
-    """The worker's verdict: faster than the job's default beyond the noise."""
-    verdict = c.meta.get(VS_DEFAULT)
+def beats_default(meta: Mapping[str, Any]) -> bool:
+    """The worker's verdict in a candidate's meta: faster than the job's default beyond
+    the noise."""
+    verdict = meta.get(VS_DEFAULT)
     return isinstance(verdict, Mapping) and verdict.get("beats") is True
 
 
@@ -349,7 +350,7 @@ def _blas_choice(
         per_shape[name] = times
         marked = next((c.name for c in measured if c.meta.get(JOB_DEFAULT)), None)
         default = marked or default
-        own = next((c for c in measured if _beats_default(c)), None)
+        own = next((c for c in measured if beats_default(c.meta)), None)
         best_of[name] = own.name if own is not None else default
         noise = max([noise] + [_noise(w, c.name) or 0.0 for c in measured])
     libraries = set.intersection(*(set(t) for t in per_shape.values())) if per_shape else set()

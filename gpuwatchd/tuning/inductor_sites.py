@@ -53,6 +53,14 @@ _SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 _SHAPE_KEYS = frozenset({"op_name", "inputs", "scalars", "keys"})
 
 
+def is_default_choice(entry: Mapping[str, Any], op_name: str) -> bool:
+    """Whether ``entry`` is what torch.compile lowers ``op_name`` to without max-autotune:
+    ATen's own op (``aten::addmm``), the one choice it has then. ``aten::bias_addmm`` and
+    every template are max-autotune's extras: they replace it only where measured faster
+    beyond the noise."""
+    return entry.get("template_id") == f"aten::{op_name}"
+
+
 @dataclass(frozen=True, slots=True)
 class TensorDesc:
     """One input as Inductor keys it: dtype (torch attribute name), sizes, strides."""

@@ -29,6 +29,7 @@ from gpuwatchd.tuning.inductor_sites import (
     SiteSpec,
     TensorDesc,
     entry_label,
+    is_default_choice,
     parse_site_workload,
 )
 from gpuwatchd.tuning.types import Workload
@@ -220,8 +221,9 @@ class InductorChoice(CandidateBase):
             "kernels": kernels,
             # ATen's cuBLAS kernel names identify the code; Inductor's Triton names do not
             "kernels_identify_code": aten,
-            # torch.compile without max-autotune lowers a GEMM site to ATen's extern mm
-            JOB_DEFAULT: aten,
+            # one default: with bias_addmm marked too, the protocol's default was whichever
+            # of the two came first
+            JOB_DEFAULT: is_default_choice(self._entry, self._inputs.spec.op_name),
             "cuda_graph": self._graph is not None,
             "compile_s": compile_s,
             "flops": self._inputs.flops,
