@@ -324,11 +324,18 @@ def stage_ab(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print(installed.describe(), flush=True)
 
     def compile_variant(tag: str) -> tuple[Any, dict[str, Any]]:
+        from unittest import mock
+
+        from torch._inductor.graph import GraphLowering
+
         before = counters["inductor"]["select_algorithm_autotune"]
         fn = torch.compile(fresh_function(step, tag), mode="max-autotune")
+        codes: list[str] = []
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = fn(model, x).float().clone()  # CUDA graphs reuse the output buffer
+            # the generated code says what each GEMM site was compiled to
+            with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+                out = fn(model, x).float().clone()  # CUDA graphs reuse the output buffer
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
             for _ in range(3):  # cudagraph trees: warm-up, record, replay
@@ -337,6 +344,7 @@ def stage_ab(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         return fn, {
             "compile_s": first,
             "gemm_autotune_benchmarks": counters["inductor"]["select_algorithm_autotune"] - before,
+            "gemm_kernels": gemm_kernels(codes),
             "out": out,
         }
 
@@ -359,6 +367,18 @@ def stage_ab(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "ab": timing,
         "apply_winners": applied,
     }
+
+
+def gemm_kernels(codes: list[str]) -> dict[str, Any]:
+    """What Inductor's generated code calls for GEMMs: ATen externs (``extern_kernels.addmm``,
+    ``extern_kernels.bias_addmm``...) and Triton template kernels, with their counts."""
+    import re
+    from collections import Counter
+
+    text = "\n".join(codes)
+    externs = Counter(re.findall(r"extern_kernels\.(\w+)\(", text))
+    templates = Counter(re.findall(r"\b(triton_tem_\w+)\.run\(", text))
+    return {"codes_seen": len(codes), "extern": dict(externs), "templates": dict(templates)}
 
 
 def interleaved_ab(
