@@ -79,6 +79,8 @@ DEFAULT_CELLS = (
     "mobilenet_v3_large-cl-fp16,mobilenet_v3_large-nchw-fp32,vit_b_16-nchw-fp16,vit_b_16-cl-fp32"
 )
 CAPTURE_STEPS = 3
+#: Seconds ``prepare`` keeps back to stop the daemon and pack the archive.
+_PACK_S = 15.0
 #: What the log line of each process shows.
 _SHOWN = ("round", "cell", "arm", "median_ms", "worst_ms", "total_s", "error", "left_behind")
 
@@ -538,7 +540,8 @@ def prepare_main(args: argparse.Namespace) -> None:
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    t_end = time.time() + args.tune_timeout_s
+    t_end = time.time() + args.deadline_s - _PACK_S
+    capture: subprocess.Popen[bytes] | None = None
     try:
         for _ in range(150):
             if sock.exists():
@@ -558,12 +561,17 @@ def prepare_main(args: argparse.Namespace) -> None:
             "--gemm-top",
             str(args.gemm_top),
         ]
-        subprocess.run(cmd, env=env, check=True, timeout=300)
+        capture = subprocess.Popen(cmd, env=env)
+        if capture.wait(max(1.0, t_end - time.time())) != 0:
+            raise SystemExit(f"capture failed: exit {capture.returncode}")
         summary["capture_s"] = time.time() - t0
         summary["tune_s"] = wait_tuned(sock, t_end - time.time())
         summary["coverage"] = coverage(work)
         print(json.dumps(summary, indent=1), flush=True)
     finally:
+        if capture is not None and capture.poll() is None:
+            capture.kill()
+            capture.wait()
         daemon.send_signal(signal.SIGTERM)
         try:
             daemon.wait(10)
@@ -615,7 +623,7 @@ def main() -> None:
     pr.add_argument("--top", type=int, default=6, help="forward-conv workloads per cell")
     pr.add_argument("--gemm-top", type=int, default=3, help="GEMM workloads per cell")
     pr.add_argument("--budget-s", type=float, default=3.0)
-    pr.add_argument("--tune-timeout-s", type=float, default=420.0)
+    pr.add_argument("--deadline-s", type=float, default=420.0, help="capture, tune and pack")
     c = sub.add_parser("capture")
     c.add_argument("--cells", required=True)
     c.add_argument("--work", required=True)
@@ -642,6 +650,8 @@ def main() -> None:
     o.add_argument("--result", required=True)
     o.add_argument("--cfg", required=True)
     args = p.parse_args()
+    # a SIGTERM (an outer timeout) unwinds: the daemon is stopped, what ran is written
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.cmd == "ab":
         if args.dry_run:
             args.cells = "tiny-nchw-fp32"
