@@ -4,7 +4,7 @@ With ``torch.backends.cudnn.benchmark = True`` cuDNN times its algorithms on the
 call of each new shape and keeps the pick for the life of the process, whatever state
 the GPU was in at that moment (a neighbour's load, a power cap, heat).
 :func:`tune_first_call` makes that first call wait for gpuwatchd's gate, so the pick is
-made on a cool, idle, stable GPU, and reports which kernels were picked.
+made on a cool, idle, stable GPU (and, asked to, reports which kernels were picked).
 
 The plan cache of torch's cuDNN v8 path is per thread and keyed by shapes, strides and
 dtype, not by the benchmark flag: run the first call on the thread that will run the
@@ -66,7 +66,7 @@ class FirstCall(NamedTuple):
     """What :func:`tune_first_call` returns.
 
     ``kernels``: GPU kernels one more call launched after the tuning call (the picks,
-    not the candidates cuDNN tried); empty with ``profile=False``. ``waited_s``: time
+    not the candidates cuDNN tried); empty unless ``profile=True``. ``waited_s``: time
     spent waiting for the gate. ``state``: the GPU when the call ran (None: ungated).
     """
 
@@ -111,7 +111,7 @@ def tune_first_call(
     client: Client | None = None,
     require_gate: bool = True,
     keep_benchmark: bool = True,
-    profile: bool = True,
+    profile: bool = False,
     on_poll: Callable[[GpuState], None] | None = None,
     **kwargs: Any,
 ) -> FirstCall:
@@ -119,10 +119,10 @@ def tune_first_call(
 
     Steps: enable benchmark mode, finish this process's queued GPU work, wait for the
     gate of ``gpu`` (daemon index or UUID; default: the current CUDA device), run the
-    call (cuDNN picks its algorithms here), synchronize, then run ``fn`` once more
-    under torch.profiler to read the kernels picked. ``fn`` must therefore be safe to
-    call twice (a forward pass under ``torch.no_grad()``, say); pass ``profile=False``
-    for a call with side effects.
+    call (cuDNN picks its algorithms here), synchronize. ``profile=True`` then runs
+    ``fn`` once more under torch.profiler to read the kernels picked (``fn`` must be
+    safe to call twice): a diagnostic, since the profiler's CUPTI subscription stays
+    with the process and slows it in bursts for the rest of its life.
 
     ``fn``'s own keyword arguments go in ``kwargs``, except those named like the ones
     here (wrap ``fn`` in a lambda for those). ``on_poll`` is handed to
