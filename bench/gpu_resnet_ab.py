@@ -1,4 +1,10 @@
-"""ResNet-50 with and without gpuwatchd: captured, tuned by the daemon, applied in a new process.
+"""ResNet-50 with and without gpuwatchd, per layer and per step, in one process: a diagnostic.
+
+Every arm here shares one process (a thread each), and the per-layer kernel check runs
+torch.profiler in it, so a cost that stays with a process (a profiler's CUPTI
+subscription, say) reaches every arm alike and cannot show. Whether a job is ever slower
+with gpuwatchd is measured the way jobs run, in fresh processes:
+``bench/gpu_fresh_process_ab.py``.
 
     python3 bench/gpu_resnet_ab.py all --out DIR [--deadline-s 460] [--top 6] [--all-shapes V,...]
     python3 bench/gpu_resnet_ab.py tune --out DIR [--variants ...] [--top 8] [--all-shapes V,...]
