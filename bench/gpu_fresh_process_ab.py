@@ -312,10 +312,17 @@ def start_process(
 
 
 def ab_main(args: argparse.Namespace) -> None:
-    import torch  # noqa: F401  # imported once here: forked processes do not pay it
+    import torch  # imported once here: forked processes do not pay it
 
     if not args.dry_run:
         import torchvision  # noqa: F401
+    if args.start == "fork" and torch.cuda.is_initialized():
+        print(
+            "CUDA is initialised in this process: forked ones could not use it; "
+            "starting a new interpreter per process instead",
+            flush=True,
+        )
+        args.start = "exec"
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
