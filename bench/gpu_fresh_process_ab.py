@@ -367,7 +367,7 @@ def ab_main(args: argparse.Namespace) -> None:
         write_results(doc, out, rounds, time.monotonic() - t0)  # a cut-off run keeps its rounds
     print(markdown(doc["summary"], cells, arms) if "summary" in doc else "no round ran")
     if rounds < args.processes:
-        print(f"only {rounds} process(es) per arm fitted in --deadline-s {args.deadline_s:g}")
+        print(f"{rounds} process(es) per arm, fewer than --processes {args.processes}")
 
 
 def write_results(doc: dict[str, Any], out: Path, rounds: int, wall_s: float) -> None:

@@ -386,7 +386,8 @@ def capture(model: Any = None, *, timer: str = "auto") -> Iterator[Capture]:
 
     ``timer``: ``cuda`` (GPU time, CUDA events), ``cpu`` (wall time on the host), or
     ``auto`` (``cuda`` when CUDA is available). ``model``, when given, keeps the capture
-    so that ``apply_winners(model)`` finds its shapes. No profiler is started.
+    so that ``apply_winners(model)`` finds its shapes. No profiler is started. Run the
+    steps eagerly: a CUDA graph being captured cannot record timing events.
     """
     import torch
 
