@@ -30,6 +30,7 @@ def switches() -> dict[str, Any]:
         "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "grad_enabled": torch.is_grad_enabled(),
+        "rng_state": torch.get_rng_state().tolist(),
     }
 
 

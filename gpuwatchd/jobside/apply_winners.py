@@ -24,10 +24,10 @@ faster for the summed convs (never one layer alone); the BLAS library, process-w
 only when it beats the default. Everything else stays as the job has it.
 
 It leaves nothing behind: no profiler is started in the job's process (CUPTI, once
-attached, stays and slows the process in bursts), no thread is started, and
-``cudnn.benchmark`` is put back after each first call. The only process-wide switches it
-may change are the ones the plan says it applied: the BLAS library, and the model's
-memory format.
+attached, stays and slows the process in bursts), no thread is started, the job's random
+state is not drawn from, and ``cudnn.benchmark`` is put back after each first call. The
+only process-wide switches it may change are the ones the plan says it applied: the BLAS
+library, and the model's memory format.
 """
 
 from __future__ import annotations
@@ -212,9 +212,15 @@ def _first_call(choice: ConvChoice) -> None:
     s = choice.call.shape
     dt = getattr(torch, choice.call.dtype)
     x_fmt, w_fmt = (_torch_format(lay) for lay in choice.layouts)
-    x = torch.randn(s["input"], dtype=dt, device=DEVICE).contiguous(memory_format=x_fmt)
-    w = torch.randn(s["weight"], dtype=dt, device=DEVICE).contiguous(memory_format=w_fmt)
-    b = torch.randn(s["weight"][0], dtype=dt, device=DEVICE) if choice.call.bias else None
+    g = torch.Generator(device=DEVICE).manual_seed(0)  # the job's own random state untouched
+    x = torch.randn(s["input"], dtype=dt, device=DEVICE, generator=g)
+    w = torch.randn(s["weight"], dtype=dt, device=DEVICE, generator=g)
+    x, w = x.contiguous(memory_format=x_fmt), w.contiguous(memory_format=w_fmt)
+    b = (
+        torch.randn(s["weight"][0], dtype=dt, device=DEVICE, generator=g)
+        if choice.call.bias
+        else None
+    )
     cudnn = torch.backends.cudnn
     previous = cudnn.benchmark
     try:
