@@ -46,6 +46,7 @@ Never changes a GPU setting.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -144,8 +145,8 @@ def step(model: Any, x: Any) -> None:
 
 
 def process_state() -> dict[str, Any]:
-    """The process-wide things a library could leave changed: threads, the profiler, and
-    torch's switches."""
+    """The process-wide things a library could leave changed: threads, the profiler,
+    torch's switches and random state."""
     import torch
     import torch.autograd.profiler as prof
 
@@ -160,8 +161,11 @@ def process_state() -> dict[str, Any]:
         "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
+    out["cpu_rng"] = hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()[:12]
     if torch.cuda.is_available():
         out["preferred_blas_library"] = str(torch.backends.cuda.preferred_blas_library())
+        cuda_rng = torch.cuda.get_rng_state().numpy().tobytes()
+        out["cuda_rng"] = hashlib.sha1(cuda_rng).hexdigest()[:12]
     return out
 
 
