@@ -196,11 +196,11 @@ def one_process(cell_name: str, arm: str, src: str, out_path: str, cfg: dict[str
     device = "cpu" if dry else "cuda"
     doc: dict[str, Any] = {"cell": cell_name, "arm": arm, "pid": os.getpid()}
     model, x = build(cell, device)
+    before = process_state()  # before gpuwatchd is imported: the import counts too
     if arm == "gpuwatchd" and not dry:
         import gpuwatchd.torch as gt
         from gpuwatchd.client import Client
 
-        before = process_state()
         cap = gt.load_capture(Path(src) / f"capture-{cell_name}.json")
         client = Client(url="http://127.0.0.1:9", store=Path(src) / "gpuwatchd.db")
         t1 = time.perf_counter()
@@ -220,7 +220,6 @@ def one_process(cell_name: str, arm: str, src: str, out_path: str, cfg: dict[str
     elif arm == "captured" or (arm == "gpuwatchd" and dry):
         import gpuwatchd.torch as gt
 
-        before = process_state()
         with gt.capture(model):
             for _ in range(CAPTURE_STEPS):
                 step(model, x)
