@@ -4,7 +4,8 @@
 
 Each run is a fresh ``python3 -c "import <module>"`` (``pass`` for the bare interpreter),
 started with the tree as its working directory so that tree's ``gpuwatchd`` is the one
-imported (``--tree`` more than once compares trees, e.g. before and after a change). The
+imported (``--tree`` more than once compares trees, e.g. before and after a change); an
+untimed first run of each writes its bytecode, as an installed package has it. The
 commands alternate run by run; the CPU of each is the child's user + system time
 (``os.wait4``). Prints and writes (``--out``) the median and the spread per command.
 """
@@ -27,8 +28,9 @@ MODULES = ("gpuwatchd.client", "gpuwatchd.triton", "gpuwatchd.torch")
 
 def one_run(code: str, tree: Path) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one fresh interpreter running ``code``."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+    }
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-c", code], cwd=tree, env=env)
     _, status, usage = os.wait4(p.pid, 0)
@@ -50,7 +52,7 @@ def main() -> None:
     commands += [(f"import {m} ({t})", f"import {m}", t) for t in trees for m in MODULES]
     cpu: dict[str, list[float]] = {name: [] for name, _, _ in commands}
     wall: dict[str, list[float]] = {name: [] for name, _, _ in commands}
-    for _, code, tree in commands:  # one untimed run each: the page cache, .pyc reads
+    for _, code, tree in commands:  # one untimed run each: the page cache, .pyc files written
         one_run(code, tree)
     for _ in range(args.runs):
         for name, code, tree in commands:
