@@ -336,7 +336,7 @@ class Daemon:
                     self.board, lambda: self.tuner.snapshot, added=self.user_work.added_names
                 ),
                 DriftCollector(self.drift.view),
-                StoreCollector(lambda: self.store.up),
+                StoreCollector(self.store),
                 # Reads published snapshots only: its text is kept while they are unchanged.
                 Versioned(
                     FleetCollector(self.fleet_snapshot, lambda: self.tuner.snapshot),
@@ -562,7 +562,7 @@ class Daemon:
         if self.identity is None or self._fatal is not None:
             return
         try:
-            self.identity.claim()
+            lifted = self.identity.claim()
         except HostNameTaken as exc:
             self._refuse(exc)
         except StoreUnavailable:
@@ -573,6 +573,8 @@ class Daemon:
                 log.warning("renewing the hold on the host name failed: %s", exc)
         else:
             self._lease_error = None
+            if lifted:  # another boot's lease lapsed: what waited for writes goes on
+                self.tuner.store_back()
 
     def _refuse(self, exc: HostNameTaken) -> None:
         """Another live machine has this host name: stop, saying so in one line."""

@@ -349,8 +349,8 @@ class TuneScheduler:
 
     def _blocker(self, gpu: int) -> str | None:
         p = self._pending[gpu]
-        if not self._abandoned:  # the store has not answered since the daemon started
-            return "store_unavailable"
+        if not self._abandoned or not self.store.writable:  # not answered since start, or
+            return "store_unavailable"  # writes refused (a schema too new, a clone)
         if self._now() < p.not_before:
             return "retry_backoff"
         if self._now() < p.recheck_at:

@@ -3,8 +3,10 @@
 :class:`Transactions` lends each call a connection from a small pool (so the scheduler
 thread can write while HTTP threads read), runs it in one transaction that rolls back
 on any failure, within the engine's bound on the wait (:meth:`Engine.bounded`), refuses
-writes once a newer gpuwatchd has migrated the database, and warns once per unreadable
-row. :class:`~gpuwatchd.store.store.SqlStore` holds one and runs its queries in it.
+writes while the database's schema is newer than this gpuwatchd and not compatible
+with it (:class:`~gpuwatchd.store.schema.SchemaState`, one line each time that
+changes) or while the host's lease is refused (:meth:`Transactions.refuse_writes`), and
+warns once per unreadable row. :class:`~gpuwatchd.store.store.SqlStore` holds one and runs its queries in it.
 The pool is the store's own, not psycopg_pool: it serves SQLite too, costs no extra
 round trip per call and starts no threads (bench/RESULTS.md, "The store's pool against
 psycopg_pool").
@@ -20,8 +22,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext, supp
 
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.engine import Engine
-from gpuwatchd.store.errors import StoreError, StoreUnavailable
-from gpuwatchd.store.schema import MIGRATIONS, Migration, check_migrations, latest_version
+from gpuwatchd.store.errors import StoreError, StoreUnavailable, WritesRefused
+from gpuwatchd.store.schema import MIGRATIONS, Migration, SchemaState, check_migrations, read_state
 
 log = logging.getLogger("gpuwatchd.store")
 
@@ -67,6 +69,8 @@ class Transactions:
         self._down_since: float | None = None  # monotonic; None while reachable
         self._down_why = ""
         self._next_try = 0.0
+        self.schema: SchemaState | None = None  # known once opened
+        self._refused: str | None = None  # why writes are refused besides the schema
         check_migrations(self._migrations)
         if connect_now:
             self._idle.append(self._open())
@@ -93,11 +97,42 @@ class Transactions:
 
     # -- connections and transactions ------------------------------------------------------
 
+    @property
+    def writable(self) -> bool:
+        """Whether a write would be tried now (not read-only, not refused, the schema
+        as far as it is known lets this gpuwatchd write)."""
+        schema = self.schema
+        ok_schema = schema is None or schema.writable
+        return not self.readonly and self._refused is None and ok_schema
+
+    def refuse_writes(self, why: str | None) -> None:
+        """Refuse every write but the host lease's with ``why`` (None: allow them again)."""
+        self._refused = why
+
     def _open(self) -> Conn:
-        """The first connection: the database checked and migrated (:meth:`Engine.open`)."""
-        conn = self._engine.open(self._migrations, readonly=self.readonly)
+        """The first connection: the database checked and migrated (:meth:`Engine.open`),
+        its schema state read."""
+        engine = self._engine
+        conn = engine.open(self._migrations, readonly=self.readonly)
+        try:
+            with engine.bounded(conn):
+                self._set_schema(read_state(conn, engine.version(conn), self._migrations))
+        except BaseException:
+            conn.close()
+            raise
         self._opened = True
         return conn
+
+    def _set_schema(self, state: SchemaState) -> None:
+        """Keep the schema state; a change of skew is said in one line."""
+        before, self.schema = self.schema, state
+        if before == state or (before is None and state.skew <= 0):
+            return
+        if state.skew > 0:
+            log.warning("%s", state.describe(self._engine.where))
+        else:
+            log.info("store %s: schema version %d, as this gpuwatchd's", self._engine.where,
+                     state.database)  # fmt: skip
 
     def _lend(self) -> tuple[Conn, bool]:
         """A connection and whether it came from the pool (it may have died there)."""
@@ -199,6 +234,8 @@ class Transactions:
             return
         if write and self.readonly:
             raise StoreError(f"store {self._engine.where} is open read-only; cannot write a batch")
+        if write:
+            self._refuse_if_refused("write a batch")
         with self.transaction(write, "run a batch of calls", each_call_bounded=True) as conn:
             self._batch.conn, self._batch.write, self._batch.failed = conn, write, None
             try:
@@ -258,7 +295,7 @@ class Transactions:
             with nullcontext() if each_call_bounded else engine.bounded(conn):
                 if write:
                     with bounded_alone():
-                        self._refuse_newer_schema(conn, what)
+                        self._check_schema(conn, what)
                 yield conn
                 with bounded_alone():
                     conn.execute("COMMIT")
@@ -280,21 +317,33 @@ class Transactions:
             self._give_back(conn, broken)
         self._reached()
 
-    def _refuse_newer_schema(self, conn: Conn, what: str) -> None:
-        """A newer gpuwatchd migrated the database since it was opened: stop writing."""
+    def _check_schema(self, conn: Conn, what: str) -> None:
+        """Inside a write: refuse it when a newer gpuwatchd migrated the database to a
+        schema this one may not write (the version is read again: it may have changed)."""
         version = self._engine.version(conn)
-        latest = latest_version(self._migrations)
-        if version > latest:
-            raise StoreError(
-                f"store {self._engine.where} has schema version {version}, newer than this"
-                f" gpuwatchd knows ({latest}); this host refuses to {what} until gpuwatchd"
-                " is upgraded"
+        state = self.schema
+        if state is None or state.database != version:
+            state = read_state(conn, version, self._migrations)
+            self._set_schema(state)
+        if not state.writable:
+            raise WritesRefused(
+                f"store {self._engine.where} has schema version {state.database}, newer than"
+                f" this gpuwatchd's {state.own} and not compatible; this host refuses to"
+                f" {what} until gpuwatchd is upgraded"
             )
 
-    def write(self, what: str) -> AbstractContextManager[Conn]:
-        """A write transaction, serialised with every other writer (no upgrade deadlocks)."""
+    def _refuse_if_refused(self, what: str) -> None:
+        why = self._refused
+        if why is not None:
+            raise WritesRefused(f"store {self._engine.where}: this host refuses to {what}: {why}")
+
+    def write(self, what: str, *, lease: bool = False) -> AbstractContextManager[Conn]:
+        """A write transaction, serialised with every other writer (no upgrade deadlocks).
+        ``lease``: the host lease's own write, tried even while writes are refused."""
         if self.readonly:
             raise StoreError(f"store {self._engine.where} is open read-only; cannot {what}")
+        if not lease:
+            self._refuse_if_refused(what)
         return self.transaction(True, what)
 
     def read(self, what: str) -> AbstractContextManager[Conn]:
