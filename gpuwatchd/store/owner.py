@@ -97,9 +97,7 @@ _TAKE_HOST = insert(
 )
 
 
-def take_host(
-    conn: Conn, key: str, host: str, me: Holder, now: float, ttl_s: float
-) -> HostLease:
+def take_host(conn: Conn, key: str, host: str, me: Holder, now: float, ttl_s: float) -> HostLease:
     """Take or renew the lease on host name ``host`` (claim ``key``) for ``ttl_s``."""
     args = (key, host, me.machine, os.getpid(), now, now + ttl_s, me.boot_id, me.nonce)
     if conn.execute(_TAKE_HOST, args).fetchone() is not None:

@@ -348,10 +348,11 @@ class SchemaState:
                 f" gpuwatchd's {self.own}; its changes are additive: monitoring, tuning and"
                 " writes go on"
             )
+        needs = max(self.min_writer, COMPAT_VERSION)
         return (
             f"store {where} has schema version {self.database}, newer than this gpuwatchd's"
-            f" {self.own} and not compatible (it needs version {max(self.min_writer, COMPAT_VERSION)}"
-            " or newer to write): monitoring and reads go on, tuning and writes stop until"
+            f" {self.own} and not compatible (it needs version {needs} or newer to write)"
+            ": monitoring and reads go on, tuning and writes stop until"
             " gpuwatchd is upgraded"
         )
 

@@ -6,7 +6,8 @@ on any failure, within the engine's bound on the wait (:meth:`Engine.bounded`), 
 writes while the database's schema is newer than this gpuwatchd and not compatible
 with it (:class:`~gpuwatchd.store.schema.SchemaState`, one line each time that
 changes) or while the host's lease is refused (:meth:`Transactions.refuse_writes`), and
-warns once per unreadable row. :class:`~gpuwatchd.store.store.SqlStore` holds one and runs its queries in it.
+warns once per unreadable row. :class:`~gpuwatchd.store.store.SqlStore` holds one and
+runs its queries in it.
 The pool is the store's own, not psycopg_pool: it serves SQLite too, costs no extra
 round trip per call and starts no threads (bench/RESULTS.md, "The store's pool against
 psycopg_pool").
