@@ -180,7 +180,8 @@ def test_an_upgrade_then_a_rollback_never_stops_telemetry_nor_a_daemon(
     assert _gauge(old_a, "gpuwatchd_store_up") == 1.0
 
     assert fleet.gaps == [] and fleet.scrapes > 20
-    skew_lines = [r.getMessage() for r in caplog.records if "newer than this gpuwatchd's" in r.getMessage()]  # fmt: skip
+    messages = [r.getMessage() for r in caplog.records]
+    skew_lines = [m for m in messages if "newer than this gpuwatchd's" in m]
     # one line per daemon and change of skew: a-additive, b-again-additive, a and b-again
     # incompatible, a-again incompatible; never one per write
     assert len(skew_lines) == 5, skew_lines
