@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 
+from gpuwatchd.store.backoff import CAP_S, Backoff
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.engine import Engine
 from gpuwatchd.store.errors import StoreError, StoreUnavailable, WritesRefused
@@ -29,8 +30,9 @@ from gpuwatchd.store.schema import MIGRATIONS, Migration, SchemaState, check_mig
 log = logging.getLogger("gpuwatchd.store")
 
 
-#: While the store is unreachable, calls fail at once for this long after a failed try
-#: (one call then tries again): threads never queue up on a dead server's timeouts.
+#: While the store is unreachable, calls fail at once for at least this long after a
+#: failed try (one call then tries again), longer after each failure (:class:`Backoff`):
+#: threads never queue up on a dead server's timeouts, a fleet never knocks in step.
 RETRY_UNREACHABLE_S = 2.0
 
 
@@ -70,6 +72,7 @@ class Transactions:
         self._down_since: float | None = None  # monotonic; None while reachable
         self._down_why = ""
         self._next_try = 0.0
+        self._backoff = Backoff(first_s=RETRY_UNREACHABLE_S)
         self.schema: SchemaState | None = None  # known once opened
         self._refused: str | None = None  # why writes are refused besides the schema
         check_migrations(self._migrations)
@@ -200,7 +203,7 @@ class Transactions:
                 raise StoreUnavailable(
                     f"store {self._engine.where} is unreachable: {self._down_why}"
                 )
-            self._next_try = now + RETRY_UNREACHABLE_S
+            self._next_try = max(self._next_try, now + RETRY_UNREACHABLE_S)
 
     def _note(self, error: StoreError, *, lost: bool = True) -> None:
         """A call failed with ``error``: a store it could not reach (``lost``: not a
@@ -212,14 +215,15 @@ class Transactions:
             if first:
                 self._down_since = time.monotonic()
                 self._down_why = str(error)
-            self._next_try = time.monotonic() + RETRY_UNREACHABLE_S
+            self._next_try = time.monotonic() + self._backoff.failed()
         if first:
-            log.warning("%s; working without it, retried every %g s",
-                        error, RETRY_UNREACHABLE_S)  # fmt: skip
+            log.warning("%s; working without it, retried after %g s, then backing off up"
+                        " to %g s", error, RETRY_UNREACHABLE_S, CAP_S)  # fmt: skip
 
     def _reached(self) -> None:
         with self._lock:
             since, self._down_since = self._down_since, None
+            self._backoff.reset()
         if since is not None:
             log.warning("store %s reachable again after %.0f s", self._engine.where,
                         time.monotonic() - since)  # fmt: skip
