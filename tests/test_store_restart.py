@@ -1,0 +1,84 @@
+"""A PostgreSQL restart behind the fleet's shipped PgBouncer settings.
+
+PostgreSQL stopped and started again (an upgrade, a failover) with PgBouncer in front
+as deploy/kubernetes/fleet/pgbouncer.ini configures it: the store's calls made during
+and after the restart succeed (they may wait), none fails, and none waits its whole
+call bound (PgBouncer's default settings held calls 15 s). Skipped where pgbouncer is
+not installed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from pg_bouncer import Bouncer, find_pgbouncer, shipped_timings
+from pg_server import PostgresServer, start_server
+
+from gpuwatchd.store import StoreError
+from gpuwatchd.store.postgres import postgres_store
+
+#: How long PostgreSQL stays down.
+DOWN_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def restarted_server() -> Iterator[PostgresServer]:
+    """A server of this module's own: its tests stop and start it."""
+    server = start_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def bouncer(restarted_server: PostgresServer) -> Iterator[Bouncer]:
+    binary = find_pgbouncer()
+    if binary is None:
+        pytest.skip("Debian's pgbouncer is not installed (apt-get install pgbouncer)")
+    b = Bouncer(restarted_server, restarted_server.new_database(), pool_size=2,
+                settings=shipped_timings())  # fmt: skip
+    b.start(binary)
+    yield b
+    b.stop()
+
+
+def test_the_shipped_settings_make_a_one_second_restart_invisible_to_the_store(
+    bouncer: Bouncer, restarted_server: PostgresServer
+) -> None:
+    assert shipped_timings()["server_login_retry"] == "1"
+    store = postgres_store(bouncer.url(), call_timeout_s=30.0)
+    store.claims()  # the store's pooled connection, and a server connection behind it
+    calls: list[tuple[float, str | None]] = []
+    stop = threading.Event()
+
+    def call_all_the_time() -> None:
+        while not stop.wait(0.05):
+            began = time.monotonic()
+            try:
+                store.claim("gemm", "node-a", "GPU-a", 60.0)
+                failed = None
+            except StoreError as e:
+                failed = str(e)
+            calls.append((time.monotonic() - began, failed))
+
+    caller = threading.Thread(target=call_all_the_time, name="caller")
+    caller.start()
+    try:
+        time.sleep(0.5)
+        halted = time.monotonic()
+        restarted_server.halt()
+        time.sleep(DOWN_S)
+        restarted_server.resume()
+        down_s = time.monotonic() - halted  # stopping, down, starting again
+        time.sleep(3.0)
+    finally:
+        stop.set()
+        caller.join(60)
+        store.close()
+    failures = [why for _, why in calls if why is not None]
+    assert failures == [], failures
+    # A call waits about as long as PostgreSQL was away, not PgBouncer's default 15 s
+    # login retry on top (nor the daemon's 30 s call bound).
+    assert len(calls) > 10 and max(took for took, _ in calls) < down_s + 5.0
