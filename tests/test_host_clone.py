@@ -10,6 +10,8 @@ run`` constructs them, their fleet syncs driven by hand.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,3 +138,24 @@ def test_a_restart_on_the_same_boot_takes_its_own_lease_at_once(
         assert restarted.store.writable
     finally:
         _stop(restarted)
+
+
+def test_a_stop_waits_for_the_name_given_back_only_briefly_whatever_the_store_does(
+    url: str, machine: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DaemonSet's grace period must cover a stop: a hung store cannot stretch it."""
+    daemon = _booted(tmp_path, monkeypatch, "boot-one", url)
+    hung = threading.Event()
+    calls: list[str] = []
+
+    def hang(host: str, machine_id: str) -> None:
+        calls.append(threading.current_thread().name)
+        hung.wait(60)
+
+    monkeypatch.setattr(daemon.store, "release_host", hang)
+    began = time.monotonic()
+    daemon.identity.release(wait_s=0.2)  # type: ignore[union-attr]
+    took = time.monotonic() - began
+    hung.set()  # the store answers at last: the release's thread ends
+    assert calls == ["gpuwatchd-release-host"] and took < 30.0  # not the 60 s hang
+    daemon.store.close()

@@ -16,6 +16,7 @@ line, and writes stay refused while the other machine holds the name).
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from contextlib import suppress
 
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 LEASE_SYNCS = 3
 #: The shortest lease on a name, whatever the sync interval.
 MIN_LEASE_S = 180.0
+#: The longest a stop waits to give the name back: the lease lapses by itself, so a
+#: store that hangs must not hold the stop for its whole call bound (the DaemonSet's
+#: terminationGracePeriodSeconds and systemd's TimeoutStopSec cover a stop).
+RELEASE_WAIT_S = 3.0
 
 
 class HostNameTaken(StoreError):
@@ -102,9 +107,15 @@ class HostIdentity:
             log.error("%s; store writes refused, monitoring goes on", self.clone)
             self._store.refuse_writes(self.clone)
 
-    def release(self) -> None:
-        """Give the name back at a clean stop (a store error: it lapses by itself)."""
-        if self._contested is not None:
-            return  # never held: another boot's lease is not ours to give back
+    def release(self, wait_s: float = RELEASE_WAIT_S) -> None:
+        """Give the name back at a clean stop, waiting at most ``wait_s`` (a store that
+        is down, fails or hangs: the lease lapses by itself)."""
+        if self._contested is not None or not self._store.up:
+            return  # never held (another boot's lease is not ours), or nobody to tell
+        done = threading.Thread(target=self._release, name="gpuwatchd-release-host", daemon=True)
+        done.start()
+        done.join(wait_s)  # a call still waiting is cut by the store's own bound
+
+    def _release(self) -> None:
         with suppress(StoreError):
             self._store.release_host(self.host, self.machine)
