@@ -2,9 +2,9 @@
 
 ``tick`` runs as a periodic task (APScheduler, interval trigger) and never blocks: it
 only decides, and a session that may take minutes runs on its own thread. A hung or
-slow session can therefore never make APScheduler skip later ticks (``max_instances=1`` plus a hung task
-would silence the scheduler forever). Every decision not to start is counted by reason
-(``gpuwatchd_tune_deferred_total``).
+slow session can therefore never make APScheduler skip later ticks (``max_instances=1``
+plus a hung task would silence the scheduler forever). Every decision not to start is
+counted by reason (``gpuwatchd_tune_deferred_total``).
 
 Every session its runners end is announced on :attr:`TuneScheduler.events`
 (:class:`~gpuwatchd.sessions.events.SessionFinished`): the scheduler's own tuning

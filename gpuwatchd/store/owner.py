@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuwatchd.store.columns import CLAIM_COLUMNS, insert
+from gpuwatchd.store.columns import HOST_LEASE_COLUMNS, insert
 from gpuwatchd.store.conn import Conn
 
 #: How a caller asks whether a PID is alive (tests inject their own).
@@ -77,7 +77,7 @@ class HostLease:
 # lease has not lapsed yet.
 _TAKE_HOST = insert(
     "claims",
-    (*CLAIM_COLUMNS, "boot_id", "nonce"),
+    HOST_LEASE_COLUMNS,
     """ON CONFLICT (claim_key) DO UPDATE SET
         claimed_at = CASE
             WHEN claims.host = excluded.host AND claims.gpu_uuid = excluded.gpu_uuid
