@@ -12,11 +12,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pg_bouncer import Bouncer, find_pgbouncer, shipped_timings
 from pg_server import PostgresServer, start_server
 
+from gpuwatchd.daemon.store_link import StoreLink
 from gpuwatchd.store import StoreError
 from gpuwatchd.store.postgres import postgres_store
 
@@ -82,3 +84,23 @@ def test_the_shipped_settings_make_a_one_second_restart_invisible_to_the_store(
     # A call waits about as long as PostgreSQL was away, not PgBouncer's default 15 s
     # login retry on top (nor the daemon's 30 s call bound).
     assert len(calls) > 10 and max(took for took, _ in calls) < down_s + 5.0
+
+
+def test_a_wrong_password_is_tried_again_ever_less_often(
+    restarted_server: PostgresServer, tmp_path: Path
+) -> None:
+    """1,000 daemons with a wrong password must not fail a login each per second each."""
+    wrong = tmp_path / "pw"
+    wrong.write_text("not-the-password\n")
+    url = restarted_server.tcp_url(restarted_server.new_database())
+    store = postgres_store(url, password_file=wrong, connect_now=False)
+    link = StoreLink(store)
+    try:
+        waits = []
+        for _ in range(5):
+            link()  # one look: a login that fails
+            waits.append(link._wait_s)
+        assert not store.up
+        assert waits == sorted(waits) and waits[-1] >= 8.0  # 1, 2, 4, 8, 16 s, jittered
+    finally:
+        store.close()
