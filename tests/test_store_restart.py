@@ -15,15 +15,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from pg_bouncer import Bouncer, find_pgbouncer, shipped_timings
 from pg_server import PostgresServer, start_server
 
+from gpuwatchd.daemon.host_identity import RELEASE_WAIT_S
 from gpuwatchd.daemon.store_link import StoreLink
 from gpuwatchd.store import StoreError
+from gpuwatchd.store.deadline import CALL_TIMEOUT_S
 from gpuwatchd.store.postgres import postgres_store
 
 #: How long PostgreSQL stays down.
 DOWN_S = 1.0
+DAEMONSET = Path(__file__).resolve().parents[1] / "deploy/kubernetes/base/daemonset.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +108,13 @@ def test_a_wrong_password_is_tried_again_ever_less_often(
         assert waits == sorted(waits) and waits[-1] >= 8.0  # 1, 2, 4, 8, 16 s, jittered
     finally:
         store.close()
+
+
+def test_the_daemonsets_grace_period_covers_the_daemons_worst_stop() -> None:
+    """Kubernetes kills a pod whose stop outlasts it: the session's thread (2 s), the
+    poller (2 s), the host name given back (bounded) and a store call in flight, cut at
+    its bound, must all fit."""
+    daemonset = yaml.safe_load(DAEMONSET.read_text(encoding="utf-8"))
+    grace = daemonset["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    worst_stop_s = 2.0 + 2.0 + RELEASE_WAIT_S + CALL_TIMEOUT_S
+    assert grace > worst_stop_s
