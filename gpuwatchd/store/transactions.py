@@ -45,8 +45,9 @@ class Transactions:
     A pooled connection a server restart killed fails at its first statement; the call
     then drops the pool and tries once more on a fresh connection. A call that finds the
     store unreachable raises :class:`StoreUnavailable` and marks it down (one warning per
-    outage); until a call succeeds, others fail at once except one per
-    :data:`RETRY_UNREACHABLE_S` (and :meth:`probe`, which always tries).
+    outage); until a call succeeds, others fail at once except one after
+    :data:`RETRY_UNREACHABLE_S`, then after waits that double with jitter up to a minute
+    (:class:`~gpuwatchd.store.backoff.Backoff`; :meth:`probe` always tries).
     """
 
     def __init__(
