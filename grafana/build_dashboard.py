@@ -529,11 +529,16 @@ def tuning_panels() -> list[tuple[Panel, int, int]]:
         ),
         (
             stat(
-                "Tuning store up",
-                "1 when the tuning store answered the daemon's last call. At 0 monitoring goes "
-                "on, tuning waits, and /api/v1/winners serves its last known winners, marked "
-                "stale.",
-                [target(inst("gpuwatchd_store_up"), "{{instance}}", instant=True)],
+                "Tuning store up and writable",
+                "1 when the tuning store answered the daemon's last call, and (writable) when "
+                "the daemon may write it. At 0 monitoring goes on and tuning waits; "
+                "/api/v1/winners serves its last known winners, marked stale. Not writable: "
+                "the store's schema is newer than this gpuwatchd and not compatible, or another "
+                "machine holds this host name and machine id (the log says which).",
+                [
+                    target(inst("gpuwatchd_store_up"), "{{instance}}", instant=True),
+                    target(inst("gpuwatchd_store_writable"), "{{instance}} writable", instant=True),
+                ],
                 "short",
                 [("red", None), ("green", 1)],
             ),

@@ -20,7 +20,7 @@ from gpuwatchd.exporter.registry import ExporterRegistry
 from gpuwatchd.gate import GateConfig
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
-from gpuwatchd.sessions.scheduler import TuningSnapshot
+from gpuwatchd.sessions.tuning_view import TuningSnapshot
 from gpuwatchd.store.rows import HostClock, WinnerRow
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.sim import SimBackend

@@ -102,6 +102,8 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_fleet_sync_age_seconds": _NONE,
     "gpuwatchd_fleet_sync_success": _NONE,
     "gpuwatchd_store_up": _NONE,
+    "gpuwatchd_store_writable": _NONE,
+    "gpuwatchd_store_schema_skew": _NONE,
     # Prometheus' own per-target series
     "up": _NONE,
 }
@@ -122,6 +124,8 @@ SOURCE: dict[str, str] = {
             "gpuwatchd_last_tune_timestamp_seconds",
             "gpuwatchd_tuning_ready",
             "gpuwatchd_store_up",
+            "gpuwatchd_store_writable",
+            "gpuwatchd_store_schema_skew",
         }
         else "exporter"
     )

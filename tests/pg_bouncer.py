@@ -7,6 +7,7 @@ Run as the test server's user (PgBouncer refuses root); ``admin`` reads its cons
 
 from __future__ import annotations
 
+import configparser
 import os
 import shutil
 import socket
@@ -20,6 +21,17 @@ from pg_server import RUN_AS, PostgresServer
 
 #: Where Debian's package puts it.
 BINARY = "/usr/sbin/pgbouncer"
+#: The fleet's shipped configuration, whose timings the tests run under.
+SHIPPED_INI = Path(__file__).resolve().parents[1] / "deploy/kubernetes/fleet/pgbouncer.ini"
+#: The shipped settings that decide how an outage of PostgreSQL looks to its clients.
+TIMINGS = ("server_login_retry", "server_connect_timeout", "query_wait_timeout")
+
+
+def shipped_timings() -> dict[str, str]:
+    """:data:`TIMINGS` as the shipped pgbouncer.ini sets them."""
+    parser = configparser.ConfigParser(inline_comment_prefixes=None)
+    parser.read(SHIPPED_INI, encoding="utf-8")
+    return {key: parser["pgbouncer"][key] for key in TIMINGS if key in parser["pgbouncer"]}
 
 
 def find_pgbouncer() -> str | None:
@@ -36,8 +48,17 @@ class Bouncer:
     """``pgbouncer`` for ``server``'s database ``db``: ``pool_size`` server connections
     (and ``reserve`` more when clients wait over a second), clients trusted on 127.0.0.1."""
 
-    def __init__(self, server: PostgresServer, db: str, *, pool_size: int, reserve: int = 0):
+    def __init__(
+        self,
+        server: PostgresServer,
+        db: str,
+        *,
+        pool_size: int,
+        reserve: int = 0,
+        settings: dict[str, str] | None = None,
+    ):
         self.server, self.db, self.pool_size, self.reserve = server, db, pool_size, reserve
+        self.settings = settings or {}
         self.root = Path(tempfile.mkdtemp(prefix="gpuwatchd-pgbouncer-"))
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -62,7 +83,8 @@ reserve_pool_size = {self.reserve}
 reserve_pool_timeout = 1
 logfile = {self.root}/pgbouncer.log
 pidfile = {self.root}/pgbouncer.pid
-""",
+"""
+            + "".join(f"{key} = {value}\n" for key, value in self.settings.items()),
             encoding="utf-8",
         )
         prefix: list[str] = []

@@ -21,6 +21,7 @@ FLEET_OBJECTS = (
     "DROP TABLE disagreements",
     "DROP TABLE claims",
     "DROP TABLE host_clocks",
+    "DROP TABLE schema_compat",  # migration 5's
 )
 
 

@@ -91,6 +91,8 @@ def test_expected_alerts_exist(rules: list[dict[str, Any]]) -> None:
         "GpuwatchdDown",
         "GpuwatchdCollectorFailing",
         "GpuwatchdStoreDown",
+        "GpuwatchdStoreWritesRefused",
+        "GpuwatchdStoreSchemaSkew",
         "GpuwatchdHostSlowerThanFleet",
         "GpuwatchdFleetDisagreement",
     }

@@ -112,6 +112,8 @@ NOT_ON_DASHBOARD: dict[str, str] = {
     "gpuwatchd_gpu_max_memory_clock_hertz": "as above",
     "gpuwatchd_gpu_memory_free_bytes": "total minus used, both drawn",
     "up": "Prometheus' own; the GpuwatchdDown alert watches it",
+    "gpuwatchd_store_schema_skew": "the GpuwatchdStoreSchemaSkew alert watches it; the store"
+    " panel shows whether writes go on",
 }
 
 

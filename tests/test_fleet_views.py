@@ -38,7 +38,7 @@ from gpuwatchd.drift.fleet import (
 from gpuwatchd.exporter.collectors.base import GpuwatchdCollector
 from gpuwatchd.exporter.collectors.fleet import FleetCollector
 from gpuwatchd.gate import GateState
-from gpuwatchd.sessions.scheduler import TuningSnapshot
+from gpuwatchd.sessions.tuning_view import TuningSnapshot
 from gpuwatchd.store import StoreError
 from gpuwatchd.store.rows import HostClock, SessionMeta
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions, Workload

@@ -242,6 +242,7 @@ def test_torch_and_triton_only_in_the_worker_and_job_side(heavy: str) -> None:
 STORE_BASES_OK = {
     "Engine": "the dialect interface: SQLite's and PostgreSQL's engines implement it",
     "StoreError": "an exception: the store's unreachable kind",
+    "StoreUnavailable": "an exception: writes refused, waited out as an outage is",
 }
 
 

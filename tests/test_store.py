@@ -23,6 +23,7 @@ from gpuwatchd.store import (
     sql_migration,
     sqlite_store,
 )
+from gpuwatchd.store.errors import WritesRefused
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.types import (
     CandidateStats,
@@ -351,20 +352,41 @@ def test_misnumbered_migrations_are_refused(backend: Backend) -> None:
         backend.open(migrations=(*MIGRATIONS, gap))
 
 
-def test_a_store_from_a_newer_gpuwatchd_is_refused_untouched(tmp_path: Path) -> None:
+def test_a_store_from_a_newer_incompatible_gpuwatchd_is_read_untouched_never_written(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "tune.db"
     sqlite_store(path).close()
     con = raw(path)
     con.execute("PRAGMA journal_mode = DELETE")
     con.execute("PRAGMA user_version = 99")
+    con.execute("UPDATE schema_compat SET min_writer = 99")  # a step that is not additive
+    con.commit()
     con.close()
     before = path.read_bytes()
-    for readonly in (False, True):
-        with pytest.raises(StoreError, match="schema version 99, newer") as e:
-            sqlite_store(path, readonly=readonly)
+    with pytest.raises(StoreError, match="schema version 99, newer") as e:
+        sqlite_store(path, readonly=True)
+    assert "\n" not in str(e.value)
+    with sqlite_store(path) as s:  # a daemon: opened to read, every write refused
+        assert s.sessions() == [] and not s.writable
+        assert s.schema is not None and s.schema.skew == 99 - LATEST
+        with pytest.raises(WritesRefused, match="schema version 99, newer") as e:
+            s.start_session(session_meta())
         assert "\n" not in str(e.value)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tune.db"]
+
+
+def test_a_store_from_a_newer_additive_gpuwatchd_is_written_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    newer = sql_migration(LATEST + 1, "an added table", "CREATE TABLE extra (x INTEGER)")
+    sqlite_store(path, migrations=(*MIGRATIONS, newer)).close()  # the upgraded daemon
+    with sqlite_store(path) as s:  # the one rolled back
+        assert s.writable and s.schema is not None and s.schema.skew == 1
+        sid = s.start_session(session_meta())
+        assert s.session(sid) is not None
+    with sqlite_store(path, readonly=True) as s:  # a reader of the older schema too
+        assert [r.id for r in s.sessions()] == [sid]
 
 
 def test_a_foreign_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:

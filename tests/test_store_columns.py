@@ -20,7 +20,7 @@ TABLES = {
     "winners": (columns.WINNER_COLUMNS, set()),
     "host_winners": (("host", *columns.WINNER_COLUMNS), set()),
     "disagreements": (columns.DISAGREEMENT_COLUMNS, {"id"}),
-    "claims": (columns.CLAIM_COLUMNS, set()),
+    "claims": (columns.HOST_LEASE_COLUMNS, set()),
     "host_clocks": (columns.HOST_CLOCK_COLUMNS, set()),
 }
 

@@ -30,7 +30,7 @@ from gpuwatchd.store import (
     host_name,
 )
 from gpuwatchd.store.disagreement import MIN_MARGIN
-from gpuwatchd.store.errors import StoreUnavailable
+from gpuwatchd.store.errors import StoreUnavailable, WritesRefused
 from gpuwatchd.store.rows import HOST_ENV
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus
 
@@ -207,8 +207,10 @@ def test_a_host_that_knows_only_schema_2_refuses_to_write_a_newer_store(
         old.finish_session(sid, SessionStatus.COMPLETED)
     assert "\n" not in str(e.value) and "refuses to finish a session" in str(e.value)
     old.close()
-    with pytest.raises(StoreError, match="newer than this gpuwatchd knows"):
-        backend.open(migrations=MIGRATIONS[:2])
+    with backend.open(migrations=MIGRATIONS[:2]) as again:  # restarted: reads, never writes
+        assert not again.writable and again.session(sid) is not None
+        with pytest.raises(WritesRefused, match="refuses to start a session"):
+            again.start_session(session_meta())
     with backend.open() as s:
         assert s.session(sid).status is SessionStatus.RUNNING  # type: ignore[union-attr]
 

@@ -14,6 +14,7 @@ from builders import wait_until
 
 from gpuwatchd.daemon import store_link
 from gpuwatchd.daemon.store_link import StoreLink
+from gpuwatchd.store.backoff import CAP_S, Backoff
 from gpuwatchd.store.errors import StoreUnavailable
 
 
@@ -112,3 +113,29 @@ def test_a_look_whose_thread_cannot_start_is_tried_again_not_raised(
     store.reachable = True
     link.poke()
     wait_until(lambda: store.up, 5, "the store back")
+
+
+def test_failed_probes_back_off_with_jitter_up_to_a_minute_and_a_success_starts_over() -> None:
+    """A fleet must not knock on a database coming back in step, once a second each (nor
+    keep failing logins with a wrong password): each failed probe waits longer."""
+    store = _Store(up=False)
+    link = StoreLink(store)  # type: ignore[arg-type]
+    waits = []
+    for _ in range(12):
+        link()  # one look, on this thread
+        waits.append(link._wait_s)
+    assert len(store.probes) == 12
+    assert store_link.CHECK_EVERY_S / 2 <= waits[0] <= store_link.CHECK_EVERY_S
+    assert waits[:6] == sorted(waits[:6]) and waits[5] >= 16.0  # doubling, jittered
+    assert all(w <= CAP_S for w in waits) and waits[-1] >= CAP_S / 2
+    store.reachable = True
+    link()
+    assert store.up and link._wait_s == store_link.CHECK_EVERY_S
+
+
+def test_backoff_doubles_to_its_cap_with_equal_jitter_and_resets() -> None:
+    low, high = Backoff(rand=lambda: 0.0), Backoff(rand=lambda: 1.0)
+    assert [high.failed() for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert [low.failed() for _ in range(3)] == [0.5, 1, 2]
+    low.reset()
+    assert low.failed() == 0.5

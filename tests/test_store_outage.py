@@ -29,9 +29,10 @@ from gpuwatchd.daemon.process import Daemon
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import PollHealth, StateBoard
 from gpuwatchd.sessions.events import SessionFinished, SessionListener
+from gpuwatchd.sessions.fleet_choice import STORE_RETRY_S
 from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.sessions.runner import SessionOutcome, TuneRunner
-from gpuwatchd.sessions.scheduler import STORE_RETRY_S, TuneScheduler
+from gpuwatchd.sessions.scheduler import TuneScheduler
 from gpuwatchd.store import MIGRATIONS, StoreError
 from gpuwatchd.store.errors import StoreUnavailable
 from gpuwatchd.store.postgres import postgres_store

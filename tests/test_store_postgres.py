@@ -16,6 +16,7 @@ from pg_server import PASSWORD, PostgresServer
 
 from gpuwatchd.store import MIGRATIONS, StoreError, open_store, redact_url, sql_migration
 from gpuwatchd.store.conn import Conn
+from gpuwatchd.store.errors import WritesRefused
 from gpuwatchd.store.postgres import VERSION_TABLE, PostgresEngine, postgres_store
 from gpuwatchd.tuning.types import SessionStatus
 
@@ -113,7 +114,7 @@ def test_two_daemons_migrating_at_once_apply_each_step_once(
     assert postgres_server.sql(db, "SELECT COUNT(*) FROM sessions") == [(8,)]
 
 
-def test_a_host_older_than_the_schema_refuses_to_write_in_one_line(
+def test_a_host_older_than_an_additive_schema_keeps_writing(
     postgres_server: PostgresServer, db: str
 ) -> None:
     url = postgres_server.url(db)
@@ -121,13 +122,33 @@ def test_a_host_older_than_the_schema_refuses_to_write_in_one_line(
     sid = old.start_session(session_meta())
     newer = sql_migration(LATEST + 1, "newer", "ALTER TABLE sessions ADD COLUMN note TEXT")
     postgres_store(url, migrations=(*MIGRATIONS, newer)).close()  # another host upgraded
-    with pytest.raises(StoreError, match=f"schema version {LATEST + 1}, newer") as e:
+    old.finish_session(sid, SessionStatus.COMPLETED)
+    assert old.schema is not None and old.schema.skew == 1 and old.writable
+    old.close()
+    with postgres_store(url) as restarted, postgres_store(url, readonly=True) as reader:
+        assert restarted.writable and restarted.schema.skew == 1  # type: ignore[union-attr]
+        assert reader.session(sid).status is SessionStatus.COMPLETED  # type: ignore[union-attr]
+
+
+def test_a_host_older_than_an_incompatible_schema_refuses_to_write_in_one_line(
+    postgres_server: PostgresServer, db: str
+) -> None:
+    url = postgres_server.url(db)
+    old = postgres_store(url)
+    sid = old.start_session(session_meta())
+    # a step older writers must not follow (a meaning changed): it says so
+    newer = sql_migration(LATEST + 1, "newer", "CREATE TABLE t (x INTEGER)", min_writer=LATEST + 1)
+    postgres_store(url, migrations=(*MIGRATIONS, newer)).close()  # another host upgraded
+    with pytest.raises(WritesRefused, match=f"schema version {LATEST + 1}, newer") as e:
         old.finish_session(sid, SessionStatus.COMPLETED)
     assert "\n" not in str(e.value) and "refuses to finish a session" in str(e.value)
-    assert old.session(sid).status is SessionStatus.RUNNING  # type: ignore[union-attr]
+    assert not old.writable
     old.close()
+    with postgres_store(url) as restarted:  # starts, reads, writes nothing
+        assert not restarted.writable
+        assert restarted.session(sid).status is SessionStatus.RUNNING  # type: ignore[union-attr]
     with pytest.raises(StoreError, match="newer than this gpuwatchd knows"):
-        postgres_store(url)
+        postgres_store(url, readonly=True)
 
 
 def test_a_foreign_database_is_refused_untouched(postgres_server: PostgresServer, db: str) -> None:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwatchd.exporter.collectors.tuning import TuningCollector, user_kernel
 from gpuwatchd.monitor.board import StateBoard
-from gpuwatchd.sessions.scheduler import TuningSnapshot
+from gpuwatchd.sessions.tuning_view import TuningSnapshot
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.tuning.kernels import workload_name
 from gpuwatchd.tuning.types import Regime, Versions

@@ -37,6 +37,7 @@ from gpuwatchd.config import (
 from gpuwatchd.config.listen import parse_listen
 from gpuwatchd.daemon.added_workloads import FILE_NAME as ADDED_FILE
 from gpuwatchd.daemon.added_workloads import AddedWorkloads
+from gpuwatchd.daemon.config_workloads import ConfiguredWorkloads
 from gpuwatchd.daemon.fleet_sync import FleetSync, in_one_transaction
 from gpuwatchd.daemon.history import SampleHistory
 from gpuwatchd.daemon.host_identity import HostIdentity, HostNameTaken, lease_s
@@ -310,6 +311,11 @@ class Daemon:
             request=self.tuner.request,
             workloads=self.runnable,
         )
+        # Workloads configured after a GPU was tuned (a reload, an edited file) are asked for.
+        self.configured = ConfiguredWorkloads(
+            self.runnable, self._tuned_gpus, self._tuned_or_raise, self.tuner.request
+        )
+        self.configured.added(w.name for w in self.runnable())
         # This host's learned sustained clocks to the store, the fleet's back (fleet views).
         self.fleet_sync = FleetSync(
             self.store,
@@ -336,7 +342,7 @@ class Daemon:
                     self.board, lambda: self.tuner.snapshot, added=self.user_work.added_names
                 ),
                 DriftCollector(self.drift.view),
-                StoreCollector(lambda: self.store.up),
+                StoreCollector(self.store),
                 # Reads published snapshots only: its text is kept while they are unchanged.
                 Versioned(
                     FleetCollector(self.fleet_snapshot, lambda: self.tuner.snapshot),
@@ -434,12 +440,17 @@ class Daemon:
         return models
 
     def tuned_workloads(self, gpu_model: str) -> frozenset[str]:
-        """Workloads with a recorded winner on ``gpu_model`` in every regime tuned."""
-        regimes: dict[str, set[str]] = {}
+        """Workloads with a recorded winner on ``gpu_model`` in every regime tuned (none
+        while the store cannot say: the work is queued, the fleet's winners skip it)."""
         try:
-            rows = self.store.winners(gpu_model=gpu_model, latest=True)
-        except StoreError:  # unreachable: queue it; the fleet's winners skip it later
-            rows = []
+            return self._tuned_or_raise(gpu_model)
+        except StoreError:
+            return frozenset()
+
+    def _tuned_or_raise(self, gpu_model: str) -> frozenset[str]:
+        """:meth:`tuned_workloads`, StoreError when the store cannot say."""
+        regimes: dict[str, set[str]] = {}
+        rows = self.store.winners(gpu_model=gpu_model, latest=True)
         for w in rows:
             regimes.setdefault(w.workload, set()).add(w.regime.value)
         wanted = set(self.cfg.tuning.regimes)
@@ -562,7 +573,7 @@ class Daemon:
         if self.identity is None or self._fatal is not None:
             return
         try:
-            self.identity.claim()
+            lifted = self.identity.claim()
         except HostNameTaken as exc:
             self._refuse(exc)
         except StoreUnavailable:
@@ -573,6 +584,8 @@ class Daemon:
                 log.warning("renewing the hold on the host name failed: %s", exc)
         else:
             self._lease_error = None
+            if lifted:  # another boot's lease lapsed: what waited for writes goes on
+                self.tuner.store_back()
 
     def _refuse(self, exc: HostNameTaken) -> None:
         """Another live machine has this host name: stop, saying so in one line."""
@@ -596,9 +609,23 @@ class Daemon:
 
     def drift_tick(self) -> None:
         """Periodic task: decide what needs tuning — a GPU never tuned, clock drift,
-        a power-limit/max-clock/version change, stale winners — and queue it."""
+        a power-limit/max-clock/version change, stale winners, workloads configured
+        since it was tuned — and queue it."""
         if self.cfg.drift.enabled:
             self.drift_job()
+            self.configured.check()
+
+    def _tuned_gpus(self) -> list[tuple[int, str]]:
+        """(index, model) of each GPU known and not waiting for its first tuning (the
+        drift detector asks for everything there)."""
+        view = self.drift.view()
+        return [
+            (snap.index, snap.info.name)
+            for snap in self.board.all()
+            if snap.info is not None
+            and snap.index in view
+            and RetuneReason.NO_WINNERS not in view[snap.index].pending
+        ]
 
     def healthy(self) -> bool:
         """False once a GPU read is stuck past ``watchdog_stall_s``: let systemd restart us."""
@@ -655,7 +682,9 @@ class Daemon:
         self.drift.reconfigure(new.drift)
         self._reconfigure_fleet_sync(new)
         logging.getLogger().setLevel(new.daemon.log_level.upper())
+        before = {w.name for w in self.runnable()}
         self.cfg = new
+        self.configured.added(w.name for w in self.runnable() if w.name not in before)
         self.tuner.check_worker(self.runnable())  # tuning switched on, or new workloads
         log.info("config reloaded from %s", self.config_path or "defaults")
         self.notifier.ready("config reloaded")

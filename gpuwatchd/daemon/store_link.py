@@ -7,8 +7,11 @@ scheduler records the sessions an outage cut off, the winners cache refreshes). 
 daemon's main loop calls :meth:`StoreLink.poke` at every turn (at least once a
 second), which starts a look on a thread of its own only when a look has something to
 do, at most once per :data:`CHECK_EVERY_S`: a store that stays up costs no thread
-wake-up at all, a down one is probed once a second without holding up the main loop.
-The store itself logs one line when it goes down and one when it is back.
+wake-up at all. A down (or refusing) one is probed without holding up the main loop,
+each failed probe waiting longer before the next, with jitter, up to a minute
+(:class:`~gpuwatchd.store.backoff.Backoff`): a fleet does not knock in step on a
+database coming back, nor keeps failing logins with a wrong password. The store itself
+logs one line when it goes down and one when it is back.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from gpuwatchd.store import SqlStore, StoreError
+from gpuwatchd.store.backoff import Backoff
 from gpuwatchd.store.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -37,6 +41,8 @@ class StoreLink:
         self._refused: str | None = None  # a non-transient error, logged once
         self._looking = threading.Lock()  # held by the look in progress
         self._last_look = -CHECK_EVERY_S  # time.monotonic() when the last poked look began
+        self._backoff = Backoff(first_s=CHECK_EVERY_S)
+        self._wait_s = CHECK_EVERY_S  # before the next look: longer after failed probes
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -48,9 +54,10 @@ class StoreLink:
 
     def poke(self) -> None:
         """Start a look on a thread of its own if one is due, none is in progress and
-        the last began at least :data:`CHECK_EVERY_S` ago. Never blocks."""
+        the last began long enough ago (:data:`CHECK_EVERY_S`, more after failed
+        probes). Never blocks."""
         now = time.monotonic()
-        if now - self._last_look < CHECK_EVERY_S or not self.due():
+        if now - self._last_look < self._wait_s or not self.due():
             return
         if not self._looking.acquire(blocking=False):
             return  # a probe of an unreachable store still waiting: not doubled
@@ -77,11 +84,15 @@ class StoreLink:
             try:
                 self._store.probe()
             except StoreUnavailable:
-                pass  # logged once per outage by the store
+                self._wait_s = self._backoff.failed()  # logged once per outage by the store
             except StoreError as exc:
+                self._wait_s = self._backoff.failed()
                 if str(exc) != self._refused:
                     self._refused = str(exc)
                     log.error("%s; tuning waits until this is fixed", exc)
+            else:
+                self._backoff.reset()
+                self._wait_s = CHECK_EVERY_S
         up = self._store.up
         if up and not self._was_up:
             self._refused = None

@@ -110,6 +110,8 @@ DISAGREEMENT_COLUMNS = (
 
 #: ``claims``.
 CLAIM_COLUMNS = ("claim_key", "host", "gpu_uuid", "owner_pid", "claimed_at", "expires_at")
+#: ``claims`` as a host name's lease fills it: its holder's boot and process too.
+HOST_LEASE_COLUMNS = (*CLAIM_COLUMNS, "boot_id", "nonce")
 
 #: ``host_clocks``: :class:`~gpuwatchd.store.rows.HostClock`'s fields, in order.
 HOST_CLOCK_COLUMNS = (

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.errors import StoreError, StoreUnavailable
-from gpuwatchd.store.schema import Migration, check_migrations, refuse_newer
+from gpuwatchd.store.schema import Migration, check_migrations, latest_version, record_min_writer
 
 
 class Engine(ABC):
@@ -90,20 +90,23 @@ def migrate(engine: Engine, conn: Conn, migrations: Sequence[Migration]) -> int:
 
     Each step runs in its own exclusive transaction (:meth:`Engine.begin_migration`) and
     re-reads the version inside it, so two processes opening the same new database do
-    not both apply a step.
+    not both apply a step. A database a newer gpuwatchd migrated is left as it is (the
+    caller judges whether this one may write it: :class:`~gpuwatchd.store.schema.
+    SchemaState`).
     """
     where = engine.where
     check_migrations(migrations)
-    refuse_newer(engine.version(conn), migrations, where)
+    if engine.version(conn) >= latest_version(migrations):
+        return engine.version(conn)
     for m in migrations:
         engine.begin_migration(conn)
         try:
             current = engine.version(conn)
-            refuse_newer(current, migrations, where)
             if current >= m.version:
                 conn.execute("COMMIT")
                 continue
             m.apply(conn)
+            record_min_writer(conn, m)
             engine.set_version(conn, m.version)
             conn.execute("COMMIT")
         except BaseException as e:

@@ -6,12 +6,19 @@ next process to open the store for tuning marks them failed. Liveness is judged 
 this host by PID, and the caller's own PID counts as gone: a process that has just
 started owns no session yet, so a row carrying its PID was left by an earlier
 process that had the same PID (a container's daemon is often PID 1 every time).
+
+PIDs mean something only on their host, so on a shared store each host holds its name
+under a lease (:func:`take_host`) naming its machine, boot and process.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuwatchd.store.columns import HOST_LEASE_COLUMNS, insert
+from gpuwatchd.store.conn import Conn
 
 #: How a caller asks whether a PID is alive (tests inject their own).
 Alive = Callable[[int], bool]
@@ -40,3 +47,63 @@ def orphaned(owner_pid: int | None, alive: Alive = pid_alive) -> bool:
     if owner_pid is None or owner_pid == os.getpid():
         return True
     return not alive(owner_pid)
+
+
+# -- the host name's lease ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds a host name's lease: the machine (its id), its boot and the process (a
+    random nonce per process)."""
+
+    machine: str
+    boot_id: str
+    nonce: str
+
+
+@dataclass(frozen=True, slots=True)
+class HostLease:
+    """The answer to a try at the lease: ``held`` by us, else who holds it and until when."""
+
+    held: bool
+    holder: Holder | None = None
+    expires_at: float = 0.0
+
+
+# Taken when free, lapsed, or held by this machine in this boot (a restart, or us), or by
+# a daemon that names no boot (one older than the boot column): never from a live process
+# of another boot under the same machine id, which is a cloned image or a reboot whose
+# lease has not lapsed yet.
+_TAKE_HOST = insert(
+    "claims",
+    HOST_LEASE_COLUMNS,
+    """ON CONFLICT (claim_key) DO UPDATE SET
+        claimed_at = CASE
+            WHEN claims.host = excluded.host AND claims.gpu_uuid = excluded.gpu_uuid
+                 AND claims.expires_at > excluded.claimed_at
+            THEN claims.claimed_at ELSE excluded.claimed_at END,
+        host = excluded.host,
+        gpu_uuid = excluded.gpu_uuid,
+        owner_pid = excluded.owner_pid,
+        expires_at = excluded.expires_at,
+        boot_id = excluded.boot_id,
+        nonce = excluded.nonce
+    WHERE claims.expires_at <= excluded.claimed_at
+       OR (claims.host = excluded.host AND claims.gpu_uuid = excluded.gpu_uuid
+           AND (claims.boot_id IS NULL OR claims.boot_id = excluded.boot_id
+                OR claims.nonce = excluded.nonce))
+    RETURNING claim_key""",
+)
+
+
+def take_host(conn: Conn, key: str, host: str, me: Holder, now: float, ttl_s: float) -> HostLease:
+    """Take or renew the lease on host name ``host`` (claim ``key``) for ``ttl_s``."""
+    args = (key, host, me.machine, os.getpid(), now, now + ttl_s, me.boot_id, me.nonce)
+    if conn.execute(_TAKE_HOST, args).fetchone() is not None:
+        return HostLease(True)
+    row = conn.execute(
+        "SELECT gpu_uuid, boot_id, nonce, expires_at FROM claims WHERE claim_key = ?", (key,)
+    ).fetchone()
+    holder = Holder(str(row["gpu_uuid"]), str(row["boot_id"] or ""), str(row["nonce"] or ""))
+    return HostLease(False, holder, float(row["expires_at"]))

@@ -40,7 +40,7 @@ from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.deadline import CALL_TIMEOUT_S, WATCHDOG
 from gpuwatchd.store.engine import Engine, migrate
 from gpuwatchd.store.errors import StoreError, StoreUnavailable
-from gpuwatchd.store.schema import MIGRATIONS, Migration, latest_version, refuse_newer
+from gpuwatchd.store.schema import MIGRATIONS, Migration, latest_version, read_state, refuse_newer
 from gpuwatchd.store.store import SqlStore
 from gpuwatchd.store.urls import redact_url, url_has_password
 
@@ -323,8 +323,8 @@ class PostgresEngine(Engine):
         try:
             with self.bounded(conn):
                 version = self.version(conn)
-                refuse_newer(version, migrations, self.where)
                 if readonly:
+                    refuse_newer(read_state(conn, version, migrations), self.where)
                     self._check_readable(version, migrations)
                 else:
                     self._refuse_foreign(conn, version)

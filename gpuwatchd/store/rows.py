@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,27 @@ def machine_id() -> str:
         if line and line.isprintable():
             return line[:MAX_MACHINE_ID_LEN]
     return socket.gethostname()[:MAX_MACHINE_ID_LEN]
+
+
+#: Names the file holding this boot's id (tests point it elsewhere).
+BOOT_ID_ENV = "GPUWATCHD_BOOT_ID_FILE"
+#: Where Linux keeps a random id drawn at each boot.
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str:
+    """This boot's id: what tells a machine restarted from a clone of its image (same
+    machine id, another boot). The first line of ``$GPUWATCHD_BOOT_ID_FILE``, else of
+    the kernel's; without one, a random id (every start then counts as a new boot)."""
+    path = os.environ.get(BOOT_ID_ENV, "") or BOOT_ID_FILE
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            line = f.readline(MAX_MACHINE_ID_LEN + 1).strip()
+    except OSError:
+        line = ""
+    if line and line.isprintable():
+        return line[:MAX_MACHINE_ID_LEN]
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,12 @@ user_version``, a one-row table on PostgreSQL). Migration N takes a database at 
 N-1 to N inside one transaction, so a crash mid-migration leaves it at N-1, and the
 engine makes the step exclusive, so two daemons migrating at once apply it once. To
 change the schema, append a migration; never edit one that has shipped.
+
+Rolling upgrades and rollbacks run daemons of two versions on one database, so a
+migration is additive (new tables, nullable columns, indexes): a daemon that knows an
+older schema keeps reading and writing it (:class:`SchemaState`). A step that is not
+additive says so with ``min_writer``, recorded in the database (:data:`COMPAT_TABLE`):
+daemons older than that keep monitoring and reading, but write nothing.
 """
 
 from __future__ import annotations
@@ -19,21 +25,29 @@ from gpuwatchd.store.errors import StoreError
 
 @dataclass(frozen=True, slots=True)
 class Migration:
-    """One schema step: ``apply`` runs inside the transaction that sets ``version``."""
+    """One schema step: ``apply`` runs inside the transaction that sets ``version``.
+
+    ``min_writer``: the oldest schema version whose daemons may still write once this
+    step is applied (None: the step is additive, every daemon that knows
+    :data:`COMPAT_VERSION` keeps writing).
+    """
 
     version: int
     name: str
     apply: Callable[[Conn], None]
+    min_writer: int | None = None
 
 
-def sql_migration(version: int, name: str, *statements: str) -> Migration:
+def sql_migration(
+    version: int, name: str, *statements: str, min_writer: int | None = None
+) -> Migration:
     """A migration made of SQL statements, run one at a time in the engine's types."""
 
     def apply(conn: Conn) -> None:
         for stmt in statements:
             conn.execute(conn.ddl(stmt))
 
-    return Migration(version, name, apply)
+    return Migration(version, name, apply, min_writer)
 
 
 _INITIAL = sql_migration(
@@ -256,8 +270,40 @@ _INDEXES = sql_migration(
     "CREATE INDEX claims_by_expiry ON claims (expires_at)",
 )
 
-#: Every migration, in order. Append only.
-MIGRATIONS: tuple[Migration, ...] = (_INITIAL, _OWNER, _FLEET, _INDEXES)
+#: The table holding the oldest schema version whose daemons may write the database.
+COMPAT_TABLE = "schema_compat"
+
+# From here on daemons of two schema versions share a database (a rolling upgrade, a
+# rollback): the database says which of them may write it.
+_COMPAT = sql_migration(
+    5,
+    "schema compatibility for rolling upgrades",
+    f"CREATE TABLE {COMPAT_TABLE} (min_writer INTEGER NOT NULL)",
+    f"INSERT INTO {COMPAT_TABLE} (min_writer) VALUES (1)",
+)
+
+# A host name's lease names the boot and the process holding it, so a second machine
+# with the same name and machine id (a cloned image) is told from a restart.
+_LEASE_HOLDER = sql_migration(
+    6,
+    "host leases name their boot and process",
+    "ALTER TABLE claims ADD COLUMN boot_id TEXT",
+    "ALTER TABLE claims ADD COLUMN nonce TEXT",
+)
+
+#: Every migration, in order. Append only (one line each).
+MIGRATIONS: tuple[Migration, ...] = (
+    _INITIAL,
+    _OWNER,
+    _FLEET,
+    _INDEXES,
+    _COMPAT,
+    _LEASE_HOLDER,
+)
+#: The first version that records which daemons may write (:data:`COMPAT_TABLE`).
+COMPAT_VERSION = _COMPAT.version
+#: The first version whose host leases name their holder's boot and process.
+LEASE_HOLDER_VERSION = _LEASE_HOLDER.version
 
 
 def latest_version(migrations: Sequence[Migration]) -> int:
@@ -271,11 +317,73 @@ def check_migrations(migrations: Sequence[Migration]) -> None:
             raise StoreError(f"migration {m.name!r} has version {m.version}, expected {i}")
 
 
-def refuse_newer(version: int, migrations: Sequence[Migration], where: str) -> None:
-    """Raise when the file was written by a newer gpuwatchd than this one."""
-    latest = latest_version(migrations)
-    if version > latest:
-        raise StoreError(
-            f"store {where} has schema version {version}, newer than this gpuwatchd knows"
-            f" ({latest}); upgrade gpuwatchd or point --store elsewhere"
+@dataclass(frozen=True, slots=True)
+class SchemaState:
+    """The database's schema against this daemon's: ``database`` is its version,
+    ``own`` the latest this gpuwatchd knows, ``min_writer`` the oldest version that may
+    write it (known only when the database is newer)."""
+
+    database: int
+    own: int
+    min_writer: int = 0
+
+    @property
+    def skew(self) -> int:
+        """The database's version minus this daemon's (> 0: a newer daemon migrated it)."""
+        return self.database - self.own
+
+    @property
+    def writable(self) -> bool:
+        """Whether this daemon may write: the database is at most as new as it, or newer
+        by additive steps only (and this daemon knows the compatibility record)."""
+        if self.database <= self.own:
+            return True
+        return self.own >= COMPAT_VERSION and self.min_writer <= self.own
+
+    def describe(self, where: str) -> str:
+        """One line for the log: the skew and what this daemon does about it."""
+        if self.writable:
+            return (
+                f"store {where} has schema version {self.database}, newer than this"
+                f" gpuwatchd's {self.own}; its changes are additive: monitoring, tuning and"
+                " writes go on"
+            )
+        needs = max(self.min_writer, COMPAT_VERSION)
+        return (
+            f"store {where} has schema version {self.database}, newer than this gpuwatchd's"
+            f" {self.own} and not compatible (it needs version {needs} or newer to write)"
+            ": monitoring and reads go on, tuning and writes stop until"
+            " gpuwatchd is upgraded"
+        )
+
+
+def read_state(conn: Conn, version: int, migrations: Sequence[Migration]) -> SchemaState:
+    """The schema state of a database at ``version``, read on ``conn``."""
+    own = latest_version(migrations)
+    if version <= own:
+        return SchemaState(version, own)
+    if version < COMPAT_VERSION:  # no record: only an identical schema is safe
+        return SchemaState(version, own, version)
+    row = conn.execute(f"SELECT MAX(min_writer) AS min_writer FROM {COMPAT_TABLE}").fetchone()
+    return SchemaState(version, own, int(row["min_writer"] or 0))
+
+
+def record_min_writer(conn: Conn, m: Migration) -> None:
+    """Inside ``m``'s transaction: record that daemons older than its ``min_writer``
+    may no longer write (nothing for an additive step)."""
+    if m.min_writer is not None and m.version >= COMPAT_VERSION:
+        conn.execute(f"UPDATE {COMPAT_TABLE} SET min_writer = ?", (int(m.min_writer),))
+
+
+class SchemaTooNew(StoreError):
+    """The database's schema is newer than this gpuwatchd and not compatible with it."""
+
+
+def refuse_newer(state: SchemaState, where: str) -> None:
+    """Raise SchemaTooNew when this gpuwatchd may not use the database (read-only
+    readers: ``gpuwatchd report``, the client API)."""
+    if not state.writable:
+        raise SchemaTooNew(
+            f"store {where} has schema version {state.database}, newer than this gpuwatchd"
+            f" knows ({state.own}); upgrade gpuwatchd or point --store elsewhere"
         )

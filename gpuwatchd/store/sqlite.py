@@ -27,7 +27,7 @@ from gpuwatchd.store.files import (
     quarantine_if_damaged,
     refuse_directory,
 )
-from gpuwatchd.store.schema import MIGRATIONS, Migration, latest_version, refuse_newer
+from gpuwatchd.store.schema import MIGRATIONS, Migration, latest_version, read_state, refuse_newer
 from gpuwatchd.store.store import SqlStore
 
 log = logging.getLogger("gpuwatchd.store")
@@ -93,15 +93,17 @@ class SqliteEngine(Engine):
         quarantine_if_damaged(self.path, self._now(), self._busy_timeout_s, log)
         conn = self.connect(readonly=False)
         try:
-            # Before anything writes: a newer or foreign file must be left exactly as it is.
+            # Before anything writes: a foreign file must be left exactly as it is (a
+            # newer gpuwatchd's is opened unmigrated: the store judges what it may write).
             version = self.version(conn)
-            refuse_newer(version, migrations, self.where)
             count = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
             if version == 0 and count:
                 raise StoreError(
                     f"store {self.path} is an SQLite database but not a gpuwatchd store"
                     " (schema version 0 with tables); point --store elsewhere"
                 )
+            if not read_state(conn, version, migrations).writable:
+                return conn  # left as it is: the store refuses every write
             mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             if mode.lower() != "wal":
                 raise StoreError(f"store {self.path} cannot use WAL mode (journal_mode={mode})")
@@ -123,7 +125,7 @@ class SqliteEngine(Engine):
         try:
             version = self.version(conn)
             latest = latest_version(migrations)
-            refuse_newer(version, migrations, self.where)
+            refuse_newer(read_state(conn, version, migrations), self.where)
             if _holds_nothing(conn, version, latest):
                 conn.close()
                 log.info(

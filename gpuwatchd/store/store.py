@@ -29,7 +29,7 @@ from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.disagreement import DEFAULT_KEEP_INCUMBENT_S
 from gpuwatchd.store.engine import Engine
 from gpuwatchd.store.errors import StoreError
-from gpuwatchd.store.owner import Alive, orphaned, pid_alive
+from gpuwatchd.store.owner import Alive, Holder, HostLease, orphaned, pid_alive, take_host
 from gpuwatchd.store.result_rows import (
     RESULT_SELECT,
     chunks,
@@ -48,7 +48,7 @@ from gpuwatchd.store.rows import (
     WinnerRow,
     host_name,
 )
-from gpuwatchd.store.schema import MIGRATIONS, Migration
+from gpuwatchd.store.schema import LEASE_HOLDER_VERSION, MIGRATIONS, Migration, SchemaState
 from gpuwatchd.store.transactions import Transactions, log
 from gpuwatchd.store.winner_sql import FLEET, PREFERRING_HOST
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
@@ -122,6 +122,21 @@ class SqlStore:
     def up(self) -> bool:
         """The store is open and its last call reached it (see :meth:`probe`)."""
         return self._tx.up
+
+    @property
+    def schema(self) -> SchemaState | None:
+        """The database's schema against this gpuwatchd's (None until opened)."""
+        return self._tx.schema
+
+    @property
+    def writable(self) -> bool:
+        """Whether writes are tried now (:attr:`Transactions.writable
+        <gpuwatchd.store.transactions.Transactions.writable>`)."""
+        return self._tx.writable
+
+    def refuse_writes(self, why: str | None) -> None:
+        """Refuse every write but the host lease's, saying ``why`` (None: allow again)."""
+        self._tx.refuse_writes(why)
 
     def probe(self) -> None:
         """Reach the store now, opening it if it never was; StoreError if it cannot
@@ -670,20 +685,23 @@ class SqlStore:
         with self._tx.write("release a claim") as conn:
             claim_sql.release(conn, key, host, gpu_uuid)
 
-    def claim_host(self, host: str, machine: str, ttl_s: float) -> str | None:
-        """Hold the name ``host`` for the machine ``machine`` for ``ttl_s`` seconds (a
-        lease like a work claim, renewed the same way). Returns None when this machine
-        holds it now, else the id of the other live machine that holds it."""
-        for name, value in (("host", host), ("machine", machine)):
+    def claim_host(self, host: str, me: Holder, ttl_s: float) -> HostLease:
+        """Hold the name ``host`` for ``me`` for ``ttl_s`` seconds (a lease like a work
+        claim, renewed the same way), even while other writes are refused: whether it
+        is held now, else who holds it (:func:`~gpuwatchd.store.owner.take_host`)."""
+        for name, value in (("host", host), ("machine", me.machine)):
             codec.check_text(value, name)
         need_number(ttl_s, "ttl_s", minimum=0, error=StoreError)
         key = HOST_CLAIM_PREFIX + host
-        with self._tx.write("claim the host name") as conn:
+        with self._tx.write("claim the host name", lease=True) as conn:
             now = self._now()
-            if claim_sql.take(conn, key, host, machine, os.getpid(), now, ttl_s):
-                return None
+            schema = self._tx.schema
+            if schema is not None and schema.own >= LEASE_HOLDER_VERSION:
+                return take_host(conn, key, host, me, now, ttl_s)
+            if claim_sql.take(conn, key, host, me.machine, os.getpid(), now, ttl_s):
+                return HostLease(True)
             row = conn.execute("SELECT gpu_uuid FROM claims WHERE claim_key = ?", (key,))
-            return str(row.fetchone()["gpu_uuid"])
+            return HostLease(False, Holder(str(row.fetchone()["gpu_uuid"]), "", ""))
 
     def release_host(self, host: str, machine: str) -> None:
         """Give the name back (a clean stop): another machine may take it at once."""

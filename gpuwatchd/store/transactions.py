@@ -3,8 +3,11 @@
 :class:`Transactions` lends each call a connection from a small pool (so the scheduler
 thread can write while HTTP threads read), runs it in one transaction that rolls back
 on any failure, within the engine's bound on the wait (:meth:`Engine.bounded`), refuses
-writes once a newer gpuwatchd has migrated the database, and warns once per unreadable
-row. :class:`~gpuwatchd.store.store.SqlStore` holds one and runs its queries in it.
+writes while the database's schema is newer than this gpuwatchd and not compatible
+with it (:class:`~gpuwatchd.store.schema.SchemaState`, one line each time that
+changes) or while the host's lease is refused (:meth:`Transactions.refuse_writes`), and
+warns once per unreadable row. :class:`~gpuwatchd.store.store.SqlStore` holds one and
+runs its queries in it.
 The pool is the store's own, not psycopg_pool: it serves SQLite too, costs no extra
 round trip per call and starts no threads (bench/RESULTS.md, "The store's pool against
 psycopg_pool").
@@ -18,16 +21,18 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 
+from gpuwatchd.store.backoff import CAP_S, Backoff
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.engine import Engine
-from gpuwatchd.store.errors import StoreError, StoreUnavailable
-from gpuwatchd.store.schema import MIGRATIONS, Migration, check_migrations, latest_version
+from gpuwatchd.store.errors import StoreError, StoreUnavailable, WritesRefused
+from gpuwatchd.store.schema import MIGRATIONS, Migration, SchemaState, check_migrations, read_state
 
 log = logging.getLogger("gpuwatchd.store")
 
 
-#: While the store is unreachable, calls fail at once for this long after a failed try
-#: (one call then tries again): threads never queue up on a dead server's timeouts.
+#: While the store is unreachable, calls fail at once for at least this long after a
+#: failed try (one call then tries again), longer after each failure (:class:`Backoff`):
+#: threads never queue up on a dead server's timeouts, a fleet never knocks in step.
 RETRY_UNREACHABLE_S = 2.0
 
 
@@ -40,8 +45,9 @@ class Transactions:
     A pooled connection a server restart killed fails at its first statement; the call
     then drops the pool and tries once more on a fresh connection. A call that finds the
     store unreachable raises :class:`StoreUnavailable` and marks it down (one warning per
-    outage); until a call succeeds, others fail at once except one per
-    :data:`RETRY_UNREACHABLE_S` (and :meth:`probe`, which always tries).
+    outage); until a call succeeds, others fail at once except one after
+    :data:`RETRY_UNREACHABLE_S`, then after waits that double with jitter up to a minute
+    (:class:`~gpuwatchd.store.backoff.Backoff`; :meth:`probe` always tries).
     """
 
     def __init__(
@@ -67,6 +73,9 @@ class Transactions:
         self._down_since: float | None = None  # monotonic; None while reachable
         self._down_why = ""
         self._next_try = 0.0
+        self._backoff = Backoff(first_s=RETRY_UNREACHABLE_S)
+        self.schema: SchemaState | None = None  # known once opened
+        self._refused: str | None = None  # why writes are refused besides the schema
         check_migrations(self._migrations)
         if connect_now:
             self._idle.append(self._open())
@@ -93,11 +102,42 @@ class Transactions:
 
     # -- connections and transactions ------------------------------------------------------
 
+    @property
+    def writable(self) -> bool:
+        """Whether a write would be tried now (not read-only, not refused, the schema
+        as far as it is known lets this gpuwatchd write)."""
+        schema = self.schema
+        ok_schema = schema is None or schema.writable
+        return not self.readonly and self._refused is None and ok_schema
+
+    def refuse_writes(self, why: str | None) -> None:
+        """Refuse every write but the host lease's with ``why`` (None: allow them again)."""
+        self._refused = why
+
     def _open(self) -> Conn:
-        """The first connection: the database checked and migrated (:meth:`Engine.open`)."""
-        conn = self._engine.open(self._migrations, readonly=self.readonly)
+        """The first connection: the database checked and migrated (:meth:`Engine.open`),
+        its schema state read."""
+        engine = self._engine
+        conn = engine.open(self._migrations, readonly=self.readonly)
+        try:
+            with engine.bounded(conn):
+                self._set_schema(read_state(conn, engine.version(conn), self._migrations))
+        except BaseException:
+            conn.close()
+            raise
         self._opened = True
         return conn
+
+    def _set_schema(self, state: SchemaState) -> None:
+        """Keep the schema state; a change of skew is said in one line."""
+        before, self.schema = self.schema, state
+        if before == state or (before is None and state.skew <= 0):
+            return
+        if state.skew > 0:
+            log.warning("%s", state.describe(self._engine.where))
+        else:
+            log.info("store %s: schema version %d, as this gpuwatchd's", self._engine.where,
+                     state.database)  # fmt: skip
 
     def _lend(self) -> tuple[Conn, bool]:
         """A connection and whether it came from the pool (it may have died there)."""
@@ -164,7 +204,7 @@ class Transactions:
                 raise StoreUnavailable(
                     f"store {self._engine.where} is unreachable: {self._down_why}"
                 )
-            self._next_try = now + RETRY_UNREACHABLE_S
+            self._next_try = max(self._next_try, now + RETRY_UNREACHABLE_S)
 
     def _note(self, error: StoreError, *, lost: bool = True) -> None:
         """A call failed with ``error``: a store it could not reach (``lost``: not a
@@ -176,14 +216,15 @@ class Transactions:
             if first:
                 self._down_since = time.monotonic()
                 self._down_why = str(error)
-            self._next_try = time.monotonic() + RETRY_UNREACHABLE_S
+            self._next_try = time.monotonic() + self._backoff.failed()
         if first:
-            log.warning("%s; working without it, retried every %g s",
-                        error, RETRY_UNREACHABLE_S)  # fmt: skip
+            log.warning("%s; working without it, retried after %g s, then backing off up"
+                        " to %g s", error, RETRY_UNREACHABLE_S, CAP_S)  # fmt: skip
 
     def _reached(self) -> None:
         with self._lock:
             since, self._down_since = self._down_since, None
+            self._backoff.reset()
         if since is not None:
             log.warning("store %s reachable again after %.0f s", self._engine.where,
                         time.monotonic() - since)  # fmt: skip
@@ -199,6 +240,8 @@ class Transactions:
             return
         if write and self.readonly:
             raise StoreError(f"store {self._engine.where} is open read-only; cannot write a batch")
+        if write:
+            self._refuse_if_refused("write a batch")
         with self.transaction(write, "run a batch of calls", each_call_bounded=True) as conn:
             self._batch.conn, self._batch.write, self._batch.failed = conn, write, None
             try:
@@ -258,7 +301,7 @@ class Transactions:
             with nullcontext() if each_call_bounded else engine.bounded(conn):
                 if write:
                     with bounded_alone():
-                        self._refuse_newer_schema(conn, what)
+                        self._check_schema(conn, what)
                 yield conn
                 with bounded_alone():
                     conn.execute("COMMIT")
@@ -280,21 +323,33 @@ class Transactions:
             self._give_back(conn, broken)
         self._reached()
 
-    def _refuse_newer_schema(self, conn: Conn, what: str) -> None:
-        """A newer gpuwatchd migrated the database since it was opened: stop writing."""
+    def _check_schema(self, conn: Conn, what: str) -> None:
+        """Inside a write: refuse it when a newer gpuwatchd migrated the database to a
+        schema this one may not write (the version is read again: it may have changed)."""
         version = self._engine.version(conn)
-        latest = latest_version(self._migrations)
-        if version > latest:
-            raise StoreError(
-                f"store {self._engine.where} has schema version {version}, newer than this"
-                f" gpuwatchd knows ({latest}); this host refuses to {what} until gpuwatchd"
-                " is upgraded"
+        state = self.schema
+        if state is None or state.database != version:
+            state = read_state(conn, version, self._migrations)
+            self._set_schema(state)
+        if not state.writable:
+            raise WritesRefused(
+                f"store {self._engine.where} has schema version {state.database}, newer than"
+                f" this gpuwatchd's {state.own} and not compatible; this host refuses to"
+                f" {what} until gpuwatchd is upgraded"
             )
 
-    def write(self, what: str) -> AbstractContextManager[Conn]:
-        """A write transaction, serialised with every other writer (no upgrade deadlocks)."""
+    def _refuse_if_refused(self, what: str) -> None:
+        why = self._refused
+        if why is not None:
+            raise WritesRefused(f"store {self._engine.where}: this host refuses to {what}: {why}")
+
+    def write(self, what: str, *, lease: bool = False) -> AbstractContextManager[Conn]:
+        """A write transaction, serialised with every other writer (no upgrade deadlocks).
+        ``lease``: the host lease's own write, tried even while writes are refused."""
         if self.readonly:
             raise StoreError(f"store {self._engine.where} is open read-only; cannot {what}")
+        if not lease:
+            self._refuse_if_refused(what)
         return self.transaction(True, what)
 
     def read(self, what: str) -> AbstractContextManager[Conn]:

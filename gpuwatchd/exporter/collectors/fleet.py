@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from gpuwatchd.drift.fleet import RECENT_DISAGREEMENTS_S, FleetSnapshot
 from gpuwatchd.exporter.collectors.gpu import GPU_LABELS
-from gpuwatchd.sessions.scheduler import TuningSnapshot
+from gpuwatchd.sessions.tuning_view import TuningSnapshot
 
 #: The labels of a comparable group of GPUs: same model, same power limit (whole watts).
 GROUP_LABELS: tuple[str, str] = ("gpu_model", "power_limit_watts")

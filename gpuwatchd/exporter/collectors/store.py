@@ -1,34 +1,70 @@
-"""The ``store`` sub-collector: ``gpuwatchd_store_up``, whether the tuning store answers.
+"""The ``store`` sub-collector: whether the tuning store answers, and may be written.
 
 The daemon runs on without its store (telemetry and the gate need none of it), so an
-outage would otherwise show only as tuning that stops; this gauge (and the
-GpuwatchdStoreDown alert on it) names the cause. Reads one flag the store keeps: no I/O.
+outage would otherwise show only as tuning that stops; ``gpuwatchd_store_up`` (and the
+GpuwatchdStoreDown alert on it) names the cause. During a rolling upgrade or after a
+rollback daemons of two schema versions share one database: ``gpuwatchd_store_schema_skew``
+says how far this one is from it, and ``gpuwatchd_store_writable`` whether it may
+still write (GpuwatchdStoreWritesRefused). Reads what the store keeps: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from gpuwatchd.store.schema import SchemaState
+
+
+class StoreView(Protocol):
+    """What the collector reads of the store (:class:`~gpuwatchd.store.SqlStore`)."""
+
+    @property
+    def up(self) -> bool: ...
+
+    @property
+    def writable(self) -> bool: ...
+
+    @property
+    def schema(self) -> SchemaState | None: ...
+
 
 class StoreCollector:
-    """``gpuwatchd_store_up`` from ``up()``: the store's last call reached it."""
+    """``gpuwatchd_store_up``, ``_writable`` and ``_schema_skew`` from ``store``."""
 
     name = "store"
     runs_inline = True
-    timeless = True  # made from up() alone
+    timeless = True  # made from the store's flags alone
 
-    def __init__(self, up: Callable[[], bool]) -> None:
-        self._up = up
+    def __init__(self, store: StoreView) -> None:
+        self._store = store
 
     def version(self) -> object:
-        return self._up()
+        s = self._store
+        return (s.up, s.writable, s.schema)
 
     def collect(self) -> Iterator[Metric]:
+        s = self._store
         yield GaugeMetricFamily(
             "gpuwatchd_store_up",
             "1 if the tuning store answered the daemon's last call, else 0 (tuning waits;"
             " /api/v1/winners serves its last known winners, marked stale).",
-            value=1.0 if self._up() else 0.0,
+            value=1.0 if s.up else 0.0,
         )
+        yield GaugeMetricFamily(
+            "gpuwatchd_store_writable",
+            "1 if this daemon may write the store, else 0 (tuning waits, monitoring goes"
+            " on): its schema is newer than this gpuwatchd and not compatible, or another"
+            " machine holds this host name and machine id; the log says which.",
+            value=1.0 if s.writable else 0.0,
+        )
+        schema = s.schema
+        if schema is not None:
+            yield GaugeMetricFamily(
+                "gpuwatchd_store_schema_skew",
+                "The store's schema version minus this gpuwatchd's (> 0: a newer gpuwatchd"
+                " migrated it, as in a rolling upgrade or after a rollback).",
+                value=float(schema.skew),
+            )

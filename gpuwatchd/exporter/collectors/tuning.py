@@ -19,7 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gpuwatchd.exporter.collectors.gpu import GPU_LABELS, gpu_labels
 from gpuwatchd.gate import GateState
 from gpuwatchd.monitor.board import StateBoard
-from gpuwatchd.sessions.scheduler import WORKER_NOT_READY, TuningSnapshot
+from gpuwatchd.sessions.scheduler import WORKER_NOT_READY
+from gpuwatchd.sessions.tuning_view import TuningSnapshot
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.tuning.kernels import FAMILY as USER_KERNEL_FAMILY
 from gpuwatchd.tuning.types import Regime, SessionStatus
