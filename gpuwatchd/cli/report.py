@@ -23,6 +23,7 @@ from gpuwatchd.cli.common import (
     load_with_overrides,
     open_configured_store,
     open_store,
+    open_store_to_read,
 )
 
 
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         store = open_store(args.store, readonly=True)
     else:
         cfg, _ = load_with_overrides(args)
-        store = open_configured_store(cfg, readonly=True)
+        store = open_store_to_read(cfg)
     try:
         doc = build_report(store, gpu_model=args.gpu_model)
     except StoreError as exc:

@@ -35,7 +35,7 @@ from gpuwatchd.client.discovery import (
 )
 from gpuwatchd.client.errors import GpuwatchdError, GpuwatchdUnavailable, NotServed
 from gpuwatchd.client.own_gate import _DaemonJobGate, _OwnProcessGate
-from gpuwatchd.store import StoreError, open_store, redact_url
+from gpuwatchd.store import StoreError, find_store_file, open_store, redact_url
 from gpuwatchd.store.rows import host_name
 from gpuwatchd.telemetry.types import normalize_uuid
 from gpuwatchd.tuning.types import Regime
@@ -249,13 +249,7 @@ class Client:
         return self._store_path(), None
 
     def _store_path(self) -> Path:
-        candidates = default_store_paths()
-        for path in candidates:
-            if path.is_file():
-                return path
-        raise StoreError(
-            "no store file at " + " or ".join(map(str, candidates)) + f" (set {STORE_ENV})"
-        )
+        return find_store_file(default_store_paths(), self.url + WINNERS_PATH)
 
 
 def _find_gpu(doc: StateDocument, gpu: int | str, url: str) -> GpuState:
