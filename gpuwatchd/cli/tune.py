@@ -35,6 +35,7 @@ from gpuwatchd.validate import need_duration
 
 if TYPE_CHECKING:
     from gpuwatchd.config import Config
+    from gpuwatchd.gate import GateDecision
     from gpuwatchd.monitor.board import GpuSnapshot
     from gpuwatchd.monitor.poller import Poller
     from gpuwatchd.telemetry.backend import Backend
@@ -129,9 +130,12 @@ class GateWatch:
         evidence_s = cfg.settle_s + cfg.window_s + 2 * period  # the gate's own warm-up
         start = self.poller.backend.clock.now()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        first_t: float | None = None
         while True:
             snap = self.poll()
             gate = snap.gate
+            if first_t is None and snap.sample is not None:
+                first_t = snap.sample.t
             elapsed = self.poller.backend.clock.now() - start
             view = self._wait_view(snap, elapsed)
             if gate is not None and gate.open:
@@ -139,7 +143,7 @@ class GateWatch:
                 return snap
             self.display.waiting(view)
             text = f"{gate.state.value}: {'; '.join(gate.reasons)}" if gate else "no reading"
-            if no_wait and elapsed > evidence_s:
+            if no_wait and (elapsed > evidence_s or _in_use(gate, first_t)):
                 self.display.finish()
                 raise CliError(f"GPU {self.gpu}: gate is shut ({text})", EXIT_NOT_OPEN)
             if deadline is not None and time.monotonic() > deadline:
@@ -150,6 +154,16 @@ class GateWatch:
                 time.sleep(period / FAST_FORWARD_SPEEDUP)
             else:
                 time.sleep(period)
+
+
+def _in_use(gate: GateDecision | None, first_t: float | None) -> bool:
+    """The gate is shut by what it saw (a process, load, throttling, heat, a lost GPU),
+    not merely by the evidence it still gathers: ``--no-wait`` gives up at once."""
+    if gate is None or gate.open:
+        return False
+    if gate.state != "warming":  # a StrEnum: the gate module is not imported for --help
+        return True
+    return gate.disturbed_at is not None and first_t is not None and gate.disturbed_at > first_t
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
