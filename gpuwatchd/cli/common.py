@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
+#: Ctrl-C: the status a shell gives a process killed by SIGINT.
+EXIT_INTERRUPTED = 130
 #: stdout's reader went away (``| head``): the status a shell gives a process killed by SIGPIPE.
 EXIT_BROKEN_PIPE = 141
 
@@ -117,7 +119,14 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
 def load_with_overrides(args: argparse.Namespace) -> tuple[Config, dict[str, dict[str, Any]]]:
     """The config file plus command-line overrides; raises CliError(code 2) when invalid."""
     from gpuwatchd.config import ConfigError, load_config
+    from gpuwatchd.config.listen import parse_listen
 
+    listen = getattr(args, "listen", None)
+    if listen is not None:
+        try:
+            parse_listen(listen)
+        except ValueError as exc:  # says which part is wrong: the port's range, say
+            raise CliError(f"--listen: {exc}", EXIT_CONFIG) from None
     backend = getattr(args, "backend", None)
     overrides: dict[str, dict[str, Any]] = {
         "daemon": {
