@@ -77,3 +77,22 @@ def test_a_port_in_use_says_how_to_find_its_holder_and_how_to_move(tmp_path: Pat
     [line] = [ln for ln in res.stderr.splitlines() if ln.startswith("gpuwatchd: ")]
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line
     assert f"ss -ltnp 'sport = :{port}'" in line and "--listen HOST:PORT" in line
+
+
+def test_help_loads_only_the_command_line(tmp_path: Path) -> None:
+    """`gpuwatchd --help` builds every command's parser and nothing else: no workload
+    registry (its plugin entry points were 40% of a 0.2 s help), no config, validation or
+    wire protocol."""
+    probe = (
+        "import contextlib, io, sys\n"
+        "from gpuwatchd.cli.main import main\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--help'])\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('gpuwatchd'))))\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = set(res.stdout.split())
+    assert all(m == "gpuwatchd" or m.startswith("gpuwatchd.cli") for m in loaded), loaded
+    assert "gpuwatchd.cli.progress" not in loaded  # dataclasses and validation come with it

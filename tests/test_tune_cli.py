@@ -95,8 +95,11 @@ def test_cpu_family_end_to_end(tmp_path: Path):
     doc = json.loads(gpuwatchd("report", "--store", str(store), "--format", "json").stdout)
     (result,) = doc["results"]
     assert result["workload"] == "cpu-matmul" and result["regime"] == "unthrottled"
-    assert len(result["candidates"]) >= 2
-    assert all(c["median_s"] > 0 and c["samples"] > 0 for c in result["candidates"])
+    # On a loaded machine a candidate may have every batch rejected as noise (no median):
+    # the winner and its runner-up were measured all the same.
+    measured = [c for c in result["candidates"] if c["median_s"] is not None]
+    assert len(measured) >= 2
+    assert all(c["median_s"] > 0 and c["samples"] > 0 for c in measured)
 
 
 def test_no_wait_fails_fast_when_the_gate_is_shut(tmp_path: Path):

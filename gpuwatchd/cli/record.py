@@ -18,7 +18,6 @@ from gpuwatchd.cli.common import (
     add_command,
     load_with_overrides,
 )
-from gpuwatchd.validate import need_duration
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -48,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwatchd.telemetry.factory import open_backend
     from gpuwatchd.telemetry.record import record_trace
     from gpuwatchd.telemetry.trace import TraceError
+    from gpuwatchd.validate import need_duration
 
     cfg, _ = load_with_overrides(args)
     parent = Path(args.out).parent

@@ -30,10 +30,9 @@ from gpuwatchd.cli.common import (
     open_configured_store,
     open_store,
 )
-from gpuwatchd.cli.progress import GateWait, ProgressDisplay, make_progress
-from gpuwatchd.validate import need_duration
 
 if TYPE_CHECKING:
+    from gpuwatchd.cli.progress import GateWait, ProgressDisplay
     from gpuwatchd.config import Config
     from gpuwatchd.gate import GateDecision
     from gpuwatchd.monitor.board import GpuSnapshot
@@ -76,7 +75,11 @@ class GateWatch:
         self.gpu = gpu
         self.out = out
         self.ff = ff
-        self.display = display if display is not None else make_progress(out)
+        if display is None:
+            from gpuwatchd.cli.progress import make_progress
+
+            display = make_progress(out)
+        self.display = display
         self._last_poll = 0.0
         self._snap: GpuSnapshot | None = None
         self.session_states: dict[str, int] = {}
@@ -112,6 +115,8 @@ class GateWatch:
         self.session_states.clear()
 
     def _wait_view(self, snap: GpuSnapshot, waited_s: float) -> GateWait:
+        from gpuwatchd.cli.progress import GateWait
+
         gate, sample = snap.gate, snap.sample
         return GateWait(
             gpu=self.gpu,
@@ -237,6 +242,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     from gpuwatchd.telemetry.factory import open_backend
     from gpuwatchd.telemetry.trace import TraceError
     from gpuwatchd.tuning.types import Regime
+    from gpuwatchd.validate import need_duration
 
     cfg, _ = load_with_overrides(args)
     for flag, value in (("--budget", args.budget), ("--wait-timeout", args.wait_timeout)):
@@ -280,6 +286,7 @@ def _tune(
     ff: FastForwardClock | None,
     out: TextIO,
 ) -> int:
+    from gpuwatchd.cli.progress import make_progress
     from gpuwatchd.monitor.board import StateBoard
     from gpuwatchd.monitor.poller import Poller
     from gpuwatchd.report.text import format_report, report_from
