@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +26,35 @@ from gpuwatchd.store import SqlStore, sqlite_store
 _RUN_DIR = Path(tempfile.mkdtemp(prefix="gpuwatchd-tests-"))
 os.environ.setdefault("STATE_DIRECTORY", str(_RUN_DIR / "state"))
 os.environ.setdefault("RUNTIME_DIRECTORY", str(_RUN_DIR / "run"))
+
+
+#: Threads a test must stop before it ends even though they are daemon threads: a poller
+#: left running logs into the next test's captured (then closed) output.
+MUST_STOP = ("gpuwatchd-poll", "gpuwatchd-slow")
+#: How long a test's threads may take to finish after it (a loaded machine is slow).
+THREAD_GRACE_S = 10.0
+
+
+def _outliving(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [
+        t
+        for t in threading.enumerate()
+        if t not in before and t.is_alive() and (not t.daemon or t.name.startswith(MUST_STOP))
+    ]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_outlives_its_test() -> Iterator[None]:
+    """Fail a test that leaves a non-daemon thread or a poller thread running (given
+    THREAD_GRACE_S to finish): each test stops what it started."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + THREAD_GRACE_S
+    for t in _outliving(before):
+        t.join(max(0.0, deadline - time.monotonic()))
+    left = _outliving(before)
+    if left:
+        pytest.fail(f"threads outlived the test: {', '.join(sorted(t.name for t in left))}")
 
 
 @pytest.fixture
