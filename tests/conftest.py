@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -55,6 +56,22 @@ def no_thread_outlives_its_test() -> Iterator[None]:
     left = _outliving(before)
     if left:
         pytest.fail(f"threads outlived the test: {', '.join(sorted(t.name for t in left))}")
+
+
+@pytest.fixture(autouse=True)
+def root_logging_as_it_was() -> Iterator[None]:
+    """Undo a command run in-process (``main(["run", ...])`` calls ``logging.basicConfig``):
+    its handler writes to the test's captured stderr, which is closed once the test ends,
+    so every later record would print "--- Logging error --- ... I/O operation on closed
+    file" with a traceback."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in before and type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
 
 
 @pytest.fixture
