@@ -278,12 +278,14 @@ def document_runs(
         return {doc: future.result() for doc, future in futures.items()}
 
 
+@pytest.mark.slow  # end to end: the README's test command runs it in its second step
 @pytest.mark.parametrize("doc", _documents_with_blocks(), ids=lambda d: d.name)
 def test_marked_blocks_run_as_written(doc: Path, document_runs: dict[Path, str | None]) -> None:
     failure = document_runs[doc]
     assert failure is None, failure
 
 
+@pytest.mark.slow
 def test_documents_leave_the_checkout_as_it_was(
     document_runs: dict[Path, str | None], checkout_before: dict[str, int | None]
 ) -> None:

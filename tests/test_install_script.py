@@ -111,7 +111,10 @@ def test_a_user_without_root_goes_through_sudo_only_for_the_system(
 
 
 def test_ci_runs_the_readme_test_command() -> None:
-    command = "./scripts/install-test-deps.sh && python3 -m pytest -q"
+    command = (
+        './scripts/install-test-deps.sh && python3 -m pytest -q -m "not slow"'
+        " && python3 -m pytest -q -m slow"
+    )
     assert command in CI.read_text().splitlines()
     assert command in README.read_text()
 
