@@ -39,7 +39,13 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "--listen", metavar="HOST:PORT", help="HTTP address for /metrics (default :9844)"
     )
     p.add_argument("--poll-interval", type=float, metavar="S", help="poll period in seconds")
-    p.add_argument("--state-dir", metavar="DIR", help="where the tuning store lives")
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="where the tuning store lives (default: /var/lib/gpuwatchd for root, else "
+        "~/.local/state/gpuwatchd; with --backend sim or replay a throwaway "
+        "$XDG_RUNTIME_DIR/gpuwatchd-sim, the control socket too)",
+    )
     p.add_argument("--control-socket", metavar="PATH", help="Unix socket for `gpuwatchd retune`")
     p.add_argument(
         "--web-config",
