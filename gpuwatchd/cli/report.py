@@ -51,8 +51,9 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "--store",
         metavar="PATH|URL",
         help="SQLite store file, or a PostgreSQL URL or key=value string without a password "
-        "(libpq reads it from PGPASSWORD or ~/.pgpass; default: [store] url, else "
-        "STATE_DIR/gpuwatchd.db)",
+        "(libpq reads it from PGPASSWORD or ~/.pgpass; default: $GPUWATCHD_STORE, [store] "
+        "url, else the first of STATE_DIR/gpuwatchd.db, /var/lib/gpuwatchd/gpuwatchd.db and "
+        "a simulated daemon's store)",
     )
     p.add_argument("--state-dir", metavar="DIR", help="state directory holding the store")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output")
