@@ -27,6 +27,10 @@ from gpuwatchd.store import SqlStore, sqlite_store
 _RUN_DIR = Path(tempfile.mkdtemp(prefix="gpuwatchd-tests-"))
 os.environ.setdefault("STATE_DIRECTORY", str(_RUN_DIR / "state"))
 os.environ.setdefault("RUNTIME_DIRECTORY", str(_RUN_DIR / "run"))
+# A simulated daemon's throwaway directory ($XDG_RUNTIME_DIR/gpuwatchd-sim) is this run's
+# too: `report` falls back to a simulated store, and the user's own must not answer.
+(_RUN_DIR / "xdg").mkdir(mode=0o700)
+os.environ["XDG_RUNTIME_DIR"] = str(_RUN_DIR / "xdg")
 
 
 #: Threads a test must stop before it ends even though they are daemon threads: a poller
