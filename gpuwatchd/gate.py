@@ -73,7 +73,7 @@ class GateDecision:
 
     ``since`` is when the current state began; ``disturbed_at`` the last time anything
     kept the gate shut (used for the settle time); ``reasons`` are short human-readable
-    strings, e.g. ``"temp 71.0C within 15C of slowdown 87C"``.
+    strings, e.g. ``"SM clock 885 MHz = 45% of max 1980 MHz; needs ≥ 95% (clock_ratio_min)"``.
     """
 
     state: GateState
@@ -202,16 +202,14 @@ def _range_text(name: str) -> str:
 
 
 @functools.cache
-def _basis(key: str, configured: str, shut: bool, cfg: GateConfig) -> str:
-    """Where a ratio limit comes from: the configured value, less hysteresis while shut.
-
-    Quoted after the limit a reason compares with, so ``util 4.5% > 4.0%`` reads
-    ``(util_max 5.0% - 20% to reopen)`` rather than contradicting the config (as the
-    temperature reason says ``- 3C to reopen``).
+def _needs(op: str, limit: str, key: str, configured: str, shut: bool, cfg: GateConfig) -> str:
+    """What a reading must reach, and the config key it comes from:
+    ``; needs ≤ 4.0% to reopen (util_max 5.0%)`` while the gate is shut (the configured
+    limit tightened by ``hyst_ratio``), ``; needs ≤ 5.0% (util_max)`` while it is open.
     """
     if shut and cfg.hyst_ratio:
-        return f" ({key} {configured} - {cfg.hyst_ratio:.0%} to reopen)"
-    return f" ({key})"
+        return f"; needs {op} {limit} to reopen ({key} {configured})"
+    return f"; needs {op} {limit} ({key})"
 
 
 def _limiting_names(mask: int) -> str:
@@ -463,8 +461,9 @@ def evaluate(
     if util is not None and util > cfg.util_max * keep:
         own_active = bool(own_pids) and (procs is None or any(p in own_pids for p in procs))
         if not own_active:
-            basis = _basis("util_max", f"{cfg.util_max:.1%}", shut, cfg)
-            busy.append(f"util {util:.1%} > {cfg.util_max * keep:.1%}{basis}")
+            limit, configured = f"{cfg.util_max * keep:.1%}", f"{cfg.util_max:.1%}"
+            needs = _needs("≤", limit, "util_max", configured, shut, cfg)
+            busy.append(f"util {util:.1%}{needs}")
             disturbed = disturbed or util > cfg.util_max
     if disturbed:  # busy (and a disturbance): nothing below can change the verdict
         return _decide(GateState.BUSY, tuple(busy), t, prev, t)
@@ -474,13 +473,13 @@ def evaluate(
     mask = -1 if latest.reasons is None else latest.reasons._value_
     idle = mask > 0 and bool(mask & _IDLE_BIT)
     if mask > 0 and mask & _LIMITING_BITS:
-        watts = f", {power:.0f}W" if power is not None else ""
-        throttled.append(f"throttle {_limiting_names(mask)} (SM {clock:.0f}MHz{watts})")
+        watts = f", {power:.0f} W" if power is not None else ""
+        throttled.append(f"throttle {_limiting_names(mask)} (SM clock {clock:.0f} MHz{watts})")
     loaded = power is not None and limit_w and power > cfg.power_ratio_max * limit_w
     if max_clock and loaded and clock < cfg.clock_ratio_throttled * max_clock:
         throttled.append(
-            f"SM {clock:.0f}MHz < {cfg.clock_ratio_throttled:.0%} of max {max_clock:.0f}MHz "
-            f"under load ({power:.0f}W)"
+            f"SM clock {clock:.0f} MHz < {cfg.clock_ratio_throttled:.0%} of max "
+            f"{max_clock:.0f} MHz under load ({power:.0f} W)"
         )
     if throttled:  # always a disturbance, so nothing below can change the verdict
         state = GateState.BUSY if busy else GateState.THROTTLED
@@ -493,21 +492,25 @@ def evaluate(
     lim = temp_limit - cfg.hyst_temp_c if shut else temp_limit
     if temp > lim:
         basis = (
-            f"{cfg.temp_margin_c:g}C margin to slowdown {slowdown:g}C"
+            f"temp_margin_c {cfg.temp_margin_c:g} C below slowdown {slowdown:g} C"
             if slowdown is not None
-            else f"max_temp {cfg.max_temp_c:g}C"
+            else f"max_temp_c {cfg.max_temp_c:g} C"
         )
-        hyst = f" - {cfg.hyst_temp_c:g}C to reopen" if shut and cfg.hyst_temp_c else ""
-        warming.append(f"temp {temp:.0f}C > {lim:g}C ({basis}{hyst})")
+        if shut and cfg.hyst_temp_c:
+            warming.append(f"temp {temp:.0f} C; needs ≤ {lim:g} C to reopen ({basis})")
+        else:
+            warming.append(f"temp {temp:.0f} C; needs ≤ {lim:g} C ({basis})")
         disturbed = disturbed or temp > temp_limit
 
     if max_clock and not idle:
         ratio = clock / max_clock
         lim = 1.0 - (1.0 - cfg.clock_ratio_min) * keep
         if ratio < lim:
-            basis = _basis("clock_ratio_min", f"{cfg.clock_ratio_min:.0%}", shut, cfg)
+            needs = _needs(
+                "≥", f"{lim:.0%}", "clock_ratio_min", f"{cfg.clock_ratio_min:.0%}", shut, cfg
+            )
             warming.append(
-                f"SM {clock:.0f}MHz is {ratio:.0%} of max {max_clock:.0f}MHz (< {lim:.0%}){basis}"
+                f"SM clock {clock:.0f} MHz = {ratio:.0%} of max {max_clock:.0f} MHz{needs}"
             )
             disturbed = disturbed or ratio < cfg.clock_ratio_min
 
@@ -515,10 +518,10 @@ def evaluate(
         ratio = power / limit_w
         lim = cfg.power_ratio_max * keep
         if ratio > lim:
-            basis = _basis("power_ratio_max", f"{cfg.power_ratio_max:.0%}", shut, cfg)
-            warming.append(
-                f"power {power:.0f}W is {ratio:.0%} of limit {limit_w:.0f}W (> {lim:.0%}){basis}"
+            needs = _needs(
+                "≤", f"{lim:.0%}", "power_ratio_max", f"{cfg.power_ratio_max:.0%}", shut, cfg
             )
+            warming.append(f"power {power:.0f} W = {ratio:.0%} of limit {limit_w:.0f} W{needs}")
             disturbed = disturbed or ratio > cfg.power_ratio_max
 
     cutoff = latest.t - cfg.window_s
@@ -537,8 +540,10 @@ def evaluate(
         lo, hi = span
         lim = cfg.temp_jitter_max_c * keep
         if hi - lo > lim:
-            basis = _basis("temp_jitter_max_c", f"{cfg.temp_jitter_max_c:g}C", shut, cfg)
-            warming.append(f"temp spread {lo:.0f}-{hi:.0f}C > {lim:.3g}C{basis}")
+            needs = _needs(
+                "≤", f"{lim:.3g} C", "temp_jitter_max_c", f"{cfg.temp_jitter_max_c:g} C", shut, cfg
+            )
+            warming.append(f"temp spread {lo:.0f}-{hi:.0f} C{needs}")
             disturbed = disturbed or hi - lo > cfg.temp_jitter_max_c
 
     if kept is not None:
@@ -556,8 +561,10 @@ def evaluate(
         if span is not None and span[1] and (span[1] - span[0]) / span[1] > lim:
             lo, hi = span
             jitter = (hi - lo) / hi
-            basis = _basis("clock_jitter_max", f"{cfg.clock_jitter_max:.1%}", shut, cfg)
-            warming.append(f"SM spread {lo:.0f}-{hi:.0f}MHz ({jitter:.1%} > {lim:.1%}){basis}")
+            needs = _needs(
+                "≤", f"{lim:.1%}", "clock_jitter_max", f"{cfg.clock_jitter_max:.1%}", shut, cfg
+            )
+            warming.append(f"SM clock spread {lo:.0f}-{hi:.0f} MHz = {jitter:.1%}{needs}")
             disturbed = disturbed or jitter > cfg.clock_jitter_max
 
     if kept is not None:
@@ -570,8 +577,11 @@ def evaluate(
         scale = limit_w or hi
         lim = cfg.power_jitter_max * keep
         if (hi - lo) / scale > lim:
-            basis = _basis("power_jitter_max", f"{cfg.power_jitter_max:.0%}", shut, cfg)
-            warming.append(f"power spread {lo:.0f}-{hi:.0f}W > {lim * scale:.0f}W{basis}")
+            needs = _needs(
+                "≤", f"{lim * scale:.0f} W", "power_jitter_max", f"{cfg.power_jitter_max:.0%}",
+                shut, cfg,
+            )  # fmt: skip
+            warming.append(f"power spread {lo:.0f}-{hi:.0f} W{needs}")
             disturbed = disturbed or (hi - lo) / scale > cfg.power_jitter_max
 
     # -- verdict -----------------------------------------------------------------
@@ -588,6 +598,6 @@ def evaluate(
     if quiet < cfg.settle_s:
         why = f"settling: {quiet:.1f}s since last disturbance (need {cfg.settle_s:g}s)"
         return _decide(GateState.WARMING, (why,), t, prev, disturbed_at)
-    watts = f", {power:.0f}W" if power is not None else ""
-    why = f"temp {temp:.0f}C, SM {clock:.0f}MHz{watts}, quiet {quiet:.1f}s"
+    watts = f", {power:.0f} W" if power is not None else ""
+    why = f"temp {temp:.0f} C, SM clock {clock:.0f} MHz{watts}, quiet {quiet:.1f} s"
     return _decide(GateState.COOL_STABLE, (why,), t, prev, disturbed_at)

@@ -4,9 +4,21 @@
 # (Debian's `postgresql`, for the store's tests) and PgBouncer (Debian's `pgbouncer`, the
 # store's transaction-pooling test), the CPU build of torch (pinned, from
 # PyTorch's CPU index when it answers: the default index's torch pulls several GB of
-# CUDA wheels), and gpuwatchd. Run it as root, or as a user with sudo (for apt-get).
+# CUDA wheels), and gpuwatchd. Run it as root, or as a user with sudo (for apt-get), with
+# the Python that will run the tests: a venv, or any Python that is not the system's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Debian and Ubuntu's own Python refuses pip installs (PEP 668): ask for a venv before
+# anything is installed, rather than apt-installing servers and then failing at pip.
+managed_check='import os, sys, sysconfig
+stdlib = sysconfig.get_path("stdlib")
+sys.exit(sys.prefix == sys.base_prefix and os.path.exists(os.path.join(stdlib, "EXTERNALLY-MANAGED")))'
+if ! python3 -c "$managed_check"; then
+  echo "$0: python3 ($(command -v python3)) is the system's Python, which pip may not change" \
+    "(PEP 668); run: python3 -m venv .venv && . .venv/bin/activate, then this script again" >&2
+  exit 1
+fi
 
 TORCH_PIN="torch==2.13.0"
 TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"

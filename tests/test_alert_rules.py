@@ -249,3 +249,21 @@ def test_unmodified_rules_pass_the_same_harness(tmp_path: Path, unit_tests: dict
     """The mutation harness itself passes on the real rules, so its failures mean something."""
     result = _run_mutant(tmp_path, _load(RULES), unit_tests, "GpuwatchdThermalSlowdown")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_readme_lists_every_alert_in_order_with_its_severity() -> None:
+    """prometheus/README.md's table is the rules file's alerts, none missing or extra."""
+    root = Path(__file__).resolve().parent.parent
+    rules = yaml.safe_load((root / "prometheus" / "alerts.yml").read_text())
+    declared = [
+        (r["alert"], r["labels"]["severity"])
+        for group in rules["groups"]
+        for r in group["rules"]
+        if "alert" in r
+    ]
+    rows = re.findall(
+        r"^\| (Gpuwatchd\w+) \|.*\| (\w+) \|$",
+        (root / "prometheus" / "README.md").read_text(),
+        re.MULTILINE,
+    )
+    assert rows == declared

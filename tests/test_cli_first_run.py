@@ -10,12 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from builders import free_port, wait_until
 from daemon_helpers import http_get, start_daemon
 
 from gpuwatchd.cli.common import EXIT_BROKEN_PIPE
 from gpuwatchd.cli.main import build_parser
 from gpuwatchd.store import SqlStore
+
+#: Slow end to end: the README's test command runs these in its second step.
+pytestmark = pytest.mark.slow
 
 
 def _gpuwatchd(*args: str, **kw) -> subprocess.CompletedProcess[str]:

@@ -60,9 +60,11 @@ def test_sim_daemon_serves_status_and_stops_cleanly_on_sigterm(tmp_path: Path):
         assert status.returncode == 0, status.stderr
         lines = status.stdout.splitlines()
         assert lines[1].split()[:2] == ["GPU", "NAME"]
-        assert len(lines) == 5  # banner, header, two GPUs, tuning
-        assert lines[4].startswith("tuning: ")
-        assert "NVIDIA H200 (simulated)" in lines[2]
+        rows = [ln for ln in lines[2:] if not ln.startswith(" ")]  # WHY lines are indented
+        assert len(rows) == 3  # two GPUs, tuning (under the banner and the header)
+        assert rows[2].startswith("tuning: ")
+        assert "NVIDIA H200 (simulated)" in rows[0] and rows[1].startswith("1 ")
+        assert lines[3].startswith("     why: ")
         stopped_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=5)

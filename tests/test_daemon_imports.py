@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from builders import free_port, wait_until
 from daemon_helpers import http_get, wait_http
+
+#: Slow end to end: the README's test command runs these in its second step.
+pytestmark = pytest.mark.slow
 
 #: Loaded only when used: ``statistics`` (a reference or a fleet to take a median of), a
 #: web config's YAML and password hashes, the CLI's tables, and torch (the worker's).

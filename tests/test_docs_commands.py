@@ -3,7 +3,8 @@
 The marker convention is described in docs/contributing-docs.md: a fenced block preceded
 by ``<!-- docs-test [mode=daemon] [expect="TEXT"] [file=NAME] -->`` is run (``sh``) or
 written to NAME (any other language). The blocks of one document run in order in one
-scratch directory that links every top-level entry of the checkout; ``gpuwatchd`` on
+scratch directory holding a copy of what the documents use (:data:`COPIED`, never a link
+into the checkout, so what a command writes stays in its document's copy); ``gpuwatchd`` on
 PATH hands each command that takes ``--config`` a config with a free port and private
 state and socket paths, so documents never share a daemon, a port or a store.
 """
@@ -14,6 +15,7 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +34,21 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 README_MAX_LINES = 300
 BLOCK_TIMEOUT_S = 60.0
-DAEMON_START_S = 30.0
+#: The README's first block makes a venv before its daemon starts.
+DAEMON_START_S = 60.0
+#: What the documents' commands read, copied into each document's scratch directory.
+COPIED = (
+    "README.md",
+    "pyproject.toml",
+    "docs",
+    "examples",
+    "prometheus",
+    "grafana",
+    "deploy",
+    "systemd",
+    "scripts",
+    "tests/data",
+)
 
 _MARKER = re.compile(r"^<!-- docs-test(?P<opts>.*?)-->\s*$")
 _FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
@@ -92,9 +108,13 @@ class Scratch:
         private = base / ".docs-test"
         (private / "bin").mkdir(parents=True)
         (private / "run").mkdir()
-        for entry in ROOT.iterdir():
-            if entry.name not in (".git", ".docs-test"):
-                (base / entry.name).symlink_to(entry)
+        for name in COPIED:
+            src, dest = ROOT / name, base / name
+            if src.is_dir():
+                shutil.copytree(src, dest, symlinks=True)
+            else:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest)
         self.socket = private / "run" / "control.sock"
         self.config = private / "config.toml"
         self.config.write_text(
@@ -234,8 +254,20 @@ def _run_document(doc: Path, base: Path) -> str | None:
     return None
 
 
+def _top_level(root: Path) -> dict[str, int | None]:
+    """The checkout's top-level entries, with each file's modification time."""
+    return {e.name: e.stat().st_mtime_ns if e.is_file() else None for e in root.iterdir()}
+
+
 @pytest.fixture(scope="module")
-def document_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, str | None]:
+def checkout_before() -> dict[str, int | None]:
+    return _top_level(ROOT)
+
+
+@pytest.fixture(scope="module")
+def document_runs(
+    tmp_path_factory: pytest.TempPathFactory, checkout_before: dict[str, int | None]
+) -> dict[Path, str | None]:
     """Every document's blocks, the documents side by side (each has its own port, state
     and socket; most of a block's time is spent waiting on a daemon)."""
     docs = _documents_with_blocks()
@@ -246,10 +278,20 @@ def document_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, str | 
         return {doc: future.result() for doc, future in futures.items()}
 
 
+@pytest.mark.slow  # end to end: the README's test command runs it in its second step
 @pytest.mark.parametrize("doc", _documents_with_blocks(), ids=lambda d: d.name)
 def test_marked_blocks_run_as_written(doc: Path, document_runs: dict[Path, str | None]) -> None:
     failure = document_runs[doc]
     assert failure is None, failure
+
+
+@pytest.mark.slow
+def test_documents_leave_the_checkout_as_it_was(
+    document_runs: dict[Path, str | None], checkout_before: dict[str, int | None]
+) -> None:
+    """The tour's run.jsonl, state.json and timeline.png land in each document's own copy:
+    a user's own files of those names in the checkout are neither read nor written."""
+    assert _top_level(ROOT) == checkout_before
 
 
 def test_markers_are_well_formed_and_cover_the_readme() -> None:

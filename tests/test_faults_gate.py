@@ -55,7 +55,7 @@ def test_gate_waits_settle_s_after_an_outage(lost: bool, why: str | None) -> Non
     after = _feed(watch, back, back + 15.0)
     opened_at, reason = _first_open(after)
     assert opened_at == pytest.approx(back + CFG.settle_s)
-    assert "quiet 10.0s" in reason
+    assert "quiet 10.0 s" in reason
     still_shut = [why for t, state, why in after if t < back + CFG.settle_s]
     assert still_shut and all(("settling:" in w or "sample(s) in" in w) for w in still_shut)
 

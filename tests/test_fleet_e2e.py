@@ -51,6 +51,9 @@ from gpuwatchd.store import open_store
 from gpuwatchd.store.rows import SessionStatus
 from gpuwatchd.tuning.settings import TuningSetup
 
+#: Slow end to end: the README's test command runs these in its second step.
+pytestmark = pytest.mark.slow
+
 PROMETHEUS = find_prometheus()
 SPEED = 60.0
 #: 3.5 h into fan-failure's decline: its next burst is >5% under a healthy host's.

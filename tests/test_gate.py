@@ -59,7 +59,7 @@ def test_quiet_gpu_opens_after_settle_time_from_the_first_sample() -> None:
     assert first.t == pytest.approx(CFG.settle_s)
     assert all(not d.open for d in ds if d.t < CFG.settle_s)
     assert all(d.open for d in ds if d.t >= first.t)
-    assert first.state is S.COOL_STABLE and "temp 40C" in first.reasons[0]
+    assert first.state is S.COOL_STABLE and "temp 40 C" in first.reasons[0]
     assert first.since == first.t and ds[-1].since == first.t
     assert ds[2].state is S.WARMING and "need 5" in ds[2].reasons[0]  # too few samples
     assert "settling" in ds[20].reasons[0]
@@ -77,17 +77,19 @@ def _open_then(last: Sample, **cfg_kw: object) -> GateDecision:
     ("last", "state", "needle"),
     [
         (idle(15.0, procs=(4242,)), S.BUSY, "1 foreign compute process(es) (pid 4242)"),
-        (idle(15.0, util_gpu=0.37), S.BUSY, "util 37.0% > 5.0%"),
+        (idle(15.0, util_gpu=0.37), S.BUSY, "util 37.0%; needs ≤"),
         (idle(15.0, reasons=R.SW_POWER_CAP, sm_clock_mhz=1500.0), S.THROTTLED, "sw_power_cap"),
         (idle(15.0, reasons=R.HW_SLOWDOWN | R.SW_THERMAL_SLOWDOWN), S.THROTTLED,
          "hw_slowdown+sw_thermal_slowdown"),
         (idle(15.0, sm_clock_mhz=1200.0, power_w=600.0, reasons=None), S.THROTTLED,
-         "< 75% of max 1980MHz under load"),
-        (idle(15.0, temp_c=76.0), S.WARMING, "temp 76C > 74C (15C margin to slowdown 89C)"),
-        (idle(15.0, sm_clock_mhz=885.0), S.WARMING, "SM 885MHz is 45% of max 1980MHz"),
-        (idle(15.0, power_w=350.0), S.WARMING, "power 350W is 50% of limit 700W (> 40%)"),
-        (idle(15.0, power_w=170.0), S.WARMING, "power spread 125-170W > 35W"),
-        (idle(15.0, temp_c=44.0), S.WARMING, "temp spread 40-44C > 3C"),
+         "< 75% of max 1980 MHz under load"),
+        (idle(15.0, temp_c=76.0), S.WARMING,
+         "temp 76 C; needs ≤ 74 C (temp_margin_c 15 C below slowdown 89 C)"),
+        (idle(15.0, sm_clock_mhz=885.0), S.WARMING,
+         "SM clock 885 MHz = 45% of max 1980 MHz; needs ≥ 95%"),
+        (idle(15.0, power_w=350.0), S.WARMING, "power 350 W = 50% of limit 700 W; needs ≤ 40%"),
+        (idle(15.0, power_w=170.0), S.WARMING, "power spread 125-170 W; needs ≤ 35 W"),
+        (idle(15.0, temp_c=44.0), S.WARMING, "temp spread 40-44 C; needs ≤ 3 C"),
     ],
 )  # fmt: skip
 def test_each_state_and_reason(last: Sample, state: GateState, needle: str) -> None:
@@ -150,14 +152,14 @@ def test_idle_parked_clock_is_not_warming() -> None:
 def test_clock_jitter_keeps_the_gate_shut() -> None:
     wobbly = [idle(i * 0.1, sm_clock_mhz=1980.0 - 60.0 * (i % 2)) for i in range(150)]
     d = run(wobbly)[-1]
-    assert d.state is S.WARMING and any("SM spread 1920-1980MHz" in r for r in d.reasons)
+    assert d.state is S.WARMING and any("SM clock spread 1920-1980 MHz" in r for r in d.reasons)
 
 
 def test_max_temp_fallback_without_slowdown_temperature() -> None:
     no_slowdown = dataclasses.replace(H200, slowdown_temp_c=None)
     for info in (None, no_slowdown):
         d = run([*steady(0.0, 15.0, temp_c=76.0)], info=info)[-1]
-        assert d.state is S.WARMING and "max_temp 75C" in d.reasons[0]
+        assert d.state is S.WARMING and "max_temp_c 75 C" in d.reasons[0]
         assert run(steady(0.0, 15.0, temp_c=70.0), info=info)[-1].open
 
 
@@ -165,7 +167,7 @@ def test_samples_older_than_the_window_are_ignored() -> None:
     # A clock dip at t=0 is SM jitter while it is inside the 5 s window, and only then.
     ds = run([idle(0.0, sm_clock_mhz=885.0), *steady(0.1, 20.0)])
     at = {round(d.t, 1): d for d in ds}
-    assert any("SM spread 885-1980MHz" in r for r in at[5.0].reasons)
+    assert any("SM clock spread 885-1980 MHz" in r for r in at[5.0].reasons)
     assert at[5.1].reasons[0].startswith("settling: 0.1s")
     assert opened(ds).t == pytest.approx(5.0 + CFG.settle_s)
 
@@ -207,8 +209,14 @@ def test_temperature_hysteresis() -> None:
     assert all(d.open for d in between(ds, 10.0, 20.0))
     shut = between(ds, 20.0, 45.0)
     assert not any(d.open for d in shut)
-    assert shut[0].reasons[0].startswith("temp 75C > 74C (15C margin to slowdown 89C)")
-    assert shut[-1].reasons[0] == "temp 73C > 71C (15C margin to slowdown 89C - 3C to reopen)"
+    assert (
+        shut[0]
+        .reasons[0]
+        .startswith("temp 75 C; needs ≤ 74 C (temp_margin_c 15 C below slowdown 89 C)")
+    )
+    assert shut[-1].reasons[0] == (
+        "temp 73 C; needs ≤ 71 C to reopen (temp_margin_c 15 C below slowdown 89 C)"
+    )
     assert shut[-1].disturbed_at == 20.0  # the band delays opening but is no disturbance
     assert ds[-1].open and ds[-1].t == 45.0
 
@@ -240,7 +248,7 @@ def test_utilization_hysteresis_is_busy_without_disturbance() -> None:
     assert band[0].state is S.BUSY and band[0].disturbed_at == 30.0
     assert all(d.state is S.BUSY for d in band)
     assert band[-1].disturbed_at == 30.0 and band[-1].reasons == (
-        "util 4.5% > 4.0% (util_max 5.0% - 20% to reopen)",
+        "util 4.5%; needs ≤ 4.0% to reopen (util_max 5.0%)",
     )
     assert ds[-1].open
     # The same 4.5% never shuts a gate that is already open.

@@ -63,16 +63,17 @@ def feed(samples: Sequence[Sample], cfg: GateConfig = CFG) -> list[GateDecision]
 
 BANDS = [
     # (name, inside the band, beyond the nominal limit, the reason's basis when shut)
-    ("temp", {"temp_c": 70.0}, {"temp_c": 73.0}, "(15C margin to slowdown 87C - 3C to reopen)"),
+    ("temp", {"temp_c": 70.0}, {"temp_c": 73.0},
+     "to reopen (temp_margin_c 15 C below slowdown 87 C)"),
     ("clock", {"sm_clock_mhz": 1891.0}, {"sm_clock_mhz": 1861.0},
-     "(clock_ratio_min 95% - 20% to reopen)"),
-    ("power", {"power_w": 250.0}, {"power_w": 300.0}, "(power_ratio_max 40% - 20% to reopen)"),
+     "to reopen (clock_ratio_min 95%)"),
+    ("power", {"power_w": 250.0}, {"power_w": 300.0}, "to reopen (power_ratio_max 40%)"),
     ("temp spread", {"alt": {"temp_c": 42.5}}, {"alt": {"temp_c": 43.5}},
-     "(temp_jitter_max_c 3C - 20% to reopen)"),
+     "to reopen (temp_jitter_max_c 3 C)"),
     ("clock spread", {"alt": {"sm_clock_mhz": 1945.0}}, {"alt": {"sm_clock_mhz": 1930.0}},
-     "(clock_jitter_max 2.0% - 20% to reopen)"),
+     "to reopen (clock_jitter_max 2.0%)"),
     ("power spread", {"alt": {"power_w": 155.0}}, {"alt": {"power_w": 165.0}},
-     "(power_jitter_max 5% - 20% to reopen)"),
+     "to reopen (power_jitter_max 5%)"),
 ]  # fmt: skip
 IDS = [b[0] for b in BANDS]
 
@@ -115,8 +116,8 @@ def test_without_hysteresis_the_reasons_name_only_the_key() -> None:
     cfg = dataclasses.replace(CFG, hyst_ratio=0.0, hyst_temp_c=0.0)
     d = judge(window(sm_clock_mhz=1861.0, temp_c=73.0), SHUT, cfg)
     assert d.reasons == (
-        "temp 73C > 72C (15C margin to slowdown 87C)",
-        "SM 1861MHz is 94% of max 1980MHz (< 95%) (clock_ratio_min)",
+        "temp 73 C; needs ≤ 72 C (temp_margin_c 15 C below slowdown 87 C)",
+        "SM clock 1861 MHz = 94% of max 1980 MHz; needs ≥ 95% (clock_ratio_min)",
     )
     assert judge(window(sm_clock_mhz=1891.0, temp_c=71.0), SHUT, cfg).open  # no band
 
@@ -150,7 +151,7 @@ def test_quiet_time_exactly_settle_s_opens() -> None:
     cfg = dataclasses.replace(CFG, settle_s=4.0)
     five = [idle(float(t)) for t in range(5)]
     d = judge(five, None, cfg)
-    assert d.open and d.reasons == ("temp 40C, SM 1980MHz, 125W, quiet 4.0s",)
+    assert d.open and d.reasons == ("temp 40 C, SM clock 1980 MHz, 125 W, quiet 4.0 s",)
     d = judge(five, None, dataclasses.replace(CFG, settle_s=4.5))
     assert d.reasons == ("settling: 4.0s since last disturbance (need 4.5s)",)
 
@@ -177,9 +178,9 @@ def test_the_settle_time_counts_from_the_previous_disturbance_or_the_first_sampl
 @pytest.mark.parametrize(
     ("field", "values", "reason"),
     [
-        ("temp_c", [40.0, None, 44.0, None, 41.0], "temp spread 40-44C > 2.4C"),
-        ("power_w", [125.0, None, 170.0, None, 125.0], "power spread 125-170W > 28W"),
-        ("sm_clock_mhz", [1900.0, None, 1980.0, None, 1980.0], "SM spread 1900-1980MHz"),
+        ("temp_c", [40.0, None, 44.0, None, 41.0], "temp spread 40-44 C; needs ≤ 2.4 C"),
+        ("power_w", [125.0, None, 170.0, None, 125.0], "power spread 125-170 W; needs ≤ 28 W"),
+        ("sm_clock_mhz", [1900.0, None, 1980.0, None, 1980.0], "SM clock spread 1900-1980 MHz"),
     ],
 )
 def test_a_window_with_missing_readings_is_judged_on_the_rest(
@@ -192,7 +193,7 @@ def test_a_window_with_missing_readings_is_judged_on_the_rest(
 
 def test_no_power_readings_at_all_skip_the_power_checks() -> None:
     d = judge(window(power_w=None), OPEN)
-    assert d.open and d.reasons[0] == "temp 40C, SM 1980MHz, quiet 34.9s"
+    assert d.open and d.reasons[0] == "temp 40 C, SM clock 1980 MHz, quiet 34.9 s"
 
 
 def test_zero_power_readings_have_no_spread() -> None:
@@ -203,7 +204,7 @@ def test_power_spread_without_a_power_limit_is_relative_to_the_peak() -> None:
     info = dataclasses.replace(H200, power_limit_w=None)
     assert judge(window(power_w=100.0, alt={"power_w": 104.0}), SHUT, info=info).open
     d = judge(window(power_w=100.0, alt={"power_w": 110.0}), SHUT, info=info)
-    assert d.reasons[0].startswith("power spread 100-110W > 4W")
+    assert d.reasons[0].startswith("power spread 100-110 W; needs ≤ 4 W")
 
 
 # -- throttle reasons -----------------------------------------------------------------------
@@ -212,10 +213,10 @@ def test_power_spread_without_a_power_limit_is_relative_to_the_peak() -> None:
 def test_unknown_reason_bits_neither_throttle_nor_mean_idle() -> None:
     assert judge(window(reasons=UNKNOWN_BIT), OPEN).open
     parked = judge(window(reasons=UNKNOWN_BIT, sm_clock_mhz=885.0), OPEN)
-    assert parked.state is S.WARMING and "SM 885MHz is 45% of max" in parked.reasons[0]
+    assert parked.state is S.WARMING and "SM clock 885 MHz = 45% of max" in parked.reasons[0]
     assert judge(window(reasons=R.GPU_IDLE | UNKNOWN_BIT, sm_clock_mhz=885.0), OPEN).open
     d = judge(window(reasons=R.SW_POWER_CAP | UNKNOWN_BIT, power_w=None), OPEN)
-    assert d.state is S.THROTTLED and d.reasons == ("throttle sw_power_cap (SM 1980MHz)",)
+    assert d.state is S.THROTTLED and d.reasons == ("throttle sw_power_cap (SM clock 1980 MHz)",)
 
 
 def test_no_reason_reading_is_not_idle() -> None:
@@ -233,7 +234,9 @@ def test_clock_spread_ignores_idle_samples_but_not_unread_reasons() -> None:
         idle(4.0, reasons=R.GPU_IDLE, sm_clock_mhz=885.0),
     ]
     d = judge(samples, OPEN)
-    assert d.state is S.WARMING and d.reasons[0].startswith("SM spread 1900-1980MHz (4.0% > 2.0%)")
+    assert d.state is S.WARMING and d.reasons[0].startswith(
+        "SM clock spread 1900-1980 MHz = 4.0%; needs ≤ 2.0%"
+    )
     samples[0] = idle(0.0, reasons=None, sm_clock_mhz=1975.0)
     assert judge(samples, OPEN).open  # parked idle clocks are no spread; 0.25% is none either
 
@@ -291,7 +294,7 @@ def test_low_clock_under_load_needs_the_power_limit_and_the_max_clock() -> None:
 
 def test_throttled_inside_the_utilisation_band_is_busy() -> None:
     d = judge(window(util_gpu=0.045, reasons=R.SW_POWER_CAP), SHUT)
-    assert d.state is S.BUSY and d.reasons[0].startswith("util 4.5% > 4.0%")
+    assert d.state is S.BUSY and d.reasons[0].startswith("util 4.5%; needs ≤ 4.0%")
     assert d.disturbed_at == 4.9  # the throttle is a disturbance
 
 
@@ -364,7 +367,7 @@ def test_staleness_boundary_with_now() -> None:
 def test_without_device_info_the_fixed_temperature_limit_applies() -> None:
     assert judge(window(temp_c=74.0), OPEN, info=None).open
     d = judge(window(temp_c=76.0, sm_clock_mhz=500.0, power_w=690.0), OPEN, info=None)
-    assert d.reasons == ("temp 76C > 75C (max_temp 75C)",)
+    assert d.reasons == ("temp 76 C; needs ≤ 75 C (max_temp_c 75 C)",)
 
 
 # -- "in this state since": carried across polls while the state holds --------------------
@@ -467,13 +470,13 @@ def test_one_zero_mhz_reading_is_a_clock_spread(info: DeviceInfo | None, at: int
     samples[at] = idle(samples[at].t, sm_clock_mhz=0.0)
     d = judge(samples, OPEN, info=info)
     assert d.state is S.WARMING
-    assert d.reasons == ("SM spread 0-1980MHz (100.0% > 2.0%) (clock_jitter_max)",)
+    assert d.reasons == ("SM clock spread 0-1980 MHz = 100.0%; needs ≤ 2.0% (clock_jitter_max)",)
     assert d.disturbed_at == d.t
 
 
 @pytest.mark.parametrize(
     ("info", "allowed"),
-    [(H200, "35W"), (None, "6W"), (dataclasses.replace(H200, power_limit_w=None), "6W")],
+    [(H200, "35 W"), (None, "6 W"), (dataclasses.replace(H200, power_limit_w=None), "6 W")],
     ids=["h200: 5% of the limit", "no device info: 5% of the peak", "no power limit"],
 )
 @pytest.mark.parametrize("at", [10, 49], ids=["early", "latest"])
@@ -484,7 +487,7 @@ def test_one_zero_watt_reading_is_a_power_spread(
     samples[at] = idle(samples[at].t, power_w=0.0)
     d = judge(samples, OPEN, info=info)
     assert d.state is S.WARMING
-    assert d.reasons == (f"power spread 0-125W > {allowed} (power_jitter_max)",)
+    assert d.reasons == (f"power spread 0-125 W; needs ≤ {allowed} (power_jitter_max)",)
 
 
 @pytest.mark.parametrize("info", [H200, None], ids=["h200", "no device info"])
@@ -492,7 +495,7 @@ def test_all_zero_readings_divide_by_nothing(info: DeviceInfo | None) -> None:
     d = judge(window(sm_clock_mhz=0.0, power_w=0.0), OPEN, info=info)
     assert all("spread" not in r for r in d.reasons)
     if info is not None:  # a known max clock: 0 MHz is far under it
-        assert d.reasons == ("SM 0MHz is 0% of max 1980MHz (< 95%) (clock_ratio_min)",)
+        assert d.reasons == ("SM clock 0 MHz = 0% of max 1980 MHz; needs ≥ 95% (clock_ratio_min)",)
 
 
 # -- config -----------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ def _stand_ins(bin_dir: Path, log: Path, uid: int) -> None:
         'if [ "$1 $2 $3" = "-m pip install" ]; then\n'
         f'  echo "python3 $*" >> {shlex.quote(str(log))}; exit 0\n'
         "fi\n"
+        # Debian's own python3: the script's PEP 668 check finds it externally managed.
+        'case "$*" in *EXTERNALLY-MANAGED*) [ -z "$FAKE_SYSTEM_PYTHON" ] || exit 1;; esac\n'
         f'exec {shlex.quote(sys.executable)} "$@"\n'
     )
     (bin_dir / "sudo").write_text(
@@ -42,11 +44,14 @@ def _stand_ins(bin_dir: Path, log: Path, uid: int) -> None:
         f.chmod(0o755)
 
 
-def _run(tmp_path: Path, index: str, uid: int = 0) -> tuple[subprocess.CompletedProcess[str], str]:
+def _run(
+    tmp_path: Path, index: str, uid: int = 0, system_python: bool = False
+) -> tuple[subprocess.CompletedProcess[str], str]:
     log = tmp_path / "calls.log"
     _stand_ins(tmp_path / "bin", log, uid)
     env = {
         **os.environ,
+        "FAKE_SYSTEM_PYTHON": "1" if system_python else "",
         "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
         "TORCH_CPU_INDEX": index,
         "PIP_INDEX_URL": "https://mirror.example/simple",
@@ -106,6 +111,26 @@ def test_a_user_without_root_goes_through_sudo_only_for_the_system(
 
 
 def test_ci_runs_the_readme_test_command() -> None:
-    command = "./scripts/install-test-deps.sh && python3 -m pytest -q"
+    command = (
+        './scripts/install-test-deps.sh && python3 -m pytest -q -m "not slow"'
+        " && python3 -m pytest -q -m slow"
+    )
     assert command in CI.read_text().splitlines()
     assert command in README.read_text()
+
+
+def test_the_system_python_is_refused_before_anything_is_installed(
+    tmp_path: Path, cpu_index: str
+) -> None:
+    """Debian's python3 refuses pip (PEP 668): one line naming the venv, and no apt-get."""
+    res, calls = _run(tmp_path, cpu_index, uid=1000, system_python=True)
+    assert res.returncode == 1
+    assert calls == ""
+    [line] = res.stderr.splitlines()
+    assert "PEP 668" in line and "python3 -m venv .venv && . .venv/bin/activate" in line
+
+
+def test_the_readme_quick_start_uses_a_venv_and_names_the_python_it_needs() -> None:
+    text = README.read_text()
+    assert "python3 -m venv .venv && . .venv/bin/activate && pip install . && gpuwatchd run" in text
+    assert "Python ≥ 3.11" in text

@@ -20,6 +20,11 @@ from gpuwatchd.telemetry.replay import ReplayBackend
 from gpuwatchd.telemetry.types import DeviceInfo, ThrottleReason
 
 TRACE = Path(__file__).parent / "data" / "h200-matmul-burn.jsonl"
+#: What a loaded 2-core machine may add to a thread's wake-up: a stall is noticed two
+#: periods after its read began, plus at most this (generous: a bound, not a benchmark).
+SCHEDULING_S = 2.0
+#: How long a test looks for a stall that must come.
+STALL_SEARCH_S = 15.0
 
 
 def test_hanging_read_is_noticed_within_two_periods_and_others_keep_polling(caplog):
@@ -34,15 +39,15 @@ def test_hanging_read_is_noticed_within_two_periods_and_others_keep_polling(capl
         backend.hang(1)
         hung_at = time.monotonic()
         noticed_at = None
-        while time.monotonic() - hung_at < 1.0:
+        while time.monotonic() - hung_at < STALL_SEARCH_S:
             if poller.check_stalls() == [1]:
                 noticed_at = time.monotonic()
                 break
             time.sleep(period / 5)
         assert noticed_at is not None, "stall never noticed"
-        # It can only be noticed once the read has run 2 periods; it must not take much longer
-        # (one extra period for the hang to start at the next poll, one for scheduling).
-        assert noticed_at - hung_at <= 4 * period
+        # It can only be noticed once the read has run 2 periods (one more for the hang to
+        # start at the next poll); beyond that only the machine's load delays it.
+        assert noticed_at - hung_at <= 3 * period + SCHEDULING_S
         snap = board.get(1)
         assert snap.health.stalled and not snap.health.success
         assert snap.sample is None
@@ -51,8 +56,7 @@ def test_hanging_read_is_noticed_within_two_periods_and_others_keep_polling(capl
         assert any("GPU 1" in r.message and "stuck" in r.message for r in caplog.records)
         # GPU 0 keeps polling while GPU 1 is stuck.
         before = backend.reads[0]
-        time.sleep(5 * period)
-        assert backend.reads[0] >= before + 3
+        assert wait_until(lambda: backend.reads[0] >= before + 3, what="GPU 0 to keep polling")
         assert board.get(0).health.success
         assert poller.longest_stall_s() >= 2 * period
     finally:
@@ -263,9 +267,9 @@ def test_a_hung_first_static_facts_read_is_a_stall():
     poller = Poller(backend, board, GateConfig(), period_s=period, stall_periods=2)
     poller.start()
     try:
-        noticed = _stall_noticed(poller, 0, within_s=1.0)
+        noticed = _stall_noticed(poller, 0, within_s=STALL_SEARCH_S)
         assert noticed is not None, "a hung device_info was never reported stalled"
-        assert noticed <= 2 * period + 0.1
+        assert noticed <= 2 * period + SCHEDULING_S
         assert poller.longest_stall_s() >= 2 * period  # what stops the watchdog pings
         snap = board.get(0)
         assert snap is not None and snap.health.stalled and not snap.health.success
@@ -285,7 +289,7 @@ def test_a_hung_static_facts_read_after_a_gpu_returns_is_a_stall(caplog):
         assert wait_until(lambda: board.get(0) is not None and board.get(0).health.lost)
         backend.info_release.clear()
         backend.lost.clear()  # it answers again: the poll re-reads its facts, which hang
-        noticed = _stall_noticed(poller, 0, within_s=1.0)
+        noticed = _stall_noticed(poller, 0, within_s=STALL_SEARCH_S)
         assert noticed is not None, "a hung device_info was never reported stalled"
         caplog.set_level(logging.WARNING, logger="gpuwatchd.monitor.poller")
         backend.info_release.set()

@@ -48,6 +48,9 @@ from prom_helpers import (
     write_test_rules,
 )
 
+#: Slow end to end: the README's test command runs these in its second step.
+pytestmark = pytest.mark.slow
+
 DASHBOARD = REPO / "grafana" / "gpuwatchd.json"
 PROMETHEUS = find_prometheus()
 GPUS = 2

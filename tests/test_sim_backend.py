@@ -6,7 +6,6 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import statistics
 from pathlib import Path
 
@@ -369,7 +368,7 @@ def test_preset_rejects_inconsistent_values() -> None:
 
 # --------------------------------------------------------------------- calibration
 
-#: Measured from traces/h200-matmul-burn.jsonl (see test_reference_matches_the_trace):
+#: Measured from tests/data/h200-matmul-burn.jsonl (see test_reference_matches_the_trace):
 #: medians over the loaded window (load start + 5 s to load end) and the idle lead-in,
 #: rise = load start -> temp >= loaded median - 1, fall = load end -> temp <= idle + 1.
 TRACE_REF = {
@@ -418,24 +417,12 @@ def test_power_cap_scenario_matches_the_h200_trace() -> None:
     assert sim["fall_s"] == pytest.approx(TRACE_REF["fall_s"], abs=0.75)
 
 
-def _trace_path() -> Path | None:
-    candidates = [
-        os.environ.get("GPUWATCHD_TRACES", ""),
-        str(Path(__file__).resolve().parents[1] / "shared" / "traces"),
-        "/work/shared/traces",
-    ]
-    for folder in filter(None, candidates):
-        path = Path(folder) / "h200-matmul-burn.jsonl"
-        if path.is_file():
-            return path
-    return None
+#: The recorded H200 burn that ships with the tests (the README's tour replays it too).
+TRACE = Path(__file__).resolve().parent / "data" / "h200-matmul-burn.jsonl"
 
 
 def test_reference_matches_the_trace() -> None:
-    path = _trace_path()
-    if path is None:
-        pytest.skip("h200-matmul-burn.jsonl not found (set GPUWATCHD_TRACES)")
-    lines = path.read_text().splitlines()
+    lines = TRACE.read_text().splitlines()
     header = json.loads(lines[0])
     start, end = header["events"][0]["t"], header["events"][1]["t"]
     stats = _burn_stats([json.loads(line) for line in lines[1:]], start, end)

@@ -61,15 +61,18 @@ def state_doc() -> dict[str, Any]:
 
 TABLE = """\
 gpuwatchd 1.2 · backend sim
-GPU  NAME  TEMP/SLOWDOWN  POWER/LIMIT  SM CLOCK/MAX  REASONS       GATE                   WHY
-0    H200  61/87C         694/700W     1440/1980MHz  sw_power_cap  throttled              capped
-1    H200  -              -            -             none          unavailable (FAILING)  failed
-2    -     -              -            -             -             unavailable (LOST)     lost
+GPU  NAME  TEMP    POWER     SM CLOCK      THROTTLE      GATE
+0    H200  61/87C  694/700W  1440/1980MHz  sw_power_cap  throttled
+     why: capped
+1    H200  -       -         -             none          unavailable (FAILING)
+     why: failed
+2    -     -       -         -             -             unavailable (LOST)
+     why: lost
 tuning: running on GPU 0; GPU 1 waiting: gemm, conv"""
 
 
 def test_the_table_shows_each_gpu_its_health_and_the_tuner() -> None:
-    assert format_status(state_doc()) == TABLE
+    assert format_status(state_doc(), width=80) == TABLE
 
 
 @pytest.mark.parametrize(
@@ -77,7 +80,7 @@ def test_the_table_shows_each_gpu_its_health_and_the_tuner() -> None:
     [
         ({"enabled": False}, "tuning: disabled"),
         ({}, "tuning: idle, nothing pending"),
-        (None, "2    -  "),
+        (None, "     why: lost"),
     ],
 )
 def test_the_tuning_line(tuning: dict[str, Any] | None, last_line: str) -> None:
@@ -194,8 +197,30 @@ def test_why_quotes_the_configured_threshold_and_the_hysteresis_apart() -> None:
         board_of(judged(0, info, busy, decision.state, decision.reasons)),
         DaemonInfo("1.2", "sim", "3"),
     )))  # fmt: skip
-    row = format_status(doc).splitlines()[2]
-    assert row.endswith(why)
-    assert why == "util 100.0% > 4.0% (util_max 5.0% - 20% to reopen)"
+    shown = " ".join(line.strip() for line in format_status(doc, width=80).splitlines()[3:])
+    assert shown == f"why: {why}"
+    assert why == "util 100.0%; needs ≤ 4.0% to reopen (util_max 5.0%)"
     opened = evaluate([busy], info, GateConfig(util_max=0.05, hyst_ratio=0.0), prev=None)
-    assert opened.reasons == ("util 100.0% > 5.0% (util_max)",)
+    assert opened.reasons == ("util 100.0%; needs ≤ 5.0% (util_max)",)
+
+
+def test_plain_status_breaks_lines_between_words_within_80_columns() -> None:
+    """A long WHY (a simulated GPU's name, two shut reasons) goes on lines of its own under
+    the GPU's row, broken between words: an 80-column terminal never splits a word."""
+    from gpuwatchd.gate import GateConfig, evaluate
+
+    info = h200(name="NVIDIA H200 (simulated)")
+    busy = Sample(0, t=10.0, temp_c=59.0, power_w=699.0, sm_clock_mhz=885.0, util_gpu=1.0,
+                  reasons=ThrottleReason(0), procs=(4242,))  # fmt: skip
+    decision = evaluate([busy], info, GateConfig(), prev=None)
+    doc = json.loads(json.dumps(build_state_json(
+        board_of(judged(0, info, busy, decision.state, ("SM clock 885 MHz = 45% of max 1980 "
+                 "MHz; needs ≥ 96% to reopen (clock_ratio_min 95%)", *decision.reasons))),
+        DaemonInfo("1.2", "sim", "3"),
+    )))  # fmt: skip
+    lines = format_status(doc, width=80).splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    row, why = lines[2], lines[3:]
+    assert row.split()[:4] == ["0", "NVIDIA", "H200", "(simulated)"]
+    reasons = "; ".join(doc["gpus"][0]["gate"]["reasons"])
+    assert len(why) > 1 and " ".join(line.strip() for line in why) == f"why: {reasons}"

@@ -15,7 +15,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -186,23 +185,32 @@ def test_watch_in_a_100_column_tmux_pane(tmp_path: Path, sim_daemon: str, quit_k
     pane.start(f"env {env} {watch}; echo $? > {rc_file}; sleep 30")
     try:
 
-        def processes_shown() -> bool:
-            text = "\n".join(pane.screen())
-            return "4242" in text and "4243" in text and "GiB" in text
+        def whole_view(screen: list[str]) -> bool:
+            """The view drawn in full: a capture taken mid-redraw misses lines, so the
+            test looks again until one capture shows every row (tmux has no 'drawn')."""
+            rows = [line.split() for line in screen]
+            header = ["GPU", "NAME", "GATE", "TEMP", "POWER", "SM", "MHz", "UTIL", "THROTTLE"]
+            gpu_rows = [r for r in rows if r[:2] in (["0", "NVIDIA"], ["1", "NVIDIA"])]
+            return (
+                max(len(line) for line in screen) <= WIDTH
+                and header in rows
+                and len(gpu_rows) == 2
+                and all(r[-1] in ("pwr-cap", "sw-therm") for r in gpu_rows)
+                and any(r[:2] == ["0", "4242"] and "GiB" in r for r in rows)
+                and any(r[:2] == ["1", "4243"] and "GiB" in r for r in rows)
+            )
 
-        assert wait_until(processes_shown, 30), "\n".join(pane.screen())
-        screen = pane.screen()
-        assert max(len(line) for line in screen) <= WIDTH
-        rows = [line.split() for line in screen]
-        header = next(r for r in rows if r[:2] == ["GPU", "NAME"])
-        assert header == ["GPU", "NAME", "GATE", "TEMP", "POWER", "SM", "MHz", "UTIL", "THROTTLE"]
-        gpu_rows = [r for r in rows if r[:2] in (["0", "NVIDIA"], ["1", "NVIDIA"])]
-        assert len(gpu_rows) == 2 and all(r[-1] in ("pwr-cap", "sw-therm") for r in gpu_rows)
-        assert any(r[:2] == ["0", "4242"] and "GiB" in r for r in rows)
-        assert any(r[:2] == ["1", "4243"] and "GiB" in r for r in rows)
+        seen: list[list[str]] = [[]]
+
+        def drawn() -> bool:
+            seen[0] = pane.screen()
+            return bool(seen[0]) and whole_view(seen[0])
+
+        assert wait_until(drawn, 60), "\n".join(seen[0])
         pane.keys(quit_key)
-        assert wait_until(rc_file.exists, 10), "\n".join(pane.screen())
-        time.sleep(0.1)
+        assert wait_until(lambda: rc_file.exists() and rc_file.read_text().strip(), 30), "\n".join(
+            pane.screen()
+        )
         assert rc_file.read_text().strip() == "0"
     finally:
         pane.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import io
 import json
 import re
 import resource
@@ -10,11 +12,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from builders import capped, h200, idle, judged
 
+from gpuwatchd.cli.common import CliError
 from gpuwatchd.cli.main import build_parser
-from gpuwatchd.cli.tune import SHIPPED_WORKLOADS
+from gpuwatchd.cli.tune import SHIPPED_WORKLOADS, GateWatch
+from gpuwatchd.gate import GateConfig, GateDecision, GateState
+from gpuwatchd.monitor.board import GpuSnapshot
+from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
 
 
@@ -87,8 +95,11 @@ def test_cpu_family_end_to_end(tmp_path: Path):
     doc = json.loads(gpuwatchd("report", "--store", str(store), "--format", "json").stdout)
     (result,) = doc["results"]
     assert result["workload"] == "cpu-matmul" and result["regime"] == "unthrottled"
-    assert len(result["candidates"]) >= 2
-    assert all(c["median_s"] > 0 and c["samples"] > 0 for c in result["candidates"])
+    # On a loaded machine a candidate may have every batch rejected as noise (no median):
+    # the winner and its runner-up were measured all the same.
+    measured = [c for c in result["candidates"] if c["median_s"] is not None]
+    assert len(measured) >= 2
+    assert all(c["median_s"] > 0 and c["samples"] > 0 for c in measured)
 
 
 def test_no_wait_fails_fast_when_the_gate_is_shut(tmp_path: Path):
@@ -99,6 +110,45 @@ def test_no_wait_fails_fast_when_the_gate_is_shut(tmp_path: Path):
     assert res.returncode == 3, res.stdout + res.stderr
     err = res.stderr.strip().splitlines()
     assert len(err) == 1 and "gate is shut (busy" in err[0]
+
+
+class _ScriptedPoller:
+    """A poller whose gate says what the test scripts, one snapshot per poll."""
+
+    def __init__(self, snaps: list[GpuSnapshot]) -> None:
+        self.snaps = snaps
+        self.polls = 0
+        self.period_s = 0.01
+        self.gate_cfg = GateConfig()
+        self.backend = SimpleNamespace(clock=ManualClock())
+
+    def poll(self, gpu: int) -> GpuSnapshot:
+        self.polls += 1
+        self.backend.clock.advance(self.period_s)
+        return self.snaps[min(self.polls, len(self.snaps)) - 1]
+
+
+def test_no_wait_gives_up_at_the_first_poll_that_sees_the_gpu_in_use():
+    """A GPU a job holds is busy now: --no-wait does not gather the gate's 15 s of evidence
+    first (it used to, so `tune --no-wait` on a busy GPU took 15 s to fail)."""
+    busy = judged(0, h200(), capped(t=0.5), GateState.BUSY, ("1 foreign compute process(es)",))
+    poller = _ScriptedPoller([busy])
+    watch = GateWatch(poller, 0, io.StringIO(), None)  # type: ignore[arg-type]
+    with pytest.raises(CliError) as err:
+        watch.wait_open(no_wait=True, timeout_s=None)
+    assert err.value.code == 3 and poller.polls == 1
+
+
+def test_no_wait_gathers_evidence_on_an_idle_gpu_before_judging_it():
+    settling = dataclasses.replace(
+        judged(0, h200(), idle(0.5), GateState.WARMING, ("settling: 0.5s",)),
+        gate=GateDecision(GateState.WARMING, ("settling: 0.5s",), t=0.5, since=0.5,
+                          disturbed_at=0.5),
+    )  # fmt: skip
+    opened = judged(0, h200(), idle(16.0), GateState.COOL_STABLE, ("quiet",))
+    poller = _ScriptedPoller([settling, settling, opened])
+    watch = GateWatch(poller, 0, io.StringIO(), None)  # type: ignore[arg-type]
+    assert watch.wait_open(no_wait=True, timeout_s=None) is opened
 
 
 def test_a_gate_that_never_opens_is_shown_live_without_spinning(tmp_path: Path):

@@ -13,6 +13,8 @@ they are imported when a command runs, and ``gpuwatchd --help`` starts without t
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
 
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
+#: Ctrl-C: the status a shell gives a process killed by SIGINT.
+EXIT_INTERRUPTED = 130
 #: stdout's reader went away (``| head``): the status a shell gives a process killed by SIGPIPE.
 EXIT_BROKEN_PIPE = 141
 
@@ -115,7 +119,14 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
 def load_with_overrides(args: argparse.Namespace) -> tuple[Config, dict[str, dict[str, Any]]]:
     """The config file plus command-line overrides; raises CliError(code 2) when invalid."""
     from gpuwatchd.config import ConfigError, load_config
+    from gpuwatchd.config.listen import parse_listen
 
+    listen = getattr(args, "listen", None)
+    if listen is not None:
+        try:
+            parse_listen(listen)
+        except ValueError as exc:  # says which part is wrong: the port's range, say
+            raise CliError(f"--listen: {exc}", EXIT_CONFIG) from None
     backend = getattr(args, "backend", None)
     overrides: dict[str, dict[str, Any]] = {
         "daemon": {
@@ -144,11 +155,43 @@ def load_with_overrides(args: argparse.Namespace) -> tuple[Config, dict[str, dic
         overrides["daemon"]["backend"] = "replay"
     try:
         cfg = load_config(getattr(args, "config", None)).with_overrides(**overrides)
+        sim_paths = _sim_paths(cfg)
+        if sim_paths:
+            overrides["daemon"].update(sim_paths)
+            cfg = cfg.with_overrides(daemon=sim_paths)
     except ConfigError as exc:
         raise CliError(str(exc), EXIT_CONFIG) from None
     except ValueError as exc:
         raise CliError(f"command line: {exc}", EXIT_CONFIG) from None
     return cfg, overrides
+
+
+#: Backends whose GPUs are not this host's: their daemon stays out of the system's paths.
+SIM_BACKENDS = ("sim", "replay")
+
+
+def _sim_paths(cfg: Config) -> dict[str, str]:
+    """For a simulated or replayed GPU, the state directory and control socket that were
+    not chosen (by the config, the command line or systemd): in
+    :func:`gpuwatchd.store.location.sim_state_dir`, so a demo run as root never writes
+    /var/lib/gpuwatchd or /run/gpuwatchd, and its winners never reach real jobs."""
+    from gpuwatchd.config import CONTROL_SOCKET_NAME
+    from gpuwatchd.store import StoreError
+    from gpuwatchd.store.location import make_private_dir, sim_state_dir
+
+    if cfg.daemon.backend not in SIM_BACKENDS:
+        return {}
+    paths: dict[str, str] = {}
+    if not (cfg.daemon.state_dir or cfg.store.url or os.environ.get("STATE_DIRECTORY")):
+        paths["state_dir"] = str(sim_state_dir())
+    if not (cfg.daemon.control_socket or os.environ.get("RUNTIME_DIRECTORY")):
+        paths["control_socket"] = str(sim_state_dir() / CONTROL_SOCKET_NAME)
+    if paths:
+        try:
+            make_private_dir(sim_state_dir())
+        except StoreError as exc:
+            raise CliError(str(exc)) from None
+    return paths
 
 
 def open_store(
@@ -180,11 +223,46 @@ def open_configured_store(cfg: Config, readonly: bool = False) -> SqlStore:
     )
 
 
-def control_socket(args: argparse.Namespace) -> Path:
-    """``args.socket``, or the daemon's default control socket."""
-    from gpuwatchd.client.discovery import default_socket_path
+def open_store_to_read(cfg: Config) -> SqlStore:
+    """The store a reader without ``--store`` was pointed at (``$GPUWATCHD_STORE``, else
+    the config's ``[store] url``), else the first store file of the job client's own list
+    (:func:`gpuwatchd.client.discovery.default_store_paths`), else a simulated daemon's
+    (:func:`gpuwatchd.store.location.sim_state_dir`, said on stderr), opened read-only;
+    none: one line naming every place looked and the daemon's winners API."""
+    from gpuwatchd.api.winners import WINNERS_PATH
+    from gpuwatchd.client.discovery import STORE_ENV, default_store_paths, default_url
+    from gpuwatchd.config import STORE_NAME
+    from gpuwatchd.store import StoreError, find_store_file
+    from gpuwatchd.store.location import sim_state_dir
 
-    return Path(args.socket) if args.socket else default_socket_path()
+    given = os.environ.get(STORE_ENV)
+    if given:
+        return open_store(given, readonly=True)
+    if cfg.store.url:
+        return open_configured_store(cfg, readonly=True)
+    daemons = default_store_paths(cfg)
+    sim = sim_state_dir() / STORE_NAME
+    try:
+        path = find_store_file([*daemons, sim], default_url() + WINNERS_PATH)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+    if path == sim and sim not in daemons:
+        print(f"gpuwatchd: reading the simulated GPU's store {path}", file=sys.stderr)
+    return open_store(path, readonly=True)
+
+
+def control_socket(args: argparse.Namespace) -> Path:
+    """``args.socket``, or the daemon's default control socket; where no daemon listens
+    there, a simulated daemon's (:func:`_sim_paths`) when one does."""
+    from gpuwatchd.client.discovery import default_socket_path
+    from gpuwatchd.config import CONTROL_SOCKET_NAME
+    from gpuwatchd.store.location import sim_state_dir
+
+    if args.socket:
+        return Path(args.socket)
+    path = default_socket_path()
+    sim = sim_state_dir() / CONTROL_SOCKET_NAME
+    return sim if not path.exists() and sim.exists() else path
 
 
 def ask_daemon(args: argparse.Namespace, request: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 from gpuwatchd import __version__
-from gpuwatchd.cli.common import EXIT_BROKEN_PIPE, CliError, Command
+from gpuwatchd.cli.common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, CliError, Command
 
 #: The subcommands in the order ``gpuwatchd --help`` lists them.
 COMMANDS: tuple[str, ...] = (
@@ -87,4 +87,4 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         print(f"gpuwatchd: {exc}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from gpuwatchd.cli.common import (
     EXIT_CONFIG,
+    EXIT_INTERRUPTED,
     CliError,
     Subparsers,
     add_backend_args,
     add_command,
     load_with_overrides,
 )
-from gpuwatchd.validate import need_duration
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -46,8 +47,12 @@ def run(args: argparse.Namespace) -> int:
     from gpuwatchd.telemetry.factory import open_backend
     from gpuwatchd.telemetry.record import record_trace
     from gpuwatchd.telemetry.trace import TraceError
+    from gpuwatchd.validate import need_duration
 
     cfg, _ = load_with_overrides(args)
+    parent = Path(args.out).parent
+    if not parent.is_dir():  # a typo must not create directories anywhere, / included
+        raise CliError(f"--out {args.out}: no directory {parent}; create it first", EXIT_CONFIG)
     for flag, value, least in (
         ("--duration", args.duration, 0.0),
         ("--interval", args.interval, 0.001),
@@ -64,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_CONFIG) from None
     except BackendUnavailable as exc:
         raise CliError(str(exc)) from None
+    from gpuwatchd.cli.progress import clock_text
     from gpuwatchd.cli.record_progress import RecordProgress
 
     progress = RecordProgress(sys.stderr, args.duration)
@@ -77,6 +83,14 @@ def run(args: argparse.Namespace) -> int:
         )
     except OSError as exc:
         raise CliError(f"{args.out}: {exc.strerror or exc}") from None
+    except KeyboardInterrupt:
+        progress.finish()
+        print(
+            f"recording cut short after {clock_text(progress.elapsed_s)} of "
+            f"{clock_text(args.duration)}: wrote {progress.count} samples to {args.out}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     finally:
         progress.finish()
         backend.close()

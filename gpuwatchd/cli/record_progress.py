@@ -45,6 +45,16 @@ class RecordProgress:
         tele = telemetry_text(sample.sm_clock_mhz, sample.temp_c, sample.power_w)
         return f"{self._count} samples · GPU {sample.gpu}: {tele}" if tele else ""
 
+    @property
+    def count(self) -> int:
+        """Samples heard of so far."""
+        return self._count
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the recording started, at most its duration."""
+        return min(self._clock() - self._start, self.duration_s)
+
     def __call__(self, sample: Sample) -> None:
         self._count += 1
         now = self._clock()

@@ -23,6 +23,7 @@ from gpuwatchd.cli.common import (
     load_with_overrides,
     open_configured_store,
     open_store,
+    open_store_to_read,
 )
 
 
@@ -50,8 +51,9 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "--store",
         metavar="PATH|URL",
         help="SQLite store file, or a PostgreSQL URL or key=value string without a password "
-        "(libpq reads it from PGPASSWORD or ~/.pgpass; default: [store] url, else "
-        "STATE_DIR/gpuwatchd.db)",
+        "(libpq reads it from PGPASSWORD or ~/.pgpass; default: $GPUWATCHD_STORE, [store] "
+        "url, else the first of STATE_DIR/gpuwatchd.db, /var/lib/gpuwatchd/gpuwatchd.db and "
+        "a simulated daemon's store)",
     )
     p.add_argument("--state-dir", metavar="DIR", help="state directory holding the store")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output")
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         store = open_store(args.store, readonly=True)
     else:
         cfg, _ = load_with_overrides(args)
-        store = open_configured_store(cfg, readonly=True)
+        store = open_store_to_read(cfg)
     try:
         doc = build_report(store, gpu_model=args.gpu_model)
     except StoreError as exc:

@@ -17,7 +17,6 @@ from gpuwatchd.cli.common import (
     add_command,
     ask_daemon,
 )
-from gpuwatchd.control import wire
 
 EXIT_REJECTED = EXIT_CONFIG  # 2
 
@@ -97,6 +96,8 @@ def add_retune_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``gpuwatchd retune``; CliError(1) unreachable, CliError(2) rejected."""
+    from gpuwatchd.control import wire
+
     if args.pending:
         request = wire.request(wire.STATUS)
     elif args.cancel:

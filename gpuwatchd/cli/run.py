@@ -7,6 +7,7 @@ commands start without them.
 from __future__ import annotations
 
 import argparse
+import errno
 
 from gpuwatchd.cli.common import (
     EXIT_CONFIG,
@@ -38,7 +39,13 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "--listen", metavar="HOST:PORT", help="HTTP address for /metrics (default :9844)"
     )
     p.add_argument("--poll-interval", type=float, metavar="S", help="poll period in seconds")
-    p.add_argument("--state-dir", metavar="DIR", help="where the tuning store lives")
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="where the tuning store lives (default: /var/lib/gpuwatchd for root, else "
+        "~/.local/state/gpuwatchd; with --backend sim or replay a throwaway "
+        "$XDG_RUNTIME_DIR/gpuwatchd-sim, the control socket too)",
+    )
     p.add_argument("--control-socket", metavar="PATH", help="Unix socket for `gpuwatchd retune`")
     p.add_argument(
         "--web-config",
@@ -69,21 +76,31 @@ def run(args: argparse.Namespace) -> int:
     except (BackendUnavailable, StoreError, ControlError) as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
-        raise CliError(_os_error_line(exc)) from None
+        raise CliError(_os_error_line(exc, cfg.daemon.listen)) from None
     daemon.install_signal_handlers()
     try:
         daemon.run()
     except (ControlError, StoreError) as exc:  # a twin took the host name, say
         raise CliError(str(exc)) from None
     except OSError as exc:
-        raise CliError(_os_error_line(exc)) from None
+        raise CliError(_os_error_line(exc, cfg.daemon.listen)) from None
     return 0
 
 
-def _os_error_line(exc: OSError) -> str:
-    """One line for a file or socket the daemon could not use, its name said once."""
+def _os_error_line(exc: OSError, listen: str) -> str:
+    """One line for a file or socket the daemon could not use, its name said once; a
+    port in use (of ``listen``, the HTTP address) says how to find who holds it."""
     from gpuwatchd.serve.http import ListenError
 
     if isinstance(exc, ListenError):  # its message names the address
-        return exc.strerror or str(exc)
+        line = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            from gpuwatchd.config.listen import parse_listen
+
+            port = parse_listen(listen)[1]
+            line += (
+                f" (another process listens there: `ss -ltnp 'sport = :{port}'` names it;"
+                " stop it, or pick another address with --listen HOST:PORT)"
+            )
+        return line
     return f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc)

@@ -211,31 +211,47 @@ def _row(gpu: GpuState) -> list[str]:
         _pair(gpu.sm_clock_mhz, gpu.max_sm_clock_mhz, ".0f", "MHz"),
         reason_text,
         state,
-        "; ".join(gpu.reasons) or "-",
     ]
 
 
-def format_status(doc: dict[str, Any]) -> str:
-    """A fixed-width table, one GPU per row; the last column says why the gate is shut."""
+#: The table's columns; each GPU's row is followed by why its gate is shut (or open).
+#: TEMP is the reading / the slowdown temperature, POWER / the limit, SM CLOCK / the max.
+HEADER = ("GPU", "NAME", "TEMP", "POWER", "SM CLOCK", "THROTTLE", "GATE")
+#: Where a GPU's WHY lines start, under its NAME.
+WHY_INDENT = " " * 5
+
+
+def format_status(doc: dict[str, Any], width: int | None = None) -> str:
+    """A table with a row per GPU, each followed by why its gate is shut; every line is
+    broken between words to fit ``width`` columns (default: the terminal's, else 80)."""
+    import shutil
+    import textwrap
+
     from gpuwatchd.api.state import parse_state
 
+    width = width or shutil.get_terminal_size((80, 24)).columns
     state = parse_state(doc)
-    header = [
-        "GPU",
-        "NAME",
-        "TEMP/SLOWDOWN",
-        "POWER/LIMIT",
-        "SM CLOCK/MAX",
-        "REASONS",
-        "GATE",
-        "WHY",
-    ]
-    rows = [header] + [_row(g) for g in state.gpus]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    rows = [list(HEADER)] + [_row(g) for g in state.gpus]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+    whys = [None, *("; ".join(g.reasons) or "-" for g in state.gpus)]
+    wrap = textwrap.TextWrapper(
+        width, subsequent_indent=WHY_INDENT, break_long_words=False, break_on_hyphens=False
+    )
     lines = []
-    for r in rows:
-        cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
-        lines.append("  ".join([*cells, r[-1]]).rstrip())
+    for r, why in zip(rows, whys, strict=True):
+        row = "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        lines.extend(wrap.wrap(row))
+        if why is not None:
+            lines.extend(
+                textwrap.wrap(
+                    f"why: {why}",
+                    width,
+                    initial_indent=WHY_INDENT,
+                    subsequent_indent=WHY_INDENT + "     ",
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
+            )
     if state.daemon is not None:
         version, backend = state.daemon.version or "?", state.daemon.backend or "?"
         lines.insert(0, f"gpuwatchd {version} · backend {backend}")

@@ -30,11 +30,11 @@ from gpuwatchd.cli.common import (
     open_configured_store,
     open_store,
 )
-from gpuwatchd.cli.progress import GateWait, ProgressDisplay, make_progress
-from gpuwatchd.validate import need_duration
 
 if TYPE_CHECKING:
+    from gpuwatchd.cli.progress import GateWait, ProgressDisplay
     from gpuwatchd.config import Config
+    from gpuwatchd.gate import GateDecision
     from gpuwatchd.monitor.board import GpuSnapshot
     from gpuwatchd.monitor.poller import Poller
     from gpuwatchd.telemetry.backend import Backend
@@ -75,7 +75,11 @@ class GateWatch:
         self.gpu = gpu
         self.out = out
         self.ff = ff
-        self.display = display if display is not None else make_progress(out)
+        if display is None:
+            from gpuwatchd.cli.progress import make_progress
+
+            display = make_progress(out)
+        self.display = display
         self._last_poll = 0.0
         self._snap: GpuSnapshot | None = None
         self.session_states: dict[str, int] = {}
@@ -111,6 +115,8 @@ class GateWatch:
         self.session_states.clear()
 
     def _wait_view(self, snap: GpuSnapshot, waited_s: float) -> GateWait:
+        from gpuwatchd.cli.progress import GateWait
+
         gate, sample = snap.gate, snap.sample
         return GateWait(
             gpu=self.gpu,
@@ -129,9 +135,12 @@ class GateWatch:
         evidence_s = cfg.settle_s + cfg.window_s + 2 * period  # the gate's own warm-up
         start = self.poller.backend.clock.now()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        first_t: float | None = None
         while True:
             snap = self.poll()
             gate = snap.gate
+            if first_t is None and snap.sample is not None:
+                first_t = snap.sample.t
             elapsed = self.poller.backend.clock.now() - start
             view = self._wait_view(snap, elapsed)
             if gate is not None and gate.open:
@@ -139,7 +148,7 @@ class GateWatch:
                 return snap
             self.display.waiting(view)
             text = f"{gate.state.value}: {'; '.join(gate.reasons)}" if gate else "no reading"
-            if no_wait and elapsed > evidence_s:
+            if no_wait and (elapsed > evidence_s or _in_use(gate, first_t)):
                 self.display.finish()
                 raise CliError(f"GPU {self.gpu}: gate is shut ({text})", EXIT_NOT_OPEN)
             if deadline is not None and time.monotonic() > deadline:
@@ -150,6 +159,16 @@ class GateWatch:
                 time.sleep(period / FAST_FORWARD_SPEEDUP)
             else:
                 time.sleep(period)
+
+
+def _in_use(gate: GateDecision | None, first_t: float | None) -> bool:
+    """The gate is shut by what it saw (a process, load, throttling, heat, a lost GPU),
+    not merely by the evidence it still gathers: ``--no-wait`` gives up at once."""
+    if gate is None or gate.open:
+        return False
+    if gate.state != "warming":  # a StrEnum: the gate module is not imported for --help
+        return True
+    return gate.disturbed_at is not None and first_t is not None and gate.disturbed_at > first_t
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -223,6 +242,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     from gpuwatchd.telemetry.factory import open_backend
     from gpuwatchd.telemetry.trace import TraceError
     from gpuwatchd.tuning.types import Regime
+    from gpuwatchd.validate import need_duration
 
     cfg, _ = load_with_overrides(args)
     for flag, value in (("--budget", args.budget), ("--wait-timeout", args.wait_timeout)):
@@ -266,6 +286,7 @@ def _tune(
     ff: FastForwardClock | None,
     out: TextIO,
 ) -> int:
+    from gpuwatchd.cli.progress import make_progress
     from gpuwatchd.monitor.board import StateBoard
     from gpuwatchd.monitor.poller import Poller
     from gpuwatchd.report.text import format_report, report_from

@@ -22,13 +22,6 @@ from gpuwatchd.cli.common import (
     ask_daemon,
     control_socket,
 )
-from gpuwatchd.tuning.workload_requests import (
-    add_request,
-    check_workload_name,
-    list_request,
-    read_workloads_file,
-    remove_request,
-)
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -79,6 +72,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _request(args: argparse.Namespace) -> dict[str, Any]:
+    # Imported here: the workload registry (and its plugin entry points) is most of what
+    # `gpuwatchd --help` would otherwise load.
+    from gpuwatchd.tuning.workload_requests import (
+        add_request,
+        check_workload_name,
+        list_request,
+        read_workloads_file,
+        remove_request,
+    )
+
     try:
         if args.verb == "add":
             return add_request(read_workloads_file(args.file), {"kind": "cli"})
@@ -93,6 +96,8 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
 
 def _list_all(args: argparse.Namespace) -> dict[str, Any]:
     """Every page of ``list_workloads``, as one answer (the first refusal as it came)."""
+    from gpuwatchd.tuning.workload_requests import list_request
+
     items: list[Any] = []
     cursor = 0
     while True:

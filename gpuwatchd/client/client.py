@@ -261,15 +261,9 @@ class Client:
         return self._store_path(), None
 
     def _store_path(self) -> Path:
-        from gpuwatchd.store import StoreError
+        from gpuwatchd.store.location import find_store_file
 
-        candidates = default_store_paths()
-        for path in candidates:
-            if path.is_file():
-                return path
-        raise StoreError(
-            "no store file at " + " or ".join(map(str, candidates)) + f" (set {STORE_ENV})"
-        )
+        return find_store_file(default_store_paths(), self.url + WINNERS_PATH)
 
 
 def _find_gpu(doc: StateDocument, gpu: int | str, url: str) -> GpuState:

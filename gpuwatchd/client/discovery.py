@@ -58,14 +58,15 @@ def default_url() -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def default_store_paths() -> list[Path]:
-    """Where the daemon keeps its store file, most likely first (the client uses the first
-    that exists): the config's SQLite ``[store] url``, the state-dir rule of
-    :func:`gpuwatchd.config.resolve_state_dir` for the configured ``state_dir``, then the
-    system daemon's ``/var/lib/gpuwatchd``."""
+def default_store_paths(cfg: Config | None = None) -> list[Path]:
+    """Where the daemon keeps its store file, most likely first (the client and ``gpuwatchd
+    report`` read the first that exists): the config's SQLite ``[store] url``, the
+    state-dir rule of :func:`gpuwatchd.config.resolve_state_dir` for the configured
+    ``state_dir``, then the system daemon's ``/var/lib/gpuwatchd``. ``cfg``: the daemon
+    config to read them from (default: the system's, when there is one)."""
     from gpuwatchd.config import STORE_NAME, store_path
 
-    cfg = _daemon_config()
+    cfg = cfg if cfg is not None else _daemon_config()
     paths = [store_path(cfg.daemon.state_dir if cfg else ""), _SYSTEM_STATE_DIR / STORE_NAME]
     if cfg is not None and cfg.store.url and not cfg.store.is_postgres:
         paths.insert(0, Path(cfg.store.url))

@@ -6,7 +6,7 @@ string) asks for it (:func:`open_store`).
 """
 
 from gpuwatchd.store.errors import StoreError
-from gpuwatchd.store.location import open_store
+from gpuwatchd.store.location import find_store_file, open_store
 from gpuwatchd.store.rows import (
     Claim,
     Disagreement,
@@ -35,6 +35,7 @@ __all__ = [
     "StoreError",
     "StoredResult",
     "WinnerRow",
+    "find_store_file",
     "host_name",
     "is_postgres_url",
     "open_store",
