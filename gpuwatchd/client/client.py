@@ -261,6 +261,7 @@ class Client:
         return self._store_path(), None
 
     def _store_path(self) -> Path:
+        from gpuwatchd.api.winners import WINNERS_PATH
         from gpuwatchd.store.location import find_store_file
 
         return find_store_file(default_store_paths(), self.url + WINNERS_PATH)
