@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_fresh_process_ab import PLAIN, markdown  # noqa: E402
+from gpu_fresh_process_ab import PLAIN, markdown
 
 EXACT_MAX_SPLITS = 20_000
 
