@@ -3,7 +3,8 @@
     python3 bench/fresh_ab_stats.py bench/data/h200-fresh-process-ab.json
 
 Prints the run's own table (``gpu_fresh_process_ab.markdown`` over the stored summary),
-then per cell: each arm's median of process medians and their spread, the A/A spread
+then per cell: each arm's median of process medians and their spread, the median spread
+of chunks within one process, the A/A spread
 (plain against plain-again), the gpuwatchd arm's worst chunk against the plain arms', and
 a two-sided Mann-Whitney U p-value of gpuwatchd's process medians against all plain ones
 (scipy's where it is installed, else an exact permutation of U over the pooled medians,
@@ -62,6 +63,11 @@ def mann_whitney_p(a: list[float], b: list[float]) -> tuple[float, str]:
     return float(mannwhitneyu(a, b, alternative="two-sided").pvalue), "scipy mannwhitneyu"
 
 
+def p_text(p: float) -> str:
+    """A p-value as written in RESULTS.md."""
+    return "< 0.001" if p < 0.001 else f"= {p:.3f}"
+
+
 def spread(values: list[float]) -> float:
     """(max - min) / min, as a fraction."""
     return (max(values) - min(values)) / min(values)
@@ -73,7 +79,8 @@ def cell_figures(doc: dict[str, Any], cell: str) -> dict[str, Any]:
     arms: dict[str, Any] = {}
     for arm in doc["arms"]:
         medians = [p["median_ms"] for p in procs if p["arm"] == arm]
-        chunks = [c for p in procs if p["arm"] == arm for c in p["chunks_ms"]]
+        mine = [p for p in procs if p["arm"] == arm]
+        chunks = [c for p in mine for c in p["chunks_ms"]]
         if medians:
             arms[arm] = {
                 "processes": len(medians),
@@ -81,6 +88,9 @@ def cell_figures(doc: dict[str, Any], cell: str) -> dict[str, Any]:
                 "process_medians_range_ms": [min(medians), max(medians)],
                 "spread_of_process_medians": spread(medians),
                 "worst_chunk_ms": max(chunks),
+                "chunk_spread_in_a_process": statistics.median(
+                    spread(p["chunks_ms"]) for p in mine
+                ),
             }
     out: dict[str, Any] = {"arms": arms}
     plain = [p["median_ms"] for p in procs if p["arm"] in PLAIN]
@@ -112,8 +122,8 @@ def report(doc: dict[str, Any]) -> str:
         f"left behind: {', '.join(left) or 'nothing'}",
         "",
         "| cell | arm | processes | median of process medians, ms | process medians, ms "
-        "| their spread | worst chunk, ms |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| their spread | chunk spread within a process, median | worst chunk, ms |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     notes = []
     for cell in doc["cells"]:
@@ -123,14 +133,14 @@ def report(doc: dict[str, Any]) -> str:
             lines.append(
                 f"| {cell} | {arm} | {a['processes']} | {a['median_of_medians_ms']:.2f} "
                 f"| {lo:.2f}–{hi:.2f} | {a['spread_of_process_medians']:.1%} "
-                f"| {a['worst_chunk_ms']:.2f} |"
+                f"| {a['chunk_spread_in_a_process']:.1%} | {a['worst_chunk_ms']:.2f} |"
             )
         notes.append(
             f"- {cell}: A/A spread of process medians {fig['aa_spread_of_process_medians']:.1%}"
             f" (plain-again / plain, median of medians {fig['aa_ratio_median_of_medians']:.4f});"
             f" gpuwatchd's worst chunk {fig['gpuwatchd_worst_over_plain_worst']:+.1%} over the"
-            f" plain arms' worst; gpuwatchd vs plain process medians: p = "
-            f"{fig['mann_whitney_p']:.3f} ({fig['test']})"
+            f" plain arms' worst; gpuwatchd vs plain process medians: p "
+            f"{p_text(fig['mann_whitney_p'])} ({fig['test']})"
         )
     return "\n".join([*lines, "", *notes])
 
