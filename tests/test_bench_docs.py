@@ -102,3 +102,25 @@ def test_the_checks_catch_an_omission() -> None:
         "a.py",
         "decisions/b.py",
     ]
+
+
+def github_anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    text = heading.strip().lower().replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def test_links_between_the_bench_documents_resolve() -> None:
+    for name in ("README.md", "RESULTS.md"):
+        text = (BENCH / name).read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path, _, anchor = target.partition("#")
+            dest = BENCH / path if path else BENCH / name
+            assert dest.is_file(), f"{name}: link to missing {target}"
+            if anchor:
+                headings = [
+                    github_anchor(ln.lstrip("#"))
+                    for ln in dest.read_text().splitlines()
+                    if ln.startswith("#")
+                ]
+                assert anchor in headings, f"{name}: no heading for {target}"
