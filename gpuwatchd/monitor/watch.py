@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from gpuwatchd import gate  # gate.evaluate looked up per call, so bench/poll_breakdown can time it
+from gpuwatchd import gate  # per call, so bench/history/poll_breakdown.py can time it
 from gpuwatchd.gate import GateConfig, GateDecision, SampleWindow
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 

@@ -16,7 +16,7 @@ rules cost tuning time. This bench measures what they rest on, on the lent GPU:
 
 It only reads GPU state and runs kernels; it never changes a GPU setting.
 
-    python3 bench/gpu_power_step.py --out DIR [--load-s 3 --steps 3]
+    python3 bench/decisions/gpu_power_step.py --out DIR [--load-s 3 --steps 3]
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def main() -> int:
 
     samples = sampler.samples
     doc = {
-        "command": "python3 bench/gpu_power_step.py "
+        "command": "python3 bench/decisions/gpu_power_step.py "
         + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
         "device": torch.cuda.get_device_name(0),
         "driver": driver,

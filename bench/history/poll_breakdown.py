@@ -3,7 +3,7 @@
 Polls 8 simulated GPUs once every 100 ms (as the daemon does at 10 Hz, so caches are
 as cold as in production) and times each part with perf_counter.
 
-Usage: python bench/poll_breakdown.py [--gpus 8] [--sweeps 150]
+Usage: python bench/history/poll_breakdown.py [--gpus 8] [--sweeps 150]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ and a psycopg_pool ``ConnectionPool`` (min_size 1, ``check_connection`` on every
 checkout), restarts the server with ``pg_ctl restart -m fast`` and makes one call on
 each. Needs ``pip install psycopg-pool`` (it is not a dependency of gpuwatchd).
 
-    python bench/store_pool_choice.py
+    python bench/decisions/store_pool_choice.py
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from pg_server import start_server  # noqa: E402

@@ -5,7 +5,7 @@ part of an ``add_workloads`` request that grows with the list: keeping it on dis
 100, 1,000 and 10,000 workloads already added, in a fresh temporary state directory.
 Run it with ``PYTHONPATH`` pointing at the code to measure::
 
-    PYTHONPATH=. python3 bench/added_workloads_add.py --adds 200
+    PYTHONPATH=. python3 bench/decisions/added_workloads_add.py --adds 200
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ alternatives it chose against (``nvmlDeviceGetPcieThroughput``, per-call ECC and
 getters), and the XID event calls; then runs the NVML backend once and prints the new
 Prometheus series it exports. Reads only: it changes no GPU setting.
 
-    python3 bench/nvml_field_cost.py [--gpu 0] [--calls 200] [--json FILE] [--traffic]
+    python3 bench/decisions/nvml_field_cost.py [--gpu 0] [--calls 200] [--json FILE] [--traffic]
 
 Each cost is the median of ``--calls`` calls (20 for calls over 1 ms), in microseconds.
 ``--traffic`` (needs torch) copies 2 GiB host-to-device and back and reads NVML's PCIe
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import pynvml  # type: ignore[import-untyped]
 

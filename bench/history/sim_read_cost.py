@@ -4,7 +4,7 @@ The daemon polls 8 GPUs at 10 Hz and must stay under 0.5 % of one core in total,
 simulated read should cost a few tens of microseconds at most. Simulated time moves
 100 ms between polls, as it would in production, through a ManualClock.
 
-    python bench/sim_read_cost.py [--scenario power-cap] [--gpus 8] [--seconds 600]
+    python bench/history/sim_read_cost.py [--scenario power-cap] [--gpus 8] [--seconds 600]
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ holding every slot that user may have: the threads they cost, how fast a fifth
 connection of that user is told ``busy``, and how fast /healthz and another user's
 request are answered meanwhile.
 
-    python3 bench/serve_model.py --baseline /tmp/base [--ops 400] [--json OUT]
+    python3 bench/decisions/serve_model.py --baseline /tmp/base [--ops 400] [--json OUT]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = 8
 IDLE_HELD = 4  # MAX_CLIENTS_PER_PEER: one user's share of the slots
 HELD_PROBES = 20  # busy answers, /healthz and other-user requests timed while they are held

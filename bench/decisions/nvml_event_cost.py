@@ -9,7 +9,7 @@ registration on a set another thread is waiting on (the order the daemon used to
 Each row: wall seconds, process CPU seconds (utime + stime) and RSS / anonymous RSS
 after the step. It subscribes to events only; it changes no GPU setting.
 
-    python3 bench/nvml_event_cost.py [--out FILE]
+    python3 bench/decisions/nvml_event_cost.py [--out FILE]
 """
 
 from __future__ import annotations

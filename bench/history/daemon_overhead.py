@@ -5,7 +5,7 @@ For each GPU count: start the daemon polling at 10 Hz, let it settle, then
    (the cost of polling itself: the 0.5%-of-one-core target), and its RSS;
 2. run 10 concurrent scrapers against /metrics for ``--seconds`` and report p50/p99.
 
-Usage: python bench/daemon_overhead.py [--gpus 1 8 64] [--seconds 30] [--out FILE.json]
+Usage: python bench/history/daemon_overhead.py [--gpus 1 8 64] [--seconds 30] [--out FILE.json]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ and runs one query on each; RSS is read after the import and after both are open
 
 Needs ``pip install sqlalchemy`` (it is not a dependency of gpuwatchd).
 
-    python bench/store_layer_choice.py
+    python bench/decisions/store_layer_choice.py
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from pg_server import start_server  # noqa: E402
