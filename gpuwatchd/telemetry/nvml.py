@@ -68,6 +68,7 @@ from gpuwatchd.telemetry.fields import (
     getters,
     sample_slot,
 )
+from gpuwatchd.telemetry.nvml_mig import MIG, MigReader
 from gpuwatchd.telemetry.nvml_read import FastCall, compile_read
 from gpuwatchd.telemetry.nvml_slow import (
     FAN,
@@ -345,6 +346,7 @@ class NvmlBackend:
             (PROCESS_MEMORY, lambda h: top_processes(procs(h))),
             (PCIE_TX, lambda h: throughput_bps(pcie(h, tx))),  # blocks for NVML's sampling window
             (PCIE_RX, lambda h: throughput_bps(pcie(h, rx))),
+            (MIG, MigReader(fn, self._catch)),  # read only: MIG mode is never changed
         )
 
     def _missing(self, *_args: Any) -> Any:
