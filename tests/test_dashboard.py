@@ -112,6 +112,11 @@ NOT_ON_DASHBOARD: dict[str, str] = {
     "gpuwatchd_gpu_max_memory_clock_hertz": "as above",
     "gpuwatchd_gpu_memory_free_bytes": "total minus used, both drawn",
     "up": "Prometheus' own; the GpuwatchdDown alert watches it",
+    "gpuwatchd_mig_device_info": "a GPU in MIG mode is never tuned: the dashboard's subject",
+    "gpuwatchd_mig_memory_used_bytes": "as above",
+    "gpuwatchd_mig_memory_total_bytes": "as above",
+    "gpuwatchd_mig_utilization_ratio": "as above",
+    "gpuwatchd_pod_resources_up": "explains empty pod labels; no panel uses pod labels",
 }
 
 
