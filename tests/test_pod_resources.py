@@ -347,9 +347,18 @@ def test_as_the_daemonset_uid_a_root_only_socket_is_one_clear_warning(
     assert "supplementalGroups" in warnings[0] and "srwxr-xr-x" in warnings[0]
 
 
-def test_as_the_daemonset_uid_group_access_gives_pod_labels(shared_kubelet: FakeKubelet) -> None:
-    os.chown(shared_kubelet.path, 0, SOCKET_GID)
+@pytest.mark.parametrize(
+    ("gid", "groups"),
+    [(DAEMONSET_UID, ""), (SOCKET_GID, str(SOCKET_GID))],
+    ids=["runAsGroup", "supplementalGroups"],
+)
+def test_as_the_daemonset_uid_group_access_gives_pod_labels(
+    shared_kubelet: FakeKubelet, gid: int, groups: str
+) -> None:
+    """The documented fixes: the socket's group is the DaemonSet's gid, or a gid in its
+    supplementalGroups, with rw."""
+    os.chown(shared_kubelet.path, 0, gid)
     os.chmod(shared_kubelet.path, 0o660)
-    result, log = _as_daemonset(shared_kubelet.path, str(SOCKET_GID))
+    result, log = _as_daemonset(shared_kubelet.path, groups)
     assert result == {"up": True, "pod": True}, log
     assert "WARNING" not in log and "pod labels from the kubelet" in log
