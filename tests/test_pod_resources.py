@@ -288,12 +288,21 @@ def test_off_kubernetes_per_gpu_series_have_no_pod_labels() -> None:
 DAEMONSET_UID = 9844
 SOCKET_GID = 4242
 #: Imports as root (the interpreter lives under /root), then drops to the DaemonSet's uid
-#: and groups and asks the kubelet once, as the daemon would.
+#: and groups, asks the kubelet once as the daemon would, and renders /metrics for a
+#: board whose GPU 0 is GPU-aaa: which pod gpuwatchd_gpu_power_watts names.
 _AS_DAEMONSET = """
 import json, logging, os, sys
+sys.path.insert(0, sys.argv[3])
 import grpc
+from builders import DAEMON_INFO, board_of, full_h200
+from dataclasses import replace
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from gpuwatchd.exporter import build_registry
 from gpuwatchd.telemetry import kubelet_pb
 from gpuwatchd.telemetry.pod_resources import start_pod_attribution
+full = full_h200()
+board = board_of(replace(full, info=replace(full.info, uuid="GPU-aaa")))
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 ch = grpc.insecure_channel("unix:///nonexistent")  # grpc imports some modules on first use
 try:
@@ -306,7 +315,12 @@ os.setgid(9844)
 os.setuid(9844)
 a = start_pod_attribution(sys.argv[1], refresh_s=3600.0)
 up = a.refresh()
-print(json.dumps({"up": up, "pod": a.lookup("GPU-aaa") is not None}))
+text = generate_latest(build_registry(board, DAEMON_INFO, pods=a)).decode()
+(power,) = [
+    s for f in text_string_to_metric_families(text) for s in f.samples
+    if s.name == "gpuwatchd_gpu_power_watts"
+]
+print(json.dumps({"up": up, "pod": power.labels["pod"]}))
 a.close()
 """
 
@@ -326,9 +340,10 @@ def shared_kubelet() -> Iterator[FakeKubelet]:
         shutil.rmtree(where)
 
 
-def _as_daemonset(socket: Path, groups: str) -> tuple[dict[str, bool], str]:
+def _as_daemonset(socket: Path, groups: str) -> tuple[dict[str, object], str]:
+    tests = str(Path(__file__).parent)
     out = subprocess.run(
-        [sys.executable, "-c", _AS_DAEMONSET, str(socket), groups],
+        [sys.executable, "-c", _AS_DAEMONSET, str(socket), groups, tests],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -340,7 +355,7 @@ def test_as_the_daemonset_uid_a_root_only_socket_is_one_clear_warning(
 ) -> None:
     os.chmod(shared_kubelet.path, 0o755)  # the kubelet's own: srwxr-xr-x root:root
     result, log = _as_daemonset(shared_kubelet.path, "")
-    assert result == {"up": False, "pod": False}
+    assert result == {"up": False, "pod": ""}
     warnings = [line for line in log.splitlines() if line.startswith("WARNING")]
     assert len(warnings) == 1, log
     assert "uid 9844" in warnings[0] and "may not connect" in warnings[0]
@@ -360,5 +375,5 @@ def test_as_the_daemonset_uid_group_access_gives_pod_labels(
     os.chown(shared_kubelet.path, 0, gid)
     os.chmod(shared_kubelet.path, 0o660)
     result, log = _as_daemonset(shared_kubelet.path, groups)
-    assert result == {"up": True, "pod": True}, log
+    assert result == {"up": True, "pod": "trainer-0"}, log  # on gpuwatchd_gpu_power_watts
     assert "WARNING" not in log and "pod labels from the kubelet" in log
