@@ -12,7 +12,7 @@ of the telemetry field table (:data:`~gpuwatchd.telemetry.fields.FIELDS`), in it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Generic, TypeVar
@@ -32,8 +32,16 @@ GPU_LABELS: tuple[str, str] = ("gpu", "uuid")
 #: pod-resources API is read; empty values where no single container holds it.
 POD_LABELS: tuple[str, str, str] = ("namespace", "pod", "container")
 _NO_POD = ("", "", "")
-#: Label values of each GPU's series, by GPU index (see :class:`BoardCollector`).
-Labels = Mapping[int, list[str]]
+
+
+class Labels(dict[int, list[str]]):
+    """Each GPU's series' label values by GPU index, and their ``names``."""
+
+    def __init__(self, names: tuple[str, ...], values: dict[int, list[str]]) -> None:
+        super().__init__(values)
+        self.names = names
+
+
 #: Every decoded NVML throttle reason, in bit order: each gets its own series.
 ALL_REASONS: tuple[ThrottleReason, ...] = tuple(ThrottleReason)
 #: (reason, its label value), looked up once: an enum's properties cost per access.
@@ -146,12 +154,11 @@ def _fill(
     snaps: Sequence[GpuSnapshot],
     source: Callable[[GpuSnapshot], T | None],
     labels: Labels,
-    names: Sequence[str],
     counter: bool = False,
 ) -> GaugeRows | CounterRows:
     """One family with a series for every GPU whose source has the field (None: absent)."""
     rows = CounterRows if counter else GaugeRows
-    family = rows(spec.name, spec.help, labels=names, unit=spec.unit)
+    family = rows(spec.name, spec.help, labels=labels.names, unit=spec.unit)
     add_per_gpu(family, ((snap, source(snap)) for snap in snaps), spec.value, labels)
     return family
 
@@ -230,15 +237,16 @@ class BoardCollector:
 
     def _label_values(self, snaps: Sequence[GpuSnapshot]) -> Labels:
         """Each GPU's series' label values, by index: its :data:`GPU_LABELS`, then its pod."""
-        if self._pods is None:
-            return {snap.index: gpu_labels(snap) for snap in snaps}
-        return {
-            snap.index: [
-                *gpu_labels(snap),
-                *pod_of(self._pods, snap.info.uuid if snap.info else ""),
-            ]
-            for snap in snaps
-        }
+        pods = self._pods
+        if pods is None:
+            return Labels(self.labels, {snap.index: gpu_labels(snap) for snap in snaps})
+        return Labels(
+            self.labels,
+            {
+                s.index: [*gpu_labels(s), *pod_of(pods, s.info.uuid if s.info else "")]
+                for s in snaps
+            },
+        )
 
     def _families(self) -> Iterator[Metric]:
         raise NotImplementedError
@@ -268,25 +276,23 @@ class GpuCollector(BoardCollector):
 
     def _families(self) -> Iterator[Metric]:
         snaps = self._board.all()
-        labels, names = self._label_values(snaps), self.labels
-        yield self._gpu_info(snaps, labels, names)
+        labels = self._label_values(snaps)
+        yield self._gpu_info(snaps, labels)
         for info_spec in _INFO_GAUGES:
-            yield _fill(info_spec, snaps, _info_of, labels, names)
+            yield _fill(info_spec, snaps, _info_of, labels)
         for sample_spec, counter in _SAMPLE_GAUGES:
-            yield _fill(sample_spec, snaps, live_sample, labels, names, counter)
-        yield self._energy(snaps, labels, names)
-        yield from self._throttle(snaps, labels, names)
-        yield from self._gate(snaps, labels, names)
-        yield from self._health(snaps, labels, names)
+            yield _fill(sample_spec, snaps, live_sample, labels, counter)
+        yield self._energy(snaps, labels)
+        yield from self._throttle(snaps, labels)
+        yield from self._gate(snaps, labels)
+        yield from self._health(snaps, labels)
 
     @staticmethod
-    def _gpu_info(
-        snaps: Sequence[GpuSnapshot], labels: Labels, names: Sequence[str]
-    ) -> InfoMetricFamily:
+    def _gpu_info(snaps: Sequence[GpuSnapshot], labels: Labels) -> InfoMetricFamily:
         family = InfoMetricFamily(
             "gpuwatchd_gpu",
             "Identity of each GPU; always 1. Join on gpu/uuid to name other series.",
-            labels=names,
+            labels=labels.names,
         )
         for snap in snaps:
             info = snap.info
@@ -303,12 +309,12 @@ class GpuCollector(BoardCollector):
         return family
 
     @staticmethod
-    def _energy(snaps: Sequence[GpuSnapshot], labels: Labels, names: Sequence[str]) -> CounterRows:
+    def _energy(snaps: Sequence[GpuSnapshot], labels: Labels) -> CounterRows:
         family = CounterRows(
             "gpuwatchd_gpu_energy_joules",
             "Energy consumed by the GPU in joules since the driver loaded (read at a lower "
             "rate than the other fields); use rate() for average watts.",
-            labels=names,
+            labels=labels.names,
             unit="joules",
         )
         for snap in snaps:
@@ -317,14 +323,14 @@ class GpuCollector(BoardCollector):
         return family
 
     @staticmethod
-    def _throttle(
-        snaps: Sequence[GpuSnapshot], labels: Labels, names: Sequence[str]
-    ) -> Iterator[Metric]:
-        active = GaugeRows(_THROTTLE.name, _THROTTLE.help, labels=(*names, *_THROTTLE.labels))
+    def _throttle(snaps: Sequence[GpuSnapshot], labels: Labels) -> Iterator[Metric]:
+        active = GaugeRows(
+            _THROTTLE.name, _THROTTLE.help, labels=(*labels.names, *_THROTTLE.labels)
+        )
         seconds = CounterRows(
             "gpuwatchd_gpu_throttle_seconds",
             "Seconds the daemon observed each throttle reason active since it started.",
-            labels=(*names, "reason"),
+            labels=(*labels.names, "reason"),
             unit="seconds",
         )
         for snap in snaps:
@@ -345,25 +351,23 @@ class GpuCollector(BoardCollector):
         yield seconds
 
     @staticmethod
-    def _gate(
-        snaps: Sequence[GpuSnapshot], labels: Labels, names: Sequence[str]
-    ) -> Iterator[Metric]:
+    def _gate(snaps: Sequence[GpuSnapshot], labels: Labels) -> Iterator[Metric]:
         state = GaugeRows(
             "gpuwatchd_gate_state",
             "Tuning gate state of each GPU, one-hot: exactly one state is 1. Only cool_stable "
             "lets gated tuning run.",
-            labels=(*names, "state"),
+            labels=(*labels.names, "state"),
         )
         is_open = GaugeRows(
             "gpuwatchd_gate_open",
             "1 if the GPU is idle, cool and stable enough for gated tuning (cool_stable), else 0.",
-            labels=names,
+            labels=labels.names,
         )
         duration = GaugeRows(
             "gpuwatchd_gate_state_duration_seconds",
             "Seconds the GPU had spent in its current gate state at the last gate decision; "
             "alert on a gate that stays shut for hours.",
-            labels=names,
+            labels=labels.names,
             unit="seconds",
         )
         for snap in snaps:
@@ -380,35 +384,33 @@ class GpuCollector(BoardCollector):
         yield duration
 
     @staticmethod
-    def _health(
-        snaps: Sequence[GpuSnapshot], labels: Labels, names: Sequence[str]
-    ) -> Iterator[Metric]:
+    def _health(snaps: Sequence[GpuSnapshot], labels: Labels) -> Iterator[Metric]:
         success = GaugeRows(
             "gpuwatchd_poll_success",
             "1 if the latest poll of the GPU succeeded, else 0.",
-            labels=names,
+            labels=labels.names,
         )
         duration = GaugeRows(
             "gpuwatchd_poll_duration_seconds",
             "Wall time in seconds of the last completed telemetry read of the GPU.",
-            labels=names,
+            labels=labels.names,
             unit="seconds",
         )
         stalled = GaugeRows(
             "gpuwatchd_poll_stalled",
             "1 if a telemetry read of the GPU has been in flight for more than two poll "
             "periods (a hung driver call), else 0.",
-            labels=names,
+            labels=labels.names,
         )
         lost = GaugeRows(
             "gpuwatchd_gpu_lost",
             "1 if the GPU stopped answering (fell off the bus), else 0.",
-            labels=names,
+            labels=labels.names,
         )
         last = GaugeRows(
             "gpuwatchd_last_poll_timestamp_seconds",
             "Unix time of the last successful poll of the GPU; time() minus this is staleness.",
-            labels=names,
+            labels=labels.names,
             unit="seconds",
         )
         for snap in snaps:

@@ -170,31 +170,29 @@ class HealthCollector(BoardCollector):
     def _families(self) -> Iterator[Metric]:
         snaps = self._board.all()
         readings = [(snap, _slow(snap)) for snap in snaps]
-        labels, names = self._label_values(snaps), self.labels
-        yield self._memory_total(snaps, labels, names)
+        labels = self._label_values(snaps)
+        yield self._memory_total(snaps, labels)
         for spec in _VALUES:
-            yield self._fill(spec, readings, labels, names)
-        yield self._xids(readings, labels, names)
-        yield self._ecc(readings, labels, names)
-        yield self._remapped_rows(readings, labels, names)
+            yield self._fill(spec, readings, labels)
+        yield self._xids(readings, labels)
+        yield self._ecc(readings, labels)
+        yield self._remapped_rows(readings, labels)
         yield self._process_memory(readings, self._pods)
-        yield self._field_errors(snaps, labels, names)
+        yield self._field_errors(snaps, labels)
 
     @staticmethod
-    def _fill(spec: _Value, readings: Readings, labels: Labels, names: Sequence[str]) -> Metric:
+    def _fill(spec: _Value, readings: Readings, labels: Labels) -> Metric:
         family_type = CounterMetricFamily if spec.counter else GaugeMetricFamily
-        family = family_type(spec.name, spec.help, labels=names, unit=spec.unit)
+        family = family_type(spec.name, spec.help, labels=labels.names, unit=spec.unit)
         add_per_gpu(family, readings, spec.value, labels)
         return family
 
     @staticmethod
-    def _memory_total(
-        snaps: Sequence[GpuSnapshot], labels: Labels, names: Sequence[str]
-    ) -> GaugeMetricFamily:
+    def _memory_total(snaps: Sequence[GpuSnapshot], labels: Labels) -> GaugeMetricFamily:
         family = GaugeMetricFamily(
             "gpuwatchd_gpu_memory_total_bytes",
             "Device (framebuffer) memory size in bytes.",
-            labels=names,
+            labels=labels.names,
             unit="bytes",
         )
         for snap in snaps:
@@ -207,12 +205,12 @@ class HealthCollector(BoardCollector):
         return family
 
     @staticmethod
-    def _xids(readings: Readings, labels: Labels, names: Sequence[str]) -> Metric:
+    def _xids(readings: Readings, labels: Labels) -> Metric:
         family = CounterMetricFamily(
             "gpuwatchd_gpu_xid_errors",
             "XID errors the driver reported for the GPU since gpuwatchd started, per XID "
             "code (48: uncorrectable ECC, 63/64: row remapping, 79: fell off the bus).",
-            labels=(*names, "xid"),
+            labels=(*labels.names, "xid"),
         )
         for snap, reading in readings:
             if reading is None or reading.xid_errors is None:
@@ -223,13 +221,13 @@ class HealthCollector(BoardCollector):
         return family
 
     @staticmethod
-    def _ecc(readings: Readings, labels: Labels, names: Sequence[str]) -> Metric:
+    def _ecc(readings: Readings, labels: Labels) -> Metric:
         family = CounterMetricFamily(
             "gpuwatchd_gpu_ecc_errors",
             "ECC errors in GPU memory: scope volatile counts since the driver loaded, "
             "aggregate over the GPU's life (don't sum the two); type corrected (single-bit) "
             "or uncorrected (double-bit).",
-            labels=(*names, "scope", "type"),
+            labels=(*labels.names, "scope", "type"),
         )
         for snap, reading in readings:
             if reading is None or reading.ecc_errors is None:
@@ -243,11 +241,11 @@ class HealthCollector(BoardCollector):
         return family
 
     @staticmethod
-    def _remapped_rows(readings: Readings, labels: Labels, names: Sequence[str]) -> Metric:
+    def _remapped_rows(readings: Readings, labels: Labels) -> Metric:
         family = GaugeMetricFamily(
             "gpuwatchd_gpu_remapped_rows",
             "HBM rows remapped over the GPU's life, by the kind of error that caused it.",
-            labels=(*names, "cause"),
+            labels=(*labels.names, "cause"),
         )
         for snap, reading in readings:
             rows = None if reading is None else reading.remapped_rows
@@ -278,12 +276,12 @@ class HealthCollector(BoardCollector):
         return family
 
     @staticmethod
-    def _field_errors(snaps: Sequence[GpuSnapshot], labels: Labels, names: Sequence[str]) -> Metric:
+    def _field_errors(snaps: Sequence[GpuSnapshot], labels: Labels) -> Metric:
         family = CounterMetricFamily(
             "gpuwatchd_gpu_field_errors",
             "NVML reads of one field that failed (Unknown, Timeout, ...) since gpuwatchd "
             "started; only that field's series was missing from those polls.",
-            labels=(*names, "field"),
+            labels=(*labels.names, "field"),
         )
         for snap in snaps:
             sample = live_sample(snap)
