@@ -434,7 +434,7 @@ def evaluate(
     if now is not None and now - latest.t > cfg.stale_after_s:
         why = f"last sample {now - latest.t:.1f}s old (> {cfg.stale_after_s:g}s)"
         return _decide(GateState.UNAVAILABLE, (why,), t, prev, t)
-    if latest.slow is not None and latest.slow.mig is not None:  # slices are jobs' own
+    if info is not None and info.mig_mode:  # read with the static facts, before any poll
         return _decide(GateState.UNAVAILABLE, (MIG_REASON,), t, prev, t)
     temp, clock, power = latest.temp_c, latest.sm_clock_mhz, latest.power_w
     if temp is None or clock is None:

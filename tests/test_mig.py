@@ -19,7 +19,7 @@ from gpuwatchd.gate import MIG_REASON, GateConfig, GateDecision, GateState, eval
 from gpuwatchd.telemetry.clocks import ManualClock
 from gpuwatchd.telemetry.nvml import NvmlBackend
 from gpuwatchd.telemetry.nvml_mig import profile_of
-from gpuwatchd.telemetry.types import MigDevice, PodRef, Sample, SlowReading
+from gpuwatchd.telemetry.types import DeviceInfo, MigDevice, PodRef, Sample, SlowReading
 
 SLICES = (FakeMig(1, 0, "3g.71gb", util=40), None, FakeMig(2, 0, "1g.18gb"))
 
@@ -123,21 +123,26 @@ def test_without_mig_there_are_no_mig_series() -> None:
 
 
 def test_the_gate_keeps_a_gpu_in_mig_mode_shut_with_one_reason() -> None:
-    """15 s of quiet open the gate; the same quiet with MIG mode on keeps it shut."""
-    cfg, info = GateConfig(), h200()
+    """15 s of quiet open the gate; the same quiet on a GPU in MIG mode keeps it shut."""
+    cfg = GateConfig()
 
-    def last_decision(samples: list[Sample]) -> GateDecision:
+    def last_decision(info: DeviceInfo) -> GateDecision:
         window: deque[Sample] = deque(maxlen=200)
         prev = None
-        for sample in samples:
-            window.append(sample)
+        for i in range(151):
+            window.append(idle(i / 10))
             prev = evaluate(window, info, cfg, prev)
         assert prev is not None
         return prev
 
-    quiet = [idle(i / 10) for i in range(151)]
-    assert last_decision(quiet).state is GateState.COOL_STABLE
-    in_mig_mode = [replace(s, slow=SlowReading(t=s.t, mig=())) for s in quiet]
-    decision = last_decision(in_mig_mode)
+    assert last_decision(h200(mig_mode=False)).state is GateState.COOL_STABLE
+    decision = last_decision(h200(mig_mode=True))
     assert decision.state is GateState.UNAVAILABLE
     assert decision.reasons == (MIG_REASON,)
+
+
+def test_mig_mode_is_a_static_fact_read_before_any_poll(
+    backend: tuple[NvmlBackend, FakeNvml],
+) -> None:
+    nvml, _ = backend
+    assert [nvml.device_info(g).mig_mode for g in range(3)] == [True, False, None]

@@ -71,6 +71,7 @@ class DeviceInfo:
     slowdown_temp_c: float | None = None
     shutdown_temp_c: float | None = None
     cuda_capability: str | None = None
+    mig_mode: bool | None = None  # MIG mode on (None: a GPU without MIG)
 
 
 #: ECC counter scopes: since the driver loaded, and over the GPU's lifetime (NVML's names).
