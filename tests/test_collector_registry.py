@@ -13,12 +13,14 @@ import ast
 import importlib
 import inspect
 import re
+import signal
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
 import pytest
-from builders import DAEMON_INFO, board_of, full_h200
+from builders import DAEMON_INFO, board_of, free_port, full_h200, wait_until
+from daemon_helpers import http_get, start_daemon, wait_http
 from metric_catalog import KNOWN_METRICS
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -173,3 +175,41 @@ def test_without_fields_the_config_loads_no_collector() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_a_daemon_exports_only_the_chosen_fields_and_says_a_change_needs_a_restart(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    cfg = tmp_path / "config.toml"
+    head = (
+        f'[daemon]\nbackend = "sim"\nlisten = "127.0.0.1:{port}"\npoll_interval_s = 0.1\n'
+        f'state_dir = "{tmp_path / "state"}"\n[tuning]\nenabled = false\n'
+    )
+    cfg.write_text(head + '[exporter]\nfields = ["gpuwatchd_gpu_power_watts"]\n')
+    proc = start_daemon(["--config", str(cfg)])
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def polled() -> str:
+        text = http_get(url)
+        return text if "gpuwatchd_gpu_power_watts{" in text else ""
+
+    try:
+        wait_http(url)
+        text = wait_until(polled, 30, what="a scrape after a poll")
+        cfg.write_text(head)
+        proc.send_signal(signal.SIGHUP)
+        assert proc.stdout is not None
+        log = []
+        for line in proc.stdout:  # the daemon logs the reload's outcome
+            log.append(line)
+            if "config reload" in line:
+                break
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert "gpuwatchd_gpu_power_watts" in names
+    assert not {"gpuwatchd_gpu_temperature_celsius", "gpuwatchd_gate_open"} & names
+    assert {"gpuwatchd_build_info", "gpuwatchd_tuning_ready"} <= names  # the daemon's own
+    assert "[exporter] change only on restart" in log[-1], log

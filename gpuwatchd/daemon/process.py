@@ -633,6 +633,8 @@ class Daemon:
             restart_needed.append("[sim]/[replay]")
         if new.store != self.cfg.store:
             restart_needed.append("[store]")
+        if new.exporter != self.cfg.exporter:
+            restart_needed.append("[exporter]")
         restart_needed += [
             f"tuning.{key}"
             for key in ("worker_python", "worker_user", "spool_dir")
