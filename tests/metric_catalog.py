@@ -26,9 +26,6 @@ def _m(*labels: str, base: frozenset[str] = _GPU) -> frozenset[str]:
 
 _NONE: frozenset[str] = frozenset()
 _MIG = ("gpu_instance_id", "compute_instance_id", "profile")
-#: Labels every series of the per-GPU collectors (gpu, gpu_health, gpu_mig) also carries
-#: on a Kubernetes node (tests/test_pod_resources.py checks them).
-POD_LABELS: frozenset[str] = frozenset({"namespace", "pod", "container"})
 
 #: Exposed metric name -> its labels (target labels excluded).
 KNOWN_METRICS: dict[str, frozenset[str]] = {
