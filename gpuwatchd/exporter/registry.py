@@ -20,7 +20,7 @@ from gpuwatchd.exporter.collectors.base import GpuwatchdCollector, SubCollector,
 from gpuwatchd.exporter.collectors.build_info import BuildInfoCollector, DaemonInfo
 from gpuwatchd.exporter.collectors.drift import DriftCollector
 from gpuwatchd.exporter.collectors.fleet import FleetCollector
-from gpuwatchd.exporter.collectors.gpu import GpuCollector
+from gpuwatchd.exporter.collectors.gpu import BoardCollector, GpuCollector
 from gpuwatchd.exporter.collectors.health import HealthCollector
 from gpuwatchd.exporter.collectors.mig import MigCollector
 from gpuwatchd.exporter.collectors.pods import PodsCollector
@@ -92,11 +92,7 @@ COLLECTORS: tuple[tuple[str, Callable[[Sources], SubCollector | None]], ...] = (
     ("fleet", _fleet),
 )
 #: The per-GPU collectors whose families ``[exporter] fields`` chooses from.
-SELECTABLE: tuple[type[GpuCollector | HealthCollector | MigCollector], ...] = (
-    GpuCollector,
-    HealthCollector,
-    MigCollector,
-)
+SELECTABLE: tuple[type[BoardCollector], ...] = (GpuCollector, HealthCollector, MigCollector)
 
 
 def selectable_fields() -> tuple[str, ...]:
