@@ -57,6 +57,10 @@ _CLOCK = operator.attrgetter("sm_clock_mhz")
 _POWER = operator.attrgetter("power_w")
 
 
+#: Why a GPU in MIG mode is never opened: tuning measures a whole GPU, not a slice.
+MIG_REASON = "MIG mode is on: tuning a slice is not supported"
+
+
 class GateState(enum.StrEnum):
     """Per-GPU gate state. Only ``COOL_STABLE`` means the gate is open."""
 
@@ -428,6 +432,8 @@ def evaluate(
     if now is not None and now - latest.t > cfg.stale_after_s:
         why = f"last sample {now - latest.t:.1f}s old (> {cfg.stale_after_s:g}s)"
         return _decide(GateState.UNAVAILABLE, (why,), t, prev, t)
+    if info is not None and info.mig_mode:  # read with the static facts, before any poll
+        return _decide(GateState.UNAVAILABLE, (MIG_REASON,), t, prev, t)
     temp, clock, power = latest.temp_c, latest.sm_clock_mhz, latest.power_w
     if temp is None or clock is None:
         why = "no temperature reading" if temp is None else "no SM clock reading"

@@ -13,6 +13,7 @@ Usage::
     fake.fail_field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, pynvml.NVML_ERROR_UNKNOWN)
     release = fake.hang("nvmlDeviceGetUtilizationRates", gpu=1)  # blocks until release.set()
     fake.xid(0, 48)                                        # GPU 0 reports XID 48
+    FakeNvml([FakeGpu(mig_mode=1, mig_devices=(FakeMig(1, 0, "1g.18gb"), ...))])  # MIG on
     costed = FakeNvml(8, costs=REAL_CALL_COSTS)   # each call takes what a real one does
     paced = FakeNvml(8, costs=DAEMON_PACE_CALL_COSTS)  # ... when made at 10 Hz
 
@@ -128,6 +129,26 @@ def _spend(started: float, cost: CallCost) -> None:
 
 
 @dataclass
+class FakeMig:
+    """One MIG device of a fake GPU in MIG mode (in ``FakeGpu.mig_devices``, by slot)."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str = "1g.18gb"
+    memory_total: int = 18_253_611_008
+    memory_used: int = 1_048_576_000
+    util: int | None = None  # percent; None: NotSupported, as most drivers answer
+
+
+@dataclass(frozen=True)
+class FakeMigHandle:
+    """A MIG device's handle: its GPU and slot."""
+
+    gpu: int
+    slot: int
+
+
+@dataclass
 class FakeGpu:
     """One fake GPU. A reading set to ``None`` makes its NVML call raise NotSupported."""
 
@@ -161,6 +182,10 @@ class FakeGpu:
     fields: dict[int, int] | None = None  # default: an H200's (ECC, PCIe, NVLink)
     xid_events: bool = True
     lost: bool = False
+    #: ``nvmlDeviceGetMigMode``'s current mode (0 off, 1 on); None: no MIG (NotSupported).
+    mig_mode: int | None = None
+    mig_devices: tuple[FakeMig | None, ...] = ()  # by slot; None: an empty slot
+    max_mig_devices: int = 7
 
     def __post_init__(self) -> None:
         if self.fields is None:
@@ -478,6 +503,46 @@ class FakeNvml(ModuleType):
         def event_free(event_set: SimpleNamespace) -> None:
             event_set.freed = True
 
+        def mig(h: FakeMigHandle) -> FakeMig:
+            g = gpu(FakeHandle(h.gpu, self._generation[h.gpu]))
+            if g.mig_mode != 1 or h.slot >= len(g.mig_devices):
+                self._raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            device = g.mig_devices[h.slot]
+            if device is None:
+                self._raise(pynvml.NVML_ERROR_NOT_FOUND)
+            assert device is not None
+            return device
+
+        def mig_mode(h: FakeHandle) -> list[int]:
+            mode = v(gpu(h).mig_mode)
+            return [mode, mode]
+
+        def mig_handle(h: FakeHandle, slot: int) -> FakeMigHandle:
+            g = gpu(h)
+            if g.mig_mode != 1:
+                self._raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            if slot >= len(g.mig_devices) or g.mig_devices[slot] is None:
+                self._raise(pynvml.NVML_ERROR_NOT_FOUND)
+            return FakeMigHandle(h.index, slot)
+
+        def mig_uuid(h: FakeMigHandle) -> str | bytes:
+            m = mig(h)
+            return s(f"MIG-fake-{h.gpu}-{m.gpu_instance_id}-{m.compute_instance_id}")
+
+        def either(
+            on_gpu: Callable[[FakeHandle], Any], on_mig: Callable[[FakeMigHandle], Any]
+        ) -> Callable[[Any], Any]:
+            return lambda h: on_mig(h) if isinstance(h, FakeMigHandle) else on_gpu(h)
+
+        def mig_memory(h: FakeMigHandle) -> SimpleNamespace:
+            m = mig(h)
+            return SimpleNamespace(
+                total=m.memory_total, free=m.memory_total - m.memory_used, used=m.memory_used
+            )
+
+        def mig_util(h: FakeMigHandle) -> SimpleNamespace:
+            return SimpleNamespace(gpu=v(mig(h).util), memory=0)
+
         def pci(h: FakeHandle) -> SimpleNamespace:
             return SimpleNamespace(busId=str(gpu(h).pci_bus_id).encode())  # ctypes char array
 
@@ -494,10 +559,13 @@ class FakeNvml(ModuleType):
             "nvmlDeviceGetHandleByIndex": by_index,
             "nvmlDeviceGetHandleByUUID": by_key("uuid"),
             "nvmlDeviceGetHandleByPciBusId": by_key("pci_bus_id"),
-            "nvmlDeviceGetUUID": lambda h: s(gpu(h).uuid),
-            "nvmlDeviceGetName": lambda h: s(gpu(h).name),
+            "nvmlDeviceGetUUID": either(lambda h: s(gpu(h).uuid), mig_uuid),
+            "nvmlDeviceGetName": either(
+                lambda h: s(gpu(h).name),
+                lambda h: s(f"{self.gpus[h.gpu].name} MIG {mig(h).profile}"),
+            ),
             "nvmlDeviceGetPciInfo": pci,
-            "nvmlDeviceGetMemoryInfo": memory,
+            "nvmlDeviceGetMemoryInfo": either(memory, mig_memory),
             "nvmlDeviceGetMaxClockInfo": max_clock,
             "nvmlDeviceGetEnforcedPowerLimit": lambda h: v(gpu(h).power_limit_mw),
             "nvmlDeviceGetTemperatureThreshold": threshold,
@@ -507,7 +575,12 @@ class FakeNvml(ModuleType):
             "nvmlDeviceGetClockInfo": clock,
             "nvmlDeviceGetCurrentClocksEventReasons": lambda h: v(gpu(h).reasons),
             "nvmlDeviceGetCurrentClocksThrottleReasons": lambda h: v(gpu(h).reasons),
-            "nvmlDeviceGetUtilizationRates": util,
+            "nvmlDeviceGetUtilizationRates": either(util, mig_util),
+            "nvmlDeviceGetMigMode": mig_mode,
+            "nvmlDeviceGetMaxMigDeviceCount": lambda h: gpu(h).max_mig_devices,
+            "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
+            "nvmlDeviceGetGpuInstanceId": lambda h: mig(h).gpu_instance_id,
+            "nvmlDeviceGetComputeInstanceId": lambda h: mig(h).compute_instance_id,
             "nvmlDeviceGetComputeRunningProcesses_v3": procs,
             "nvmlDeviceGetComputeRunningProcesses_v2": procs,
             "nvmlDeviceGetComputeRunningProcesses": procs,

@@ -4,7 +4,8 @@ The dashboard and alert tests check every query against this catalogue, so a ren
 metric or a misspelt label fails a test instead of leaving a blank panel or an alert
 that can never fire. ``SOURCE`` says where each name comes from: ``exporter`` names
 are cross-checked against the real exporter's output; ``tuning``, ``drift``,
-``fleet`` (checked against its collector in test_fleet_views.py)
+``fleet`` (checked against its collector in test_fleet_views.py), ``mig`` and ``pods``
+(tests/test_collector_registry.py: against their collectors' declarations)
 and ``prometheus`` names are taken from their specification.
 """
 
@@ -24,6 +25,7 @@ def _m(*labels: str, base: frozenset[str] = _GPU) -> frozenset[str]:
 
 
 _NONE: frozenset[str] = frozenset()
+_MIG = ("gpu_instance_id", "compute_instance_id", "profile")
 
 #: Exposed metric name -> its labels (target labels excluded).
 KNOWN_METRICS: dict[str, frozenset[str]] = {
@@ -65,6 +67,12 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_gpu_fan_speed_ratio": _GPU,
     "gpuwatchd_gpu_process_memory_bytes": _m("pid", "namespace", "pod", "container"),
     "gpuwatchd_gpu_field_errors_total": _m("field"),
+    # MIG devices, while a GPU is in MIG mode
+    "gpuwatchd_mig_device_info": _m(*_MIG, "mig_uuid"),
+    "gpuwatchd_mig_memory_used_bytes": _m(*_MIG),
+    "gpuwatchd_mig_memory_total_bytes": _m(*_MIG),
+    "gpuwatchd_mig_utilization_ratio": _m(*_MIG),
+    "gpuwatchd_pod_resources_up": _NONE,
     "gpuwatchd_gpu_throttle_seconds_total": _m("reason"),
     "gpuwatchd_gate_state": _m("state"),
     "gpuwatchd_gate_open": _GPU,
@@ -127,6 +135,10 @@ SOURCE: dict[str, str] = {
             "gpuwatchd_store_writable",
             "gpuwatchd_store_schema_skew",
         }
+        else "mig"
+        if name.startswith("gpuwatchd_mig_")
+        else "pods"
+        if name == "gpuwatchd_pod_resources_up"
         else "exporter"
     )
     for name in KNOWN_METRICS

@@ -114,6 +114,11 @@ NOT_ON_DASHBOARD: dict[str, str] = {
     "up": "Prometheus' own; the GpuwatchdDown alert watches it",
     "gpuwatchd_store_schema_skew": "the GpuwatchdStoreSchemaSkew alert watches it; the store"
     " panel shows whether writes go on",
+    "gpuwatchd_mig_device_info": "a GPU in MIG mode is never tuned: the dashboard's subject",
+    "gpuwatchd_mig_memory_used_bytes": "as above",
+    "gpuwatchd_mig_memory_total_bytes": "as above",
+    "gpuwatchd_mig_utilization_ratio": "as above",
+    "gpuwatchd_pod_resources_up": "explains empty pod labels; no panel uses pod labels",
 }
 
 

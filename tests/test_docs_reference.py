@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DOC = ROOT / "docs" / "configuration.md"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 EXAMPLE = ROOT / "examples" / "config.toml"
-SECTIONS = ("daemon", "sim", "replay", "gate", "tuning", "drift", "store", "fleet")
+SECTIONS = ("daemon", "sim", "replay", "gate", "tuning", "drift", "store", "fleet", "exporter")
 
 
 def _loader_keys() -> dict[str, set[str]]:

@@ -9,16 +9,19 @@ protobuf.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from concurrent import futures
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import DAEMON_INFO, board_of, free_port, h200, judged, wait_until
+from builders import DAEMON_INFO, board_of, free_port, full_h200, h200, judged, wait_until
 from daemon_helpers import http_get, start_daemon, wait_http
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +30,8 @@ grpc = pytest.importorskip("grpc")
 kubelet_pb = pytest.importorskip("gpuwatchd.telemetry.kubelet_pb")
 
 from gpuwatchd.exporter import build_registry  # noqa: E402
+from gpuwatchd.exporter.collectors.gpu import GpuCollector  # noqa: E402
+from gpuwatchd.exporter.collectors.health import HealthCollector  # noqa: E402
 from gpuwatchd.gate import GateState  # noqa: E402
 from gpuwatchd.telemetry.pod_resources import (  # noqa: E402
     PodAttribution,
@@ -227,3 +232,148 @@ def test_without_the_socket_grpc_and_protobuf_are_not_imported(tmp_path: Path) -
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "False", "False"]
+
+
+# -- pod labels on every per-GPU series ------------------------------------------------
+
+_POD = ("namespace", "pod", "container")
+
+
+def _two_gpus() -> object:
+    """GPU 0 (GPU-aaa, held by TRAINER) with every field, GPU 1 (GPU-free) held by no pod."""
+    full = full_h200()
+    held = replace(full, info=replace(full.info, uuid="GPU-aaa"))
+    free = replace(full, index=1, info=replace(full.info, index=1, uuid="GPU-free"))
+    return board_of(held, free)
+
+
+def test_every_per_gpu_series_carries_the_pod(kubelet: FakeKubelet) -> None:
+    attribution = start_pod_attribution(str(kubelet.path), refresh_s=3600.0)
+    assert attribution is not None
+    try:
+        assert wait_until(lambda: attribution.up, 10)
+        text = generate_latest(build_registry(_two_gpus(), DAEMON_INFO, pods=attribution))
+    finally:
+        attribution.close()
+    per_gpu = {*GpuCollector.families, *HealthCollector.families}
+    seen: dict[str, set[tuple[str, ...]]] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            if sample.name == "gpuwatchd_pod_resources_up":
+                assert sample.value == 1.0
+            if sample.name not in per_gpu:
+                continue
+            where = tuple(sample.labels[k] for k in _POD)  # every series has all three
+            seen.setdefault(sample.labels["gpu"], set()).add(where)
+            seen.setdefault(sample.name, set()).add(where)
+    assert seen["0"] == {("ml", "trainer-0", "pytorch")}
+    assert seen["1"] == {("", "", "")}  # held by no pod: the same labels, empty
+    assert seen["gpuwatchd_gpu_power_watts"] == {("ml", "trainer-0", "pytorch"), ("", "", "")}
+    assert {"gpuwatchd_gpu_temperature_celsius", "gpuwatchd_gpu_sm_clock_hertz"} <= seen.keys()
+    assert "gpuwatchd_gpu_utilization_ratio" in seen
+
+
+def test_off_kubernetes_per_gpu_series_have_no_pod_labels() -> None:
+    text = generate_latest(build_registry(_two_gpus(), DAEMON_INFO)).decode()
+    (power,) = [
+        f for f in text_string_to_metric_families(text) if f.name == "gpuwatchd_gpu_power_watts"
+    ]
+    assert all(set(s.labels) == {"gpu", "uuid"} for s in power.samples)
+    assert "gpuwatchd_pod_resources_up" not in text
+
+
+# -- the DaemonSet's own uid ---------------------------------------------------------------
+
+#: The DaemonSet's uid (deploy/kubernetes/base/daemonset.yaml) and a group for the socket.
+DAEMONSET_UID = 9844
+SOCKET_GID = 4242
+#: Imports as root (the interpreter lives under /root), then drops to the DaemonSet's uid
+#: and groups, asks the kubelet once as the daemon would, and renders /metrics for a
+#: board whose GPU 0 is GPU-aaa: which pod gpuwatchd_gpu_power_watts names.
+_AS_DAEMONSET = """
+import json, logging, os, sys
+sys.path.insert(0, sys.argv[3])
+import grpc
+from builders import DAEMON_INFO, board_of, full_h200
+from dataclasses import replace
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from gpuwatchd.exporter import build_registry
+from gpuwatchd.telemetry import kubelet_pb
+from gpuwatchd.telemetry.pod_resources import start_pod_attribution
+full = full_h200()
+board = board_of(replace(full, info=replace(full.info, uuid="GPU-aaa")))
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+ch = grpc.insecure_channel("unix:///nonexistent")  # grpc imports some modules on first use
+try:
+    ch.unary_unary(kubelet_pb.LIST_METHOD)(b"", timeout=0.1)
+except grpc.RpcError:
+    pass
+ch.close()
+os.setgroups([int(g) for g in sys.argv[2].split(",") if g])
+os.setgid(9844)
+os.setuid(9844)
+a = start_pod_attribution(sys.argv[1], refresh_s=3600.0)
+up = a.refresh()
+text = generate_latest(build_registry(board, DAEMON_INFO, pods=a)).decode()
+(power,) = [
+    s for f in text_string_to_metric_families(text) for s in f.samples
+    if s.name == "gpuwatchd_gpu_power_watts"
+]
+print(json.dumps({"up": up, "pod": power.labels["pod"]}))
+a.close()
+"""
+
+
+@pytest.fixture
+def shared_kubelet() -> Iterator[FakeKubelet]:
+    """A fake kubelet whose socket's directory the DaemonSet's uid may search."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to the DaemonSet's uid")
+    where = Path(tempfile.mkdtemp(prefix="gpuwatchd-kubelet-"))
+    where.chmod(0o755)
+    fake = FakeKubelet(where / "kubelet.sock", pods_response("GPU-aaa", "GPU-bbb"))
+    try:
+        yield fake
+    finally:
+        fake.stop()
+        shutil.rmtree(where)
+
+
+def _as_daemonset(socket: Path, groups: str) -> tuple[dict[str, object], str]:
+    tests = str(Path(__file__).parent)
+    out = subprocess.run(
+        [sys.executable, "-c", _AS_DAEMONSET, str(socket), groups, tests],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout), out.stderr
+
+
+def test_as_the_daemonset_uid_a_root_only_socket_is_one_clear_warning(
+    shared_kubelet: FakeKubelet,
+) -> None:
+    os.chmod(shared_kubelet.path, 0o755)  # the kubelet's own: srwxr-xr-x root:root
+    result, log = _as_daemonset(shared_kubelet.path, "")
+    assert result == {"up": False, "pod": ""}
+    warnings = [line for line in log.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1, log
+    assert "uid 9844" in warnings[0] and "may not connect" in warnings[0]
+    assert "supplementalGroups" in warnings[0] and "srwxr-xr-x" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("gid", "groups"),
+    [(DAEMONSET_UID, ""), (SOCKET_GID, str(SOCKET_GID))],
+    ids=["runAsGroup", "supplementalGroups"],
+)
+def test_as_the_daemonset_uid_group_access_gives_pod_labels(
+    shared_kubelet: FakeKubelet, gid: int, groups: str
+) -> None:
+    """The documented fixes: the socket's group is the DaemonSet's gid, or a gid in its
+    supplementalGroups, with rw."""
+    os.chown(shared_kubelet.path, 0, gid)
+    os.chmod(shared_kubelet.path, 0o660)
+    result, log = _as_daemonset(shared_kubelet.path, groups)
+    assert result == {"up": True, "pod": "trainer-0"}, log  # on gpuwatchd_gpu_power_watts
+    assert "WARNING" not in log and "pod labels from the kubelet" in log

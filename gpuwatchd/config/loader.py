@@ -1,7 +1,8 @@
 """Load and validate ``config.toml`` into one :class:`Config` of section dataclasses.
 
 Tables: ``[daemon]``, ``[sim]``, ``[replay]``, ``[gate]``, ``[tuning]`` (with
-``[tuning.protocol]``), ``[drift]``, ``[store]``, ``[fleet]`` and ``[[workload]]``. Anything
+``[tuning.protocol]``), ``[drift]``, ``[store]``, ``[fleet]``, ``[exporter]`` and
+``[[workload]]``. Anything
 unknown is an error: a typo in a threshold must not silently fall back to a default on a
 production host.
 Each component defines its own section type (telemetry the sim and replay ones, the gate
@@ -22,6 +23,7 @@ from typing import Any
 
 from gpuwatchd.config.store import StoreConfig, parse_store
 from gpuwatchd.drift.config import DriftConfig
+from gpuwatchd.exporter.settings import ExporterConfig
 from gpuwatchd.gate import GateConfig
 from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.telemetry.pod_resources import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
@@ -216,6 +218,7 @@ class Config:
     drift: DriftConfig = field(default_factory=DriftConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
+    exporter: ExporterConfig = field(default_factory=ExporterConfig)
     workloads: tuple[Workload, ...] = DEFAULT_WORKLOADS
     source: str | None = None  # the file it came from, for logs
 
@@ -270,6 +273,7 @@ _SECTIONS = {
     "drift": DriftConfig.from_mapping,
     "store": parse_store,
     "fleet": FleetConfig.from_mapping,
+    "exporter": lambda t: from_table(ExporterConfig, t, "exporter"),
 }
 
 

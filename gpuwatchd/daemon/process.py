@@ -58,12 +58,7 @@ from gpuwatchd.drift import (
 )
 from gpuwatchd.drift.fleet import FleetSnapshot, clock_max_age_s
 from gpuwatchd.exporter import DaemonInfo, build_registry, build_state_json
-from gpuwatchd.exporter.collectors.base import Versioned
-from gpuwatchd.exporter.collectors.drift import DriftCollector
-from gpuwatchd.exporter.collectors.fleet import FleetCollector
-from gpuwatchd.exporter.collectors.store import StoreCollector
-from gpuwatchd.exporter.collectors.tls import TlsCertificateCollector
-from gpuwatchd.exporter.collectors.tuning import TuningCollector
+from gpuwatchd.exporter.registry import Sources
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
 from gpuwatchd.monitor.stop_signal import StopSignal
@@ -333,23 +328,21 @@ class Daemon:
         self.processes = ProcessLookup(
             user=process_user, pod=self.pods.lookup if self.pods is not None else _no_pod
         )
+        # Every collector of exporter/registry.py whose source is given here.
         self.registry = build_registry(
             self.board,
             self.info,
-            pods=self.pods,
-            extra=[
-                TuningCollector(
-                    self.board, lambda: self.tuner.snapshot, added=self.user_work.added_names
-                ),
-                DriftCollector(self.drift.view),
-                StoreCollector(self.store),
-                # Reads published snapshots only: its text is kept while they are unchanged.
-                Versioned(
-                    FleetCollector(self.fleet_snapshot, lambda: self.tuner.snapshot),
-                    lambda: (self.fleet_snapshot(), self.tuner.snapshot),
-                    runs_inline=True,
-                ),
-            ],
+            sources=Sources(
+                self.board,
+                pods=self.pods,
+                fields=cfg.exporter.fields,
+                tuning=lambda: self.tuner.snapshot,
+                added=self.user_work.added_names,
+                drift=self.drift.view,
+                store=self.store,
+                fleet=self.fleet_snapshot,
+            ),
+            certificates=lambda: self.http.certificates(),
         )
         # The HTTP server and the control socket share one event loop and its thread.
         self.serve_loop = ServeLoop()
@@ -362,7 +355,6 @@ class Daemon:
             json_routes={"/api/v1/winners": self.winners.document},
             serve_loop=self.serve_loop,
         )
-        self.registry.register(TlsCertificateCollector(self.http.certificates))
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
         )
@@ -668,6 +660,8 @@ class Daemon:
             restart_needed.append("[sim]/[replay]")
         if new.store != self.cfg.store:
             restart_needed.append("[store]")
+        if new.exporter != self.cfg.exporter:
+            restart_needed.append("[exporter]")
         restart_needed += [
             f"tuning.{key}"
             for key in ("worker_python", "worker_user", "spool_dir")

@@ -68,6 +68,7 @@ from gpuwatchd.telemetry.fields import (
     getters,
     sample_slot,
 )
+from gpuwatchd.telemetry.nvml_mig import MIG, MigReader
 from gpuwatchd.telemetry.nvml_read import FastCall, compile_read
 from gpuwatchd.telemetry.nvml_slow import (
     FAN,
@@ -304,6 +305,7 @@ class NvmlBackend:
         self._get_power_limit = fn("nvmlDeviceGetEnforcedPowerLimit")
         self._get_threshold = fn("nvmlDeviceGetTemperatureThreshold")
         self._get_cc = fn("nvmlDeviceGetCudaComputeCapability")
+        self._get_mig_mode = fn("nvmlDeviceGetMigMode")  # [current, pending]; read only
         self._get_driver = fn("nvmlSystemGetDriverVersion")
         self._get_energy = fn("nvmlDeviceGetTotalEnergyConsumption")
         self._get_field_values = fn("nvmlDeviceGetFieldValues")
@@ -345,6 +347,7 @@ class NvmlBackend:
             (PROCESS_MEMORY, lambda h: top_processes(procs(h))),
             (PCIE_TX, lambda h: throughput_bps(pcie(h, tx))),  # blocks for NVML's sampling window
             (PCIE_RX, lambda h: throughput_bps(pcie(h, rx))),
+            (MIG, MigReader(fn, self._catch)),  # read only: MIG mode is never changed
         )
 
     def _missing(self, *_args: Any) -> Any:
@@ -622,6 +625,7 @@ class NvmlBackend:
             g, "shutdown temperature", self._get_threshold, self._threshold_shutdown
         )
         cc = self._static(g, "cuda capability", self._get_cc)
+        mig = self._static(g, "MIG mode", self._get_mig_mode)
         try:
             driver: str | None = _text(self._get_driver())
         except self._catch as exc:
@@ -643,6 +647,7 @@ class NvmlBackend:
             slowdown_temp_c=float(slowdown) if slowdown is not None else None,
             shutdown_temp_c=float(shutdown) if shutdown is not None else None,
             cuda_capability=f"{cc[0]}.{cc[1]}" if cc is not None else None,
+            mig_mode=None if mig is None else int(mig[0]) == 1,
         )
 
     def close(self) -> None:

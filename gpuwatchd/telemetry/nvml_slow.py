@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuwatchd.telemetry.fields import field_values
+from gpuwatchd.telemetry.nvml_mig import MIG
 from gpuwatchd.telemetry.types import ProcessMemory, RemappedRows, SlowReading
 
 # Field keys: the unit of "NVML does not support this on this GPU".
@@ -210,4 +211,5 @@ def build_reading(
         fan_speed_ratio=None if fan is None else fan / 100.0,
         processes=calls.get(PROCESS_MEMORY),
         xid_errors=xid_errors,
+        mig=calls.get(MIG),
     )

@@ -10,6 +10,12 @@ slicing) is ambiguous: it gets no pod.
 grpcio and protobuf (``pip install gpuwatchd[k8s]``) are imported only by
 :func:`start_pod_attribution` and only where the socket exists, so a daemon off
 Kubernetes loads neither.
+
+Connecting to a Unix socket needs write access to it, and most kubelets create it
+root-owned (``srwxr-xr-x``): a daemon running as its own uid (the DaemonSet's 9844) is
+then refused. :func:`start_pod_attribution` says so in one warning naming the owner,
+mode and the fix (a group with access, in the pod's ``supplementalGroups``:
+docs/threat-model.md), and ``up`` stays False (``gpuwatchd_pod_resources_up`` 0).
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ class PodSource(Protocol):
 
     @property
     def pods(self) -> PodMap: ...
+
+    @property
+    def up(self) -> bool: ...
 
     def lookup(self, uuid: str) -> PodRef | None: ...
 
@@ -85,6 +94,8 @@ class PodAttribution:
         self._close = close
         self._stop = threading.Event()
         self._failing = False
+        #: Whether the kubelet answered the last ask (False until it first does).
+        self.up = False
         self.pods: PodMap = MappingProxyType({})
         self._thread = threading.Thread(target=self._run, name="gpuwatchd-pods", daemon=True)
 
@@ -107,13 +118,19 @@ class PodAttribution:
                     one_line(exc),
                 )
             self._failing = True
+            self.up = False
             return False
+        self.up = True
         if pods != self.pods:
             self.pods = pods  # a new object only on a change: the exporter keeps its text
         if self._failing:
             log.info("kubelet pod-resources at %s answers again", self.socket_path)
         self._failing = False
         return True
+
+    def already_warned(self) -> None:
+        """Failures until the kubelet first answers were already explained: no warning."""
+        self._failing = True
 
     def close(self, timeout: float = 1.0) -> None:
         self._stop.set()
@@ -128,10 +145,33 @@ class PodAttribution:
 
 
 def _is_socket(path: str) -> bool:
+    """Whether ``path`` is a socket; True where it cannot be looked at (a directory
+    above denies search), so that :func:`access_problem` says why."""
     try:
         return stat.S_ISSOCK(os.stat(path).st_mode)
+    except PermissionError:
+        return True
     except (OSError, ValueError):  # ValueError: a NUL in the path
         return False
+
+
+def access_problem(path: str) -> str | None:
+    """Why this process may not connect to the socket at ``path``, or None if it may
+    (connecting to a Unix socket needs write access to it)."""
+    who = f"uid {os.geteuid()} (groups {','.join(map(str, sorted(set(os.getgroups()))))})"
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"{who} cannot reach it: {exc.strerror or exc}"
+    effective = os.access in os.supports_effective_ids
+    if os.access(path, os.W_OK, effective_ids=effective):
+        return None
+    mode = stat.filemode(st.st_mode)
+    return (
+        f"{who} may not connect to it (owner {st.st_uid}:{st.st_gid} {mode}; connecting "
+        "needs write access): give it a group with rw and add that gid to the pod's "
+        "supplementalGroups (docs/threat-model.md)"
+    )
 
 
 def start_pod_attribution(
@@ -169,6 +209,13 @@ def start_pod_attribution(
         refresh_s=refresh_s,
         close=channel.close,
     )
+    problem = access_problem(socket_path)
+    if problem is None:
+        log.info("pod labels from the kubelet's pod-resources API at %s", socket_path)
+    else:  # still asked: access granted later (a group on the socket) is picked up
+        log.warning(
+            "kubelet pod-resources socket %s: %s; pod labels stay empty", socket_path, problem
+        )
+        attribution.already_warned()
     attribution.start()
-    log.info("pod labels from the kubelet's pod-resources API at %s", socket_path)
     return attribution

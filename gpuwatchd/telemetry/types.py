@@ -71,6 +71,7 @@ class DeviceInfo:
     slowdown_temp_c: float | None = None
     shutdown_temp_c: float | None = None
     cuda_capability: str | None = None
+    mig_mode: bool | None = None  # MIG mode on (None: a GPU without MIG)
 
 
 #: ECC counter scopes: since the driver loaded, and over the GPU's lifetime (NVML's names).
@@ -114,13 +115,31 @@ class PodRef:
 
 
 @dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device (a compute instance of a GPU instance) of a GPU in MIG mode.
+
+    ``profile`` is NVIDIA's profile name (``1g.18gb``); ``util_gpu`` a ratio 0-1, None
+    where NVML does not give it for a MIG device (most drivers).
+    """
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    util_gpu: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SlowReading:
     """The GPU health fields read off the fast poll, at the energy counter's period.
 
     Each is ``None`` when the GPU does not support it (absent, never 0). Counters
     (ECC, PCIe and NVLink bytes, PCIe replays) count since an origin the driver picks;
     ``xid_errors`` counts each XID code seen since the backend started. ``processes``
-    holds the few compute processes using the most memory, largest first.
+    holds the few compute processes using the most memory, largest first. ``mig``
+    holds the MIG devices while MIG mode is on (None: off, or a GPU without MIG).
     """
 
     t: float
@@ -137,6 +156,7 @@ class SlowReading:
     fan_speed_ratio: float | None = None
     processes: tuple[ProcessMemory, ...] | None = None
     xid_errors: Mapping[int, int] | None = None  # XID code -> count
+    mig: tuple[MigDevice, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

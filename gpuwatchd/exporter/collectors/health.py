@@ -17,17 +17,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from gpuwatchd.exporter.collectors.gpu import (
     GPU_LABELS,
+    POD_LABELS,
     BoardCollector,
+    Labels,
     add_per_gpu,
-    gpu_labels,
     live_sample,
+    pod_of,
 )
-from gpuwatchd.monitor.board import GpuSnapshot, StateBoard
+from gpuwatchd.monitor.board import GpuSnapshot
 from gpuwatchd.telemetry.pod_resources import PodSource
 from gpuwatchd.telemetry.types import ECC_SCOPES, ECC_TYPES, SlowReading
 
-#: The labels naming the Kubernetes container a process's GPU is assigned to.
-POD_LABELS = ("namespace", "pod", "container")
+Readings = Sequence[tuple[GpuSnapshot, SlowReading | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,15 +139,20 @@ def _slow(snap: GpuSnapshot) -> SlowReading | None:
 class HealthCollector(BoardCollector):
     """GPU health families from the state board's samples; never calls NVML.
 
-    ``pods`` (on a Kubernetes node) labels each process's series with the namespace,
-    pod and container holding its GPU; empty labels where none is known.
+    Each process's series always carries the namespace, pod and container holding its
+    GPU (empty where none is known), as it did before every series could.
     """
 
     name = "gpu_health"
-
-    def __init__(self, board: StateBoard, pods: PodSource | None = None) -> None:
-        super().__init__(board)
-        self._pods = pods
+    families = (
+        "gpuwatchd_gpu_memory_total_bytes",
+        *(v.name + ("_total" if v.counter else "") for v in _VALUES),
+        "gpuwatchd_gpu_xid_errors_total",
+        "gpuwatchd_gpu_ecc_errors_total",
+        "gpuwatchd_gpu_remapped_rows",
+        "gpuwatchd_gpu_process_memory_bytes",
+        "gpuwatchd_gpu_field_errors_total",
+    )
 
     def version(self) -> object:
         """What these families read of each GPU: its facts, and the live sample's slow
@@ -164,28 +170,29 @@ class HealthCollector(BoardCollector):
     def _families(self) -> Iterator[Metric]:
         snaps = self._board.all()
         readings = [(snap, _slow(snap)) for snap in snaps]
-        yield self._memory_total(snaps)
+        labels = self._label_values(snaps)
+        yield self._memory_total(snaps, labels)
         for spec in _VALUES:
-            yield self._fill(spec, readings)
-        yield self._xids(readings)
-        yield self._ecc(readings)
-        yield self._remapped_rows(readings)
+            yield self._fill(spec, readings, labels)
+        yield self._xids(readings, labels)
+        yield self._ecc(readings, labels)
+        yield self._remapped_rows(readings, labels)
         yield self._process_memory(readings, self._pods)
-        yield self._field_errors(snaps)
+        yield self._field_errors(snaps, labels)
 
     @staticmethod
-    def _fill(spec: _Value, readings: Sequence[tuple[GpuSnapshot, SlowReading | None]]) -> Metric:
+    def _fill(spec: _Value, readings: Readings, labels: Labels) -> Metric:
         family_type = CounterMetricFamily if spec.counter else GaugeMetricFamily
-        family = family_type(spec.name, spec.help, labels=GPU_LABELS, unit=spec.unit)
-        add_per_gpu(family, readings, spec.value)
+        family = family_type(spec.name, spec.help, labels=labels.names, unit=spec.unit)
+        add_per_gpu(family, readings, spec.value, labels)
         return family
 
     @staticmethod
-    def _memory_total(snaps: Sequence[GpuSnapshot]) -> GaugeMetricFamily:
+    def _memory_total(snaps: Sequence[GpuSnapshot], labels: Labels) -> GaugeMetricFamily:
         family = GaugeMetricFamily(
             "gpuwatchd_gpu_memory_total_bytes",
             "Device (framebuffer) memory size in bytes.",
-            labels=GPU_LABELS,
+            labels=labels.names,
             unit="bytes",
         )
         for snap in snaps:
@@ -194,65 +201,63 @@ class HealthCollector(BoardCollector):
             if total is None and snap.info is not None:
                 total = snap.info.memory_total_bytes  # a static fact, like the power limit
             if total is not None:
-                family.add_metric(gpu_labels(snap), float(total))
+                family.add_metric(labels[snap.index], float(total))
         return family
 
     @staticmethod
-    def _xids(readings: Sequence[tuple[GpuSnapshot, SlowReading | None]]) -> Metric:
+    def _xids(readings: Readings, labels: Labels) -> Metric:
         family = CounterMetricFamily(
             "gpuwatchd_gpu_xid_errors",
             "XID errors the driver reported for the GPU since gpuwatchd started, per XID "
             "code (48: uncorrectable ECC, 63/64: row remapping, 79: fell off the bus).",
-            labels=(*GPU_LABELS, "xid"),
+            labels=(*labels.names, "xid"),
         )
         for snap, reading in readings:
             if reading is None or reading.xid_errors is None:
                 continue
-            labels = gpu_labels(snap)
+            values = labels[snap.index]
             for code, count in sorted(reading.xid_errors.items()):
-                family.add_metric([*labels, str(code)], float(count))
+                family.add_metric([*values, str(code)], float(count))
         return family
 
     @staticmethod
-    def _ecc(readings: Sequence[tuple[GpuSnapshot, SlowReading | None]]) -> Metric:
+    def _ecc(readings: Readings, labels: Labels) -> Metric:
         family = CounterMetricFamily(
             "gpuwatchd_gpu_ecc_errors",
             "ECC errors in GPU memory: scope volatile counts since the driver loaded, "
             "aggregate over the GPU's life (don't sum the two); type corrected (single-bit) "
             "or uncorrected (double-bit).",
-            labels=(*GPU_LABELS, "scope", "type"),
+            labels=(*labels.names, "scope", "type"),
         )
         for snap, reading in readings:
             if reading is None or reading.ecc_errors is None:
                 continue
-            labels = gpu_labels(snap)
+            values = labels[snap.index]
             for scope in ECC_SCOPES:
                 for kind in ECC_TYPES:
                     count = reading.ecc_errors.get((scope, kind))
                     if count is not None:
-                        family.add_metric([*labels, scope, kind], float(count))
+                        family.add_metric([*values, scope, kind], float(count))
         return family
 
     @staticmethod
-    def _remapped_rows(readings: Sequence[tuple[GpuSnapshot, SlowReading | None]]) -> Metric:
+    def _remapped_rows(readings: Readings, labels: Labels) -> Metric:
         family = GaugeMetricFamily(
             "gpuwatchd_gpu_remapped_rows",
             "HBM rows remapped over the GPU's life, by the kind of error that caused it.",
-            labels=(*GPU_LABELS, "cause"),
+            labels=(*labels.names, "cause"),
         )
         for snap, reading in readings:
             rows = None if reading is None else reading.remapped_rows
             if rows is None:
                 continue
-            labels = gpu_labels(snap)
-            family.add_metric([*labels, "correctable"], float(rows.correctable))
-            family.add_metric([*labels, "uncorrectable"], float(rows.uncorrectable))
+            values = labels[snap.index]
+            family.add_metric([*values, "correctable"], float(rows.correctable))
+            family.add_metric([*values, "uncorrectable"], float(rows.uncorrectable))
         return family
 
     @staticmethod
-    def _process_memory(
-        readings: Sequence[tuple[GpuSnapshot, SlowReading | None]], pods: PodSource | None
-    ) -> Metric:
+    def _process_memory(readings: Readings, pods: PodSource | None) -> Metric:
         family = GaugeMetricFamily(
             "gpuwatchd_gpu_process_memory_bytes",
             "Device memory held by each of the (at most 8) compute processes using the most, "
@@ -264,26 +269,25 @@ class HealthCollector(BoardCollector):
         for snap, reading in readings:
             if reading is None or reading.processes is None:
                 continue
-            labels = gpu_labels(snap)
-            pod = pods.lookup(snap.info.uuid) if pods is not None and snap.info else None
-            where = [pod.namespace, pod.pod, pod.container] if pod is not None else ["", "", ""]
+            gpu = [str(snap.index), snap.info.uuid if snap.info is not None else ""]
+            where = pod_of(pods, gpu[1])
             for proc in reading.processes:
-                family.add_metric([*labels, str(proc.pid), *where], float(proc.used_bytes))
+                family.add_metric([*gpu, str(proc.pid), *where], float(proc.used_bytes))
         return family
 
     @staticmethod
-    def _field_errors(snaps: Sequence[GpuSnapshot]) -> Metric:
+    def _field_errors(snaps: Sequence[GpuSnapshot], labels: Labels) -> Metric:
         family = CounterMetricFamily(
             "gpuwatchd_gpu_field_errors",
             "NVML reads of one field that failed (Unknown, Timeout, ...) since gpuwatchd "
             "started; only that field's series was missing from those polls.",
-            labels=(*GPU_LABELS, "field"),
+            labels=(*labels.names, "field"),
         )
         for snap in snaps:
             sample = live_sample(snap)
             if sample is None:
                 continue
-            labels = gpu_labels(snap)
+            values = labels[snap.index]
             for key, count in sorted(sample.field_errors.items()):
-                family.add_metric([*labels, key], float(count))
+                family.add_metric([*values, key], float(count))
         return family
