@@ -174,7 +174,7 @@ def inductor_choice(meta: Mapping[str, Any], what: str = "meta") -> SiteChoice:
     for i, k in enumerate(keys):
         name(k, f"{what}.site_keys[{i}]")
     key = meta.get("lookup_key")
-    if key not in keys:
+    if not isinstance(key, str) or key not in keys:
         raise fail(f"{what}.lookup_key", "expected one of its site_keys", key)
     entry = inductor_entry(meta.get("lookup_entry"), f"{what}.lookup_entry")
     tid = entry["template_id"]
