@@ -262,3 +262,36 @@ def test_unreadable_rows_warn_a_bounded_number_of_times(
     assert len(lines) == MAX_SKIP_WARNINGS + 2  # then one line saying the rest are quiet
     assert "without a warning" in lines[-1]
     assert all("\x1b" not in line for line in lines)
+
+
+def test_the_bounds_are_these_numbers() -> None:
+    """The limits as written in row_values' docstring: 1 MiB of JSON text, 16 levels,
+    64 Ki characters per string and text column, 1024 per name."""
+    assert row_values.json_value(" " * (1_048_576 - 2) + "{}", "x") == {}
+    with pytest.raises(ValueError, match="larger than 1048576"):
+        row_values.json_value(" " * 1_048_575 + "{}", "x")
+    assert row_values.json_value('["' + "a" * 65_536 + '"]', "x") == ["a" * 65_536]
+    with pytest.raises(ValueError, match="at most 65536"):
+        row_values.json_value('["' + "a" * 65_537 + '"]', "x")
+    assert row_values.text("a" * 65_536, "why") == "a" * 65_536
+    with pytest.raises(ValueError, match="at most 65536"):
+        row_values.text("a" * 65_537, "why")
+    assert row_values.name("a" * 1024, "x") == "a" * 1024
+    with pytest.raises(ValueError, match="at most 1024"):
+        row_values.name("a" * 1025, "x")
+
+
+@pytest.mark.parametrize(
+    ("load", "text"),
+    [
+        (row_values.json_value, '{"x": 1e999}'),
+        (row_values.json_value, "{broken"),
+        (row_values.json_object, '{"x": 1e999}'),
+        (row_values.json_object, "[]"),
+        (row_values.json_list, "[1e999]"),
+        (row_values.json_list, "{}"),
+    ],
+)
+def test_a_json_column_error_names_the_column(load: Callable[[Any, str], Any], text: str) -> None:
+    with pytest.raises(ValueError, match=r"^meta_json: "):
+        load(text, "meta_json")

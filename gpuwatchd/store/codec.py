@@ -211,12 +211,9 @@ def _versions(row: sqlite3.Row, col: str = "versions_json") -> Versions:
 
 
 def session_from_row(row: sqlite3.Row) -> SessionRow:
-    workloads_raw = _json(row, "workloads_json")
-    regimes_raw = _json(row, "regimes_json")
-    extra = _json(row, "extra_json")
-    require(isinstance(workloads_raw, list), "workloads_json", "expected a list", workloads_raw)
-    require(isinstance(regimes_raw, list), "regimes_json", "expected a list", regimes_raw)
-    require(isinstance(extra, dict), "extra_json", "expected an object", extra)
+    workloads_raw = row_values.json_list(row["workloads_json"], "workloads_json")
+    regimes_raw = row_values.json_list(row["regimes_json"], "regimes_json")
+    extra = row_values.json_object(row["extra_json"], "extra_json")
     try:
         workloads = tuple(Workload.from_json(w) for w in workloads_raw)
     except (KeyError, TypeError, AttributeError) as e:

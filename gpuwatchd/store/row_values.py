@@ -118,10 +118,11 @@ INT_KEYS = frozenset(
      "MIN_BLOCK_TILE_AK", "MIN_BLOCK_TILE_BK", "MIN_BLOCK_TILE_BN", "matrix_instr_nonkdim",
      "waves_per_eu", "kpack", "k_split", "EPILOGUE_SUBTILE"}
 )  # fmt: skip
-#: Template keywords that are flags.
+#: Template keywords that are flags (the TMA templates' options among them).
 FLAG_KEYS = frozenset(
     {"EVEN_K", "ALLOW_TF32", "USE_FAST_ACCUM", "TMA_EXPERIMENTAL_API", "WARP_SPECIALIZE",
-     "FLATTEN", "EPILOGUE_SUBTILE", "A_ROW_MAJOR", "B_ROW_MAJOR"}
+     "FLATTEN", "EPILOGUE_SUBTILE", "A_ROW_MAJOR", "B_ROW_MAJOR", "tma_store",
+     "tma_load_for_template_epilogue", "transpose_discontiguous_tensor_descriptors_override"}
 )  # fmt: skip
 #: Template keywords with a few known string values.
 ENUM_KEYS: dict[str, frozenset[str]] = {
