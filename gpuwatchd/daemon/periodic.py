@@ -20,6 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from gpuwatchd.validate import describe
+
 log = logging.getLogger(__name__)
 
 #: The loop looks again at least this often (a stop, a task added), in seconds.
@@ -38,6 +40,7 @@ class _Task:
     due: float  # monotonic seconds
     running: bool = False
     overdue: bool = False
+    error: str | None = None  # the last run's failure, logged once while it repeats
 
 
 class Periodic:
@@ -127,8 +130,13 @@ class Periodic:
     def _run(self, task: _Task) -> None:
         try:
             task.fn()
-        except Exception:  # one failing run must not stop the task's later runs
-            log.exception("periodic task %s failed", task.name)
+        except Exception as e:  # one failing run must not stop the task's later runs
+            if describe(e) != task.error:
+                log.exception("periodic task %s failed (logged again only when it changes)",
+                              task.name)  # fmt: skip
+            task.error = describe(e)
+        else:
+            task.error = None
         finally:
             with self._lock:
                 task.running = False
