@@ -243,7 +243,8 @@ def test_json_within_bounds_loads_as_is() -> None:
 def test_names_are_printable_and_bounded() -> None:
     assert row_values.name("NVIDIA H200", "gpu_model") == "NVIDIA H200"
     assert row_values.name("a" * row_values.MAX_NAME, "x") == "a" * row_values.MAX_NAME
-    for bad in ("a\nb", "a\x1bb", "a\x85b", "a" * (row_values.MAX_NAME + 1), 7, None):
+    too_long = "a" * (row_values.MAX_NAME + 1)
+    for bad in ("a\nb", "a\x1bb", "a\x85b", "a\u2028b", "a\u202eb", too_long, 7, None):
         with pytest.raises(ValueError, match="printable name"):
             row_values.name(bad, "x")
     assert row_values.text("why\nit failed", "why") == "why\nit failed"

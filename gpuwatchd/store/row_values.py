@@ -35,8 +35,6 @@ MAX_NAME = 1024
 #: Stored integers are 64-bit (SQLite's and PostgreSQL's BIGINT).
 INT_LIMIT = 1 << 63
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
 
 def json_value(text: Any, what: str) -> Any:
     """A JSON column's value: at most :data:`MAX_JSON_CHARS`, :data:`MAX_JSON_DEPTH`
@@ -91,7 +89,7 @@ def text(value: Any, what: str) -> str:
 
 def name(value: Any, what: str) -> str:
     """A name that becomes an identifier: printable text of at most :data:`MAX_NAME`."""
-    if not isinstance(value, str) or len(value) > MAX_NAME or _CONTROL.search(value):
+    if not isinstance(value, str) or len(value) > MAX_NAME or not value.isprintable():
         raise fail(what, f"expected a printable name of at most {MAX_NAME} characters", value)
     return value
 
