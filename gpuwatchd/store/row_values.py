@@ -76,7 +76,7 @@ def _check_tree(value: Any, what: str) -> None:
         elif isinstance(v, str):
             if len(v) > MAX_JSON_STRING:
                 raise fail(what, f"expected strings of at most {MAX_JSON_STRING} characters", v)
-        elif isinstance(v, int) and not isinstance(v, bool) and not -INT_LIMIT <= v < INT_LIMIT:
+        elif isinstance(v, int) and not -INT_LIMIT <= v < INT_LIMIT:  # bools are 0 and 1
             raise fail(what, "expected 64-bit integers", v)
 
 
