@@ -296,3 +296,79 @@ def test_the_bounds_are_these_numbers() -> None:
 def test_a_json_column_error_names_the_column(load: Callable[[Any, str], Any], text: str) -> None:
     with pytest.raises(ValueError, match=r"^meta_json: "):
         load(text, "meta_json")
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: row_values.json_value(b"{}", "m"), "m: expected JSON text, got b'{}'"),
+        (lambda: row_values.json_object("[1]", "m"), "m: expected a JSON object, got [1]"),
+        (lambda: row_values.json_list('{"a": 1}', "m"), "m: expected a JSON list, got {'a': 1}"),
+        (lambda: row_values.json_value("[1e999]", "m"), "m: expected finite numbers, got inf"),
+        (
+            lambda: row_values.json_value("[9223372036854775808]", "m"),
+            "m: expected 64-bit integers, got 9223372036854775808",
+        ),
+        (
+            lambda: row_values.json_value('["' + "a" * 65_537 + '"]', "m"),
+            "m: expected strings of at most 65536 characters, got 'aaa",
+        ),
+        (
+            lambda: row_values.json_value('{"' + "k" * 65_537 + '": 1}', "m"),
+            "m: expected strings of at most 65536 characters, got 'kkk",
+        ),
+        (
+            lambda: row_values.text(3, "why"),
+            "why: expected text of at most 65536 characters, got 3",
+        ),
+        (
+            lambda: row_values.name(7, "g"),
+            "g: expected a printable name of at most 1024 characters, got 7",
+        ),
+        (lambda: row_values.inductor_entry([1], "e"), "e: expected an object, got [1]"),
+        (
+            lambda: row_values.inductor_entry({"template_id": "x"}, "e"),
+            "e.template_id: expected a known GEMM template, got 'x'",
+        ),
+        (
+            lambda: row_values.inductor_entry({**ENTRY, "BLOCK_M": -1}, "e"),
+            "e: unknown key or value for key 'BLOCK_M', got -1",
+        ),
+        (
+            lambda: row_values.inductor_choice({"site_keys": "k"}, "m"),
+            "m.site_keys: expected 1 to 16 lookup keys, got 'k'",
+        ),
+        (
+            lambda: row_values.inductor_choice({"site_keys": ["k"], "lookup_key": "j"}, "m"),
+            "m.lookup_key: expected one of its site_keys, got 'j'",
+        ),
+        (
+            lambda: row_values.inductor_choice(
+                {
+                    "site_keys": ["k"],
+                    "lookup_key": "k",
+                    "lookup_entry": {"template_id": EXCLUSIVE_ID},
+                },
+                "m",
+            ),
+            f"m.lookup_entry.template_id: expected a choice, not the marker, got '{EXCLUSIVE_ID}'",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_each_error_names_the_field_and_shows_the_value(
+    call: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(ValueError) as e:
+        call()
+    assert str(e.value).startswith(message)
+
+
+def test_the_limits_of_an_inductor_entry_and_its_site_are_inclusive() -> None:
+    assert row_values.inductor_entry({**ENTRY, "BLOCK_M": 1_048_576}, "e")["BLOCK_M"] == 1_048_576
+    with pytest.raises(ValueError, match="BLOCK_M"):
+        row_values.inductor_entry({**ENTRY, "BLOCK_M": 1_048_577}, "e")
+    assert row_values.inductor_entry({**ENTRY, "hint_override": 0}, "e")["hint_override"] == 0
+    keys = [f"k{i}" for i in range(16)]
+    meta = {"site_keys": keys, "lookup_key": "k0", "lookup_entry": ENTRY}
+    assert row_values.inductor_choice(meta).site_keys == tuple(keys)
