@@ -21,6 +21,7 @@ from gpuwatchd.api.winners import parse_winners, winners_json
 from gpuwatchd.api.winners_cache import WinnersCache
 from gpuwatchd.drift.seed import reference_from_store
 from gpuwatchd.jobside.inductor import site_choices
+from gpuwatchd.report.fleet import build_fleet_report
 from gpuwatchd.report.text import build_report
 from gpuwatchd.store import SqlStore, row_values
 from gpuwatchd.store.transactions import MAX_SKIP_WARNINGS
@@ -79,6 +80,7 @@ def store(backend: Backend, clock: SettableClock) -> Iterator[SqlStore]:
 #: Every reader of stored rows, as the daemon, the report and the job call it.
 READERS: dict[str, Callable[[SqlStore], object]] = {
     "report": build_report,
+    "fleet report": build_fleet_report,
     "winners document": lambda s: parse_winners(winners_json(s)),
     "winners route": lambda s: WinnersCache(s, host="box").document("/api/v1/winners"),
     "drift": lambda s: reference_from_store(s, h200(), host="box"),
