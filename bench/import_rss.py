@@ -43,7 +43,7 @@ OWN_GROUP = {"asyncio": "asyncio", "_asyncio": "asyncio", "ssl": "ssl", "_ssl": 
 OWN_GROUP |= {"hashlib": "hashlib", "_hashlib": "hashlib", "sqlite3": "sqlite3"}
 OWN_GROUP |= {"_sqlite3": "sqlite3"}
 #: Third-party packages whose imports are charged to them.
-THIRD_PARTY = ("apscheduler", "prometheus_client", "tzlocal")
+THIRD_PARTY = ("prometheus_client",)
 
 #: The daemon, with each import's resident pages recorded (run as ``python3 -c``).
 WRAPPER = r"""

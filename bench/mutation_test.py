@@ -112,6 +112,16 @@ TARGETS = {
             "tests/test_store.py",
         ),
     ),
+    "store_rows": Target(
+        "store_rows",
+        (("gpuwatchd/store/row_values.py", "gpuwatchd.store.row_values", None),),
+        (
+            "tests/test_store_row_values.py",
+            "tests/test_fuzz_store_rows.py",
+            "-k",
+            "not postgres",  # the same loaders on both back ends; a server per mutant is slow
+        ),
+    ),
 }
 
 # Survivors no test can kill, by (file, enclosing function, the node's first source line

@@ -4,7 +4,6 @@ daemons on a shared PostgreSQL."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import re
 import threading
@@ -88,8 +87,7 @@ def test_a_sqlite_daemon_syncs_its_learned_clock_and_exports_the_fleet_metrics(
     info = daemon.backend.device_info(0)
     thread = _run(daemon)
     try:
-        job = daemon.scheduler.get_job(FLEET_SYNC_JOB)
-        assert job is not None and job.trigger.interval == datetime.timedelta(seconds=1)
+        assert daemon.scheduler.interval_s(FLEET_SYNC_JOB) == 1.0
         before = _metrics(daemon)
         assert _sample(before, "gpuwatchd_fleet_sustained_clock_hertz") == []  # no sync yet
         clocks = wait_until(
@@ -166,12 +164,10 @@ def test_a_reload_reschedules_the_fleet_sync(tmp_path: Path) -> None:
     daemon = Daemon(load_config(str(path)), config_path=str(path))
     thread = _run(daemon)
     try:
-        job = daemon.scheduler.get_job(FLEET_SYNC_JOB)
-        assert job is not None and job.trigger.interval == datetime.timedelta(seconds=2)
+        assert daemon.scheduler.interval_s(FLEET_SYNC_JOB) == 2.0
         path.write_text(base + "[fleet]\nsync_interval_s = 7.5\nmax_winner_age_s = 3600\n")
         assert daemon.reload()
-        job = daemon.scheduler.get_job(FLEET_SYNC_JOB)
-        assert job is not None and job.trigger.interval == datetime.timedelta(seconds=7.5)
+        assert daemon.scheduler.interval_s(FLEET_SYNC_JOB) == 7.5
         assert daemon.fleet_sync.interval_s == 7.5
         assert daemon.fleet_sync.winner_max_age_s == 3600.0
         path.write_text(base + "[fleet]\nsync_interval_s = 0.5\n")

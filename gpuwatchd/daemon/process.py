@@ -1,8 +1,9 @@
 """The long-running process: wires backend → poller → gate → tuning, drift, exporter, control.
 
-Control flow is one loop that waits on an event with a timeout (as APScheduler's
-blocking scheduler does): each tick checks for stalled reads, pings the systemd
-watchdog while the poller makes progress, and applies a pending config reload.
+Control flow is one loop that waits on an event with a timeout: each tick checks for
+stalled reads and overdue periodic tasks, pings the systemd watchdog while both make
+progress, and applies a pending config reload. Periodic work runs on
+:class:`~gpuwatchd.daemon.periodic.Periodic` (the monotonic clock).
 This module never imports torch; tuning runs in a worker process.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import logging
 import os
 import signal
@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
-
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuwatchd import __version__
 from gpuwatchd.api.state import ProcessLookup
@@ -44,6 +42,7 @@ from gpuwatchd.daemon.host_identity import HostIdentity, HostNameTaken, lease_s
 from gpuwatchd.daemon.job_gate import JobGates, job_ops
 from gpuwatchd.daemon.jobs import JobRegistry
 from gpuwatchd.daemon.ops import OpTable
+from gpuwatchd.daemon.periodic import Periodic
 from gpuwatchd.daemon.retune import MANUAL_REASON, retune_ops
 from gpuwatchd.daemon.sdnotify import Notifier
 from gpuwatchd.daemon.store_link import StoreLink
@@ -143,8 +142,6 @@ def setup_logging(level: str) -> None:
     if "JOURNAL_STREAM" not in os.environ:
         fmt = "%(asctime)s " + fmt
     logging.basicConfig(level=level.upper(), format=fmt, force=True)
-    # APScheduler logs every periodic task run at INFO; only its problems are worth a line.
-    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def read_web_config(cfg: Config) -> WebConfig | None:
@@ -328,6 +325,8 @@ class Daemon:
         self.processes = ProcessLookup(
             user=process_user, pod=self.pods.lookup if self.pods is not None else _no_pod
         )
+        # Periodic work on the monotonic clock (a wall-clock step stalls none of it).
+        self.scheduler = Periodic()
         # Every collector of exporter/registry.py whose source is given here.
         self.registry = build_registry(
             self.board,
@@ -341,6 +340,7 @@ class Daemon:
                 drift=self.drift.view,
                 store=self.store,
                 fleet=self.fleet_snapshot,
+                periodic=self.scheduler.overdue_counts,
             ),
             certificates=lambda: self.http.certificates(),
         )
@@ -354,9 +354,6 @@ class Daemon:
             web_config=read_web_config(cfg),
             json_routes={"/api/v1/winners": self.winners.document},
             serve_loop=self.serve_loop,
-        )
-        self.scheduler = BackgroundScheduler(
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
         )
         # The only way to start GPU work from outside: a Unix socket with file permissions.
         # More operations are registered on control_ops; the server stays as it is.
@@ -455,37 +452,15 @@ class Daemon:
         self.control.start()
         self.poller.start()
         self.tuner.check_worker(self.runnable())
-        self.scheduler.add_job(
-            self.tuning_tick, "interval", seconds=self.cfg.tuning.check_interval_s, id="tune"
-        )
-        self.scheduler.add_job(
-            self.user_work.rescan, "interval", seconds=SPOOL_RESCAN_S, id="spool"
-        )
+        self.scheduler.add("tune", self.tuning_tick, self.cfg.tuning.check_interval_s)
+        self.scheduler.add("spool", self.user_work.rescan, SPOOL_RESCAN_S)
         if self.pruner.interval_s > 0:
-            self.scheduler.add_job(
-                self.pruner,
-                "interval",
-                seconds=self.pruner.interval_s,
-                id="prune",
-                next_run_time=datetime.datetime.now()
-                + datetime.timedelta(seconds=min(self.pruner.interval_s, FIRST_PRUNE_S)),
-            )
-        self.scheduler.add_job(
-            self.drift_tick,
-            "interval",
-            seconds=self.cfg.drift.check_interval_s,
-            id="drift",
-            # first look once the GPUs have been polled, not a whole interval later
-            next_run_time=datetime.datetime.now() + datetime.timedelta(seconds=2),
-        )
-        self.scheduler.add_job(
-            self.fleet_tick,
-            "interval",
-            seconds=self.cfg.fleet.sync_interval_s,
-            id=FLEET_SYNC_JOB,
-            # once the drift detector had a first look, not a whole interval later
-            next_run_time=datetime.datetime.now() + datetime.timedelta(seconds=3),
-        )
+            first = min(self.pruner.interval_s, FIRST_PRUNE_S)
+            self.scheduler.add("prune", self.pruner, self.pruner.interval_s, first_in_s=first)
+        # first looks once the GPUs have been polled, not a whole interval later
+        self.scheduler.add("drift", self.drift_tick, self.cfg.drift.check_interval_s, first_in_s=2)
+        sync_s = self.cfg.fleet.sync_interval_s
+        self.scheduler.add(FLEET_SYNC_JOB, self.fleet_tick, sync_s, first_in_s=3)
         self.scheduler.start()
         self.poller.dispatch_slow_reads()  # energy and static facts right away
         log.info(
@@ -514,6 +489,7 @@ class Daemon:
             min(self.poller.stall_check_due_in(), MAX_TICK_S, ping_every or MAX_TICK_S)
         ):
             self.poller.check_stalls()
+            self.scheduler.check()
             self.store_link.poke()  # a thread only while the store is down or just back
             if self._reload.is_set():
                 self._reload.clear()
@@ -620,13 +596,17 @@ class Daemon:
         ]
 
     def healthy(self) -> bool:
-        """False once a GPU read is stuck past ``watchdog_stall_s``: let systemd restart us."""
+        """False once a GPU read, or a periodic task, is stuck past ``watchdog_stall_s``
+        (beyond when it was due): let systemd restart us."""
+        limit = self.cfg.daemon.watchdog_stall_s
         stuck = self.poller.longest_stall_s()
-        ok = stuck <= self.cfg.daemon.watchdog_stall_s
+        tasks = self.scheduler.stalled(limit)
+        ok = stuck <= limit and not tasks
         if not ok and self._healthy:
-            log.error("a telemetry read has been stuck %.0f s; withholding watchdog pings", stuck)
+            what = f"periodic task(s) {', '.join(tasks)}" if tasks else "a telemetry read"
+            log.error("%s stuck over %.0f s; withholding watchdog pings", what, limit)
         elif ok and not self._healthy:
-            log.warning("telemetry reads completing again; watchdog pings resume")
+            log.warning("telemetry reads and periodic tasks on time again; watchdog pings resume")
         self._healthy = ok
         return ok
 
@@ -690,15 +670,12 @@ class Daemon:
         self.fleet_sync.winner_max_age_s = new.fleet.max_winner_age_s
         if new.fleet.sync_interval_s != self.fleet_sync.interval_s:
             self.fleet_sync.interval_s = new.fleet.sync_interval_s
-            if self.scheduler.get_job(FLEET_SYNC_JOB) is not None:  # not before run()
-                self.scheduler.reschedule_job(
-                    FLEET_SYNC_JOB, trigger="interval", seconds=new.fleet.sync_interval_s
-                )
+            self.scheduler.reschedule(FLEET_SYNC_JOB, new.fleet.sync_interval_s)
 
     def shutdown(self) -> None:
         self.notifier.stopping()
         self.control.stop()
-        self.scheduler.shutdown(wait=False)
+        self.scheduler.shutdown()
         self.tuner.shutdown(timeout=2.0)
         self.poller.stop(timeout=2.0)
         self.http.stop()

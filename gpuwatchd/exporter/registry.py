@@ -9,7 +9,7 @@ through adding one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -23,6 +23,7 @@ from gpuwatchd.exporter.collectors.fleet import FleetCollector
 from gpuwatchd.exporter.collectors.gpu import BoardCollector, GpuCollector
 from gpuwatchd.exporter.collectors.health import HealthCollector
 from gpuwatchd.exporter.collectors.mig import MigCollector
+from gpuwatchd.exporter.collectors.periodic import PeriodicCollector
 from gpuwatchd.exporter.collectors.pods import PodsCollector
 from gpuwatchd.exporter.collectors.store import StoreCollector, StoreView
 from gpuwatchd.exporter.collectors.tls import ServedCertificate, TlsCertificateCollector
@@ -66,6 +67,7 @@ class Sources:
     drift: Callable[[], dict[int, GpuDriftView]] | None = None
     store: StoreView | None = None
     fleet: Callable[[], FleetSnapshot] | None = None
+    periodic: Callable[[], Mapping[str, int]] | None = None
 
 
 def _fleet(s: Sources) -> SubCollector | None:
@@ -90,6 +92,7 @@ COLLECTORS: tuple[tuple[str, Callable[[Sources], SubCollector | None]], ...] = (
     ("drift", lambda s: None if s.drift is None else DriftCollector(s.drift)),
     ("store", lambda s: None if s.store is None else StoreCollector(s.store)),
     ("fleet", _fleet),
+    ("periodic", lambda s: None if s.periodic is None else PeriodicCollector(s.periodic)),
 )
 #: The per-GPU collectors whose families ``[exporter] fields`` chooses from.
 SELECTABLE: tuple[type[BoardCollector], ...] = (GpuCollector, HealthCollector, MigCollector)

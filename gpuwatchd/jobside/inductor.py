@@ -14,6 +14,7 @@ its winner. GEMMs the table does not know are autotuned by Inductor as usual.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -49,6 +50,8 @@ from gpuwatchd.tuning.workload_requests import workloads_toml
 
 if TYPE_CHECKING:
     from gpuwatchd.api.winners import Winner
+
+log = logging.getLogger(__name__)
 
 
 class CompiledCapture:
@@ -189,14 +192,15 @@ def _is_default(meta: Mapping[str, Any], op_name: str) -> bool:
 
 
 def _choice_from_meta(meta: Mapping[str, Any]) -> SiteChoice | None:
-    keys, key, entry = meta.get("site_keys"), meta.get("lookup_key"), meta.get("lookup_entry")
-    if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
+    """The winner's lookup choice when its meta has exactly the recorded shape (stored
+    values are untrusted: torch writes entry values into generated source)."""
+    from gpuwatchd.store.row_values import inductor_choice  # only when a table is built
+
+    try:
+        return inductor_choice(meta)
+    except ValueError as e:
+        log.warning("skipping a recorded Inductor winner: %s", e)
         return None
-    if not (isinstance(key, str) and key in keys and isinstance(entry, dict)):
-        return None
-    if not isinstance(entry.get("template_id"), str):
-        return None
-    return SiteChoice(tuple(keys), key, dict(entry))
 
 
 def inductor_lookup_table(

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, TypeVar
 
+from gpuwatchd.store import row_values
 from gpuwatchd.store.disagreement import Incumbent
 from gpuwatchd.store.errors import StoreError
 from gpuwatchd.store.rows import (
@@ -24,6 +25,7 @@ from gpuwatchd.store.rows import (
     StoredResult,
     WinnerRow,
 )
+from gpuwatchd.tuning.families.inductor_mm import FAMILY as INDUCTOR_FAMILY
 from gpuwatchd.tuning.types import (
     CandidateStats,
     Regime,
@@ -177,7 +179,8 @@ def _int(row: sqlite3.Row, col: str) -> int:
 
 
 def _text(row: sqlite3.Row, col: str) -> str:
-    return need_text(row[col], col, empty_ok=True)
+    """A name (identifiers only are stored in text columns but ``why``)."""
+    return row_values.name(row[col], col)
 
 
 def _opt_text(row: sqlite3.Row, col: str) -> str | None:
@@ -185,10 +188,7 @@ def _opt_text(row: sqlite3.Row, col: str) -> str | None:
 
 
 def _json(row: sqlite3.Row, col: str) -> Any:
-    try:
-        return json.loads(_text(row, col))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{col}: not JSON ({one_line(e)})") from e
+    return row_values.json_value(row[col], col)
 
 
 _E = TypeVar("_E", Regime, SessionStatus)
@@ -202,20 +202,24 @@ def _enum(cls: type[_E], value: Any, col: str) -> _E:
 
 
 def _versions(row: sqlite3.Row, col: str = "versions_json") -> Versions:
-    return Versions.from_json(_json(row, col))
+    versions = Versions.from_json(_json(row, col))
+    for f in fields(versions):
+        value = getattr(versions, f.name)
+        if value is not None:
+            row_values.name(value, f"{col}.{f.name}")
+    return versions
 
 
 def session_from_row(row: sqlite3.Row) -> SessionRow:
-    workloads_raw = _json(row, "workloads_json")
-    regimes_raw = _json(row, "regimes_json")
-    extra = _json(row, "extra_json")
-    require(isinstance(workloads_raw, list), "workloads_json", "expected a list", workloads_raw)
-    require(isinstance(regimes_raw, list), "regimes_json", "expected a list", regimes_raw)
-    require(isinstance(extra, dict), "extra_json", "expected an object", extra)
+    workloads_raw = row_values.json_list(row["workloads_json"], "workloads_json")
+    regimes_raw = row_values.json_list(row["regimes_json"], "regimes_json")
+    extra = row_values.json_object(row["extra_json"], "extra_json")
     try:
         workloads = tuple(Workload.from_json(w) for w in workloads_raw)
     except (KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"workloads_json has a bad workload: {e!r}") from e
+    for i, w in enumerate(workloads):
+        row_values.name(w.name, f"workloads_json[{i}].name")
     meta = SessionMeta(
         gpu_uuid=_text(row, "gpu_uuid"),
         gpu_index=_int(row, "gpu_index"),
@@ -237,17 +241,19 @@ def session_from_row(row: sqlite3.Row) -> SessionRow:
         id=_int(row, "id"),
         meta=meta,
         status=_enum(SessionStatus, row["status"], "status"),
-        why=_opt_text(row, "why"),
+        why=None if row["why"] is None else row_values.text(row["why"], "why"),
         ended_at=_opt_float(row, "ended_at"),
     )
 
 
 def candidate_from_row(row: sqlite3.Row, regime: Regime) -> CandidateStats:
-    meta = _json(row, "meta_json")
-    require(isinstance(meta, dict), "meta_json", "expected an object", meta)
+    meta = row_values.json_object(row["meta_json"], "meta_json")
+    family = _text(row, "family")
+    if family == INDUCTOR_FAMILY and any(k in meta for k in row_values.INDUCTOR_META_KEYS):
+        row_values.inductor_choice(meta, "meta_json")  # a job's lookup table is built from it
     return CandidateStats(
         name=_text(row, "candidate"),
-        family=_text(row, "family"),
+        family=family,
         regime=regime,
         median_s=_opt_float(row, "median_s"),
         spread=_opt_float(row, "spread"),

@@ -66,7 +66,11 @@ def parse_results(conn: Conn, rows: list[Any], skip: Skip) -> list[tuple[int, St
             except (ValueError, TypeError) as e:
                 skip("candidate_stats", c["id"], e)
         try:
-            out.append((int(row["id"]), codec.result_from_rows(row, tuple(candidates))))
+            stored = codec.result_from_rows(row, tuple(candidates))
+            winner = stored.result.winner
+            if winner is not None and all(c.name != winner for c in candidates):
+                raise ValueError(f"winner {winner!r} has no readable candidate row")
+            out.append((int(row["id"]), stored))
         except (ValueError, TypeError) as e:
             skip("results", row["id"], e)
     return out

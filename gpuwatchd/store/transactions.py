@@ -25,7 +25,14 @@ from gpuwatchd.store.backoff import CAP_S, Backoff
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.engine import Engine
 from gpuwatchd.store.errors import StoreError, StoreUnavailable, WritesRefused
-from gpuwatchd.store.schema import MIGRATIONS, Migration, SchemaState, check_migrations, read_state
+from gpuwatchd.store.schema import (
+    MIGRATIONS,
+    Migration,
+    SchemaState,
+    check_migrations,
+    read_state,
+)
+from gpuwatchd.validate import one_line
 
 log = logging.getLogger("gpuwatchd.store")
 
@@ -34,6 +41,10 @@ log = logging.getLogger("gpuwatchd.store")
 #: failed try (one call then tries again), longer after each failure (:class:`Backoff`):
 #: threads never queue up on a dead server's timeouts, a fleet never knocks in step.
 RETRY_UNREACHABLE_S = 2.0
+#: Distinct unreadable rows warned about, each once; then one line says more are quiet.
+MAX_SKIP_WARNINGS = 200
+#: The longest warning about one unreadable row (a stored value is shown cut).
+SKIP_LINE_MAX = 300
 
 
 class Transactions:
@@ -358,9 +369,15 @@ class Transactions:
 
     def skip(self, table: str, key: object, err: Exception) -> None:
         """Warn (once per row and problem) about a stored row that cannot be parsed."""
-        msg = f"{table} row {key}: {err}"
+        text = one_line(f"{table} row {key}: {err}", SKIP_LINE_MAX)
+        msg = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
         with self._lock:
-            if msg in self._warned:
+            if msg in self._warned or len(self._warned) > MAX_SKIP_WARNINGS:
                 return
             self._warned.add(msg)
+            last = len(self._warned) > MAX_SKIP_WARNINGS
         log.warning("store %s: skipping unreadable %s", self._engine.where, msg)
+        if last:
+            log.warning(
+                "store %s: more unreadable rows are skipped without a warning", self._engine.where
+            )
