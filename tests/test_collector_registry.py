@@ -71,6 +71,7 @@ def _all_sources(board: StateBoard, fields: tuple[str, ...] = ()) -> Sources:
         drift=dict,
         store=_Store(),
         fleet=FleetSnapshot,
+        periodic=dict,
     )
 
 

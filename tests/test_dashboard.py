@@ -118,6 +118,8 @@ NOT_ON_DASHBOARD: dict[str, str] = {
     "gpuwatchd_mig_memory_used_bytes": "as above",
     "gpuwatchd_mig_memory_total_bytes": "as above",
     "gpuwatchd_mig_utilization_ratio": "as above",
+    "gpuwatchd_periodic_overdue_total": "the log names the late task; a daemon whose work is stuck"
+    " past watchdog_stall_s is restarted by systemd",
     "gpuwatchd_pod_resources_up": "explains empty pod labels; no panel uses pod labels",
 }
 
