@@ -46,8 +46,8 @@ MAX_SOURCE_KEYS = 16
 MAX_SOURCE_CHARS = 256
 #: The largest workloads file read (a capture of a big model is tens of kilobytes).
 MAX_FILE_BYTES = 4 * 2**20
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]*$")
-_BARE_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*")
+_BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +117,7 @@ def parse_remove_request(doc: Any) -> tuple[str, ...]:
 def check_workload_name(name: Any, where: str) -> str:
     """A workload name fit for a label, a file name part and a command line."""
     need_text(name, where)
-    if len(name) > MAX_NAME_CHARS or not _NAME_RE.match(name):
+    if len(name) > MAX_NAME_CHARS or not _NAME_RE.fullmatch(name):
         raise fail(
             where,
             f"expected at most {MAX_NAME_CHARS} letters, digits and . _ : @ / + = -",
@@ -252,4 +252,4 @@ def _toml_value(v: Any) -> str:
 
 
 def _toml_key(key: str) -> str:
-    return key if _BARE_KEY_RE.match(key) else json.dumps(key)
+    return key if _BARE_KEY_RE.fullmatch(key) else json.dumps(key)

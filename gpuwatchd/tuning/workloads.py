@@ -108,6 +108,12 @@ def parse_workloads(tables: Sequence[Any], where: str = "workload") -> tuple[Wor
         for key in ("name", "op", "dtype"):
             need_text(t.get(key), f"{here}.{key}")
         name = t["name"]
+        if not name.isprintable() or name != name.strip():
+            raise fail(
+                f"{here}.name",
+                "expected a name without control characters or surrounding spaces",
+                name,
+            )
         if name in seen:
             raise ValueError(f"{here}.name: workload {name!r} is defined twice")
         seen.add(name)

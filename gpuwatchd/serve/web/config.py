@@ -57,7 +57,7 @@ _HEADERS: dict[str, tuple[str, ...] | None] = {
     "X-XSS-Protection": None,
     "Content-Security-Policy": None,
 }
-_BCRYPT_HASH = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
+_BCRYPT_HASH = re.compile(r"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _GO_DURATION_UNITS = {
     "ns": 1e-9,
@@ -275,7 +275,7 @@ def _parse_users(value: object) -> Mapping[str, str]:
             raise ValueError(f"{where}.{user}: a user name cannot contain ':'")
         if hashed is None:
             raise ValueError(f"{where}.{user}: expected a bcrypt hash, got {_kind(value_hashed)}")
-        match = _BCRYPT_HASH.match(hashed)
+        match = _BCRYPT_HASH.fullmatch(hashed)
         if match is None:
             raise ValueError(f"{where}.{user}: not a bcrypt hash (expected $2y$10$ and 53 chars)")
         cost = int(match.group(1))
