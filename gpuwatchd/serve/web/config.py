@@ -59,6 +59,7 @@ _HEADERS: dict[str, tuple[str, ...] | None] = {
 }
 _BCRYPT_HASH = re.compile(r"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_DURATION_MAX_S = (2**63 - 1) / 1e9
 _GO_DURATION_UNITS = {
     "ns": 1e-9,
     "us": 1e-6,
@@ -346,6 +347,8 @@ def parse_go_duration(value: object, where: str) -> float:
             raise ValueError(f"{where}: {value!r} is not a duration such as 1s or 500ms")
         total += float(match.group(1)) * _GO_DURATION_UNITS[match.group(2)]
         pos = match.end()
+    if total > _GO_DURATION_MAX_S:  # Go's is int64 nanoseconds (and inf is no interval)
+        raise ValueError(f"{where}: {value[:40]!r} is longer than Go's longest duration")
     return total
 
 
