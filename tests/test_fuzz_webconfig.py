@@ -129,3 +129,19 @@ def test_a_duration_past_gos_longest_is_refused_not_infinite() -> None:
     with pytest.raises(ValueError, match="longer than Go's longest duration"):
         parse_web_config({"rate_limit": {"interval": "9" * 400 + "h"}}, Path("/"))
     assert parse_go_duration("2562047h47m16.854775807s", "d") > 9.2e9
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"tls\nserver_config": {}},
+        {"tls_server_config": {"cert\nfile": "a"}},
+        {"basic_auth_users": {"a\nb": "not a hash"}},
+        {"http_server_config": {"headers": {"X-\nA": "1"}}},
+    ],
+)
+def test_a_key_holding_a_newline_is_named_on_one_line(doc: dict[str, Any]) -> None:
+    """Found by this fuzzer: an unknown key with a newline split the error in two."""
+    with pytest.raises(ValueError) as caught:
+        parse_web_config(doc, Path("/"))
+    _one_line(caught.value)

@@ -273,15 +273,19 @@ def _parse_users(value: object) -> Mapping[str, str]:
         if user is None:
             raise ValueError(f"{where}: user name {name!r} must be a string")
         if ":" in user:
-            raise ValueError(f"{where}.{user}: a user name cannot contain ':'")
+            raise ValueError(f"{_dotted(where, user)}: a user name cannot contain ':'")
         if hashed is None:
-            raise ValueError(f"{where}.{user}: expected a bcrypt hash, got {_kind(value_hashed)}")
+            raise ValueError(
+                f"{_dotted(where, user)}: expected a bcrypt hash, got {_kind(value_hashed)}"
+            )
         match = _BCRYPT_HASH.fullmatch(hashed)
         if match is None:
-            raise ValueError(f"{where}.{user}: not a bcrypt hash (expected $2y$10$ and 53 chars)")
+            raise ValueError(
+                f"{_dotted(where, user)}: not a bcrypt hash (expected $2y$10$ and 53 chars)"
+            )
         cost = int(match.group(1))
         if not 4 <= cost <= 31:
-            raise ValueError(f"{where}.{user}: bcrypt cost {cost} is outside 4-31")
+            raise ValueError(f"{_dotted(where, user)}: bcrypt cost {cost} is outside 4-31")
         users[user] = hashed
     return MappingProxyType(users)
 
@@ -292,15 +296,15 @@ def _parse_headers(value: object) -> tuple[tuple[str, str], ...]:
     for name, raw in _mapping(value, where).items():
         if name not in _HEADERS:
             raise ValueError(
-                f"{where}.{name}: this header cannot be configured"
+                f"{_dotted(where, name)}: this header cannot be configured"
                 f" (expected one of {', '.join(_HEADERS)})"
             )
         text = "" if raw is None else _text(raw)
         if text is None or "\r" in text or "\n" in text:
-            raise ValueError(f"{where}.{name}: expected a one-line string")
+            raise ValueError(f"{_dotted(where, name)}: expected a one-line string")
         allowed = _HEADERS[name]
         if allowed is not None and text not in allowed:
-            raise ValueError(f"{where}.{name}: {text!r} is not one of {', '.join(allowed)}")
+            raise ValueError(f"{_dotted(where, name)}: {text!r} is not one of {', '.join(allowed)}")
         if text:  # blank free-text means unset
             headers.append((name, text))
     return tuple(headers)
@@ -370,8 +374,19 @@ def _mapping(value: object, where: str) -> dict[Any, Any]:
 def _known_keys(doc: Mapping[Any, Any], allowed: tuple[str, ...], where: str) -> None:
     for key in doc:
         if key not in allowed:
-            name = f"{where}.{key}" if where else str(key)
+            name = _dotted(where, key) if where else _shown_key(key)
             raise ValueError(f"{name}: unknown key (expected one of {', '.join(allowed)})")
+
+
+def _shown_key(key: object) -> str:
+    """A key from the file as a message shows it: as written when printable, else quoted
+    (a newline in a key must not split a one-line error)."""
+    text = str(key)
+    return text if text.isprintable() else repr(text)
+
+
+def _dotted(where: str, key: object) -> str:
+    return f"{where}.{_shown_key(key)}"
 
 
 def _text(value: object) -> str | None:
