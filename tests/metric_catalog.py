@@ -102,6 +102,7 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_fleet_sync_age_seconds": _NONE,
     "gpuwatchd_fleet_sync_success": _NONE,
     "gpuwatchd_store_up": _NONE,
+    "gpuwatchd_control_turned_away_total": _NONE,
     # Prometheus' own per-target series
     "up": _NONE,
 }
@@ -122,6 +123,7 @@ SOURCE: dict[str, str] = {
             "gpuwatchd_last_tune_timestamp_seconds",
             "gpuwatchd_tuning_ready",
             "gpuwatchd_store_up",
+            "gpuwatchd_control_turned_away_total",
         }
         else "exporter"
     )

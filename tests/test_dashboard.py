@@ -112,6 +112,7 @@ NOT_ON_DASHBOARD: dict[str, str] = {
     "gpuwatchd_gpu_max_memory_clock_hertz": "as above",
     "gpuwatchd_gpu_memory_free_bytes": "total minus used, both drawn",
     "up": "Prometheus' own; the GpuwatchdDown alert watches it",
+    "gpuwatchd_control_turned_away_total": "clients ask again; a crowd shows in the log too",
 }
 
 

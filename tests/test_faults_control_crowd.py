@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwatchd.client.control import ask
 from gpuwatchd.control import wire
 from gpuwatchd.daemon.ops import Op, OpTable
+from gpuwatchd.exporter.collectors.control import ControlCollector
 from gpuwatchd.serve import control
 from gpuwatchd.serve.control import ControlServer, PeerCred
 
@@ -164,3 +166,6 @@ def test_a_connect_flood_is_a_bounded_number_of_log_lines(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "turned away 199 more connections" in lines[1], lines
     assert turned_away == 200
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ControlCollector(lambda: server.turned_away))
+    assert "gpuwatchd_control_turned_away_total 200.0" in generate_latest(registry).decode()

@@ -58,6 +58,7 @@ from gpuwatchd.drift import (
 from gpuwatchd.drift.fleet import FleetSnapshot, clock_max_age_s
 from gpuwatchd.exporter import DaemonInfo, build_registry, build_state_json
 from gpuwatchd.exporter.collectors.base import Versioned
+from gpuwatchd.exporter.collectors.control import ControlCollector
 from gpuwatchd.exporter.collectors.drift import DriftCollector
 from gpuwatchd.exporter.collectors.fleet import FleetCollector
 from gpuwatchd.exporter.collectors.store import StoreCollector
@@ -375,6 +376,7 @@ class Daemon:
             allowed_group=cfg.daemon.control_group or None,
             serve_loop=self.serve_loop,
         )
+        self.registry.register(ControlCollector(lambda: self.control.turned_away))
         self.notifier = Notifier.from_env()
         self._stop = StopSignal()  # the main loop sleeps on it between turns
         self._reload = threading.Event()
