@@ -15,8 +15,14 @@ from gpuwatchd.serve.web import config as web
 from gpuwatchd.serve.web.config import parse_go_duration, parse_web_config
 from gpuwatchd.serve.web.strict_yaml import load_strict
 
+#: Bounded, and the same examples every run (CI stays green and fast); a failure prints
+#: the example to keep as a plain test.
 FUZZ = settings(
-    max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 HASH = "$2y$10$" + "a" * 53
 
@@ -113,7 +119,7 @@ def test_any_text_is_a_document_or_one_line(text: str) -> None:
 @FUZZ
 @given(
     st.lists(
-        st.tuples(st.integers(0, 10**6), st.sampled_from(sorted(web._GO_DURATION_UNITS))),
+        st.tuples(st.integers(0, 10**5), st.sampled_from(sorted(web._GO_DURATION_UNITS))),
         min_size=1,
         max_size=4,
     )
