@@ -80,7 +80,7 @@ def requests() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
-def _one_line_refusal(exc: RequestError) -> None:
+def _one_line(exc: RequestError) -> None:
     assert str(exc) and "\n" not in str(exc), str(exc)
 
 
@@ -90,7 +90,7 @@ def test_any_bytes_decode_or_are_refused_in_one_line(line: bytes) -> None:
     try:
         doc = decode_request(line)
     except RequestError as exc:
-        _one_line_refusal(exc)
+        _one_line(exc)
         return
     assert isinstance(doc, dict)
 
@@ -109,7 +109,7 @@ def test_deep_nesting_is_refused_not_a_recursion_error(depth: int, in_objects: b
     try:
         decode_request(text.encode())
     except RequestError as exc:
-        _one_line_refusal(exc)
+        _one_line(exc)
         assert "nested deeper" in str(exc)
     else:
         raise AssertionError(f"{depth} levels accepted")
@@ -121,6 +121,17 @@ def test_every_op_parser_answers_or_refuses_in_one_line(doc: dict[str, Any]) -> 
     try:
         answer = TABLE(doc, ME)
     except RequestError as exc:
-        _one_line_refusal(exc)
+        _one_line(exc)
         return
     assert answer == {"ok": True}
+
+
+def test_an_unknown_key_holding_a_newline_is_named_on_one_line() -> None:
+    """Found by this fuzzer: ``{"op": "add_workloads", "\\n": null}`` split the error."""
+    try:
+        TABLE({"op": "add_workloads", "\n": None}, ME)
+    except RequestError as exc:
+        _one_line(exc)
+        assert str(exc).startswith("'\\n': unknown key")
+    else:
+        raise AssertionError("an unknown key was accepted")
