@@ -150,3 +150,21 @@ def test_a_workloads_file_of_any_text_reads_or_is_one_line(text: str, suffix: st
     assume(workloads)
     for w in workloads:
         check_workload_name(w.name, "name")
+
+
+def test_a_key_holding_a_newline_is_named_on_one_line() -> None:
+    """Found by this fuzzer: a quoted TOML key with a newline split the config error."""
+    table = DEFAULT_WORKLOADS[0].to_json()
+    for data in (
+        {"workload": [{**table, "\n": 1}]},
+        {"\n": {}},
+        {"gate": {"a\nb": 1}},
+        {"tuning": {"a\nb": 1}},
+        {"workload": [{**table, "shape": {**table["shape"], "x\ny": 1}}]},
+    ):
+        try:
+            parse_config(data, "c.toml")
+        except ConfigError as exc:
+            _one_line(exc)
+        else:
+            raise AssertionError(f"{data} was accepted")
