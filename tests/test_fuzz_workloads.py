@@ -168,3 +168,13 @@ def test_a_key_holding_a_newline_is_named_on_one_line() -> None:
             _one_line(exc)
         else:
             raise AssertionError(f"{data} was accepted")
+
+
+def test_text_past_u_ffff_and_del_are_written_as_toml_reads_them() -> None:
+    """Found by this fuzzer: a param key past U+FFFF was written as a JSON surrogate pair,
+    which TOML refuses, so a captured workloads file could not be read back."""
+    (shipped, *_) = DEFAULT_WORKLOADS
+    table = {**shipped.to_json(), "params": {"\U00010000": ["a\x7fb\x00\n\u2028é"]}}
+    (workload,) = parse_workloads([table], "workload")
+    text = workloads_toml([workload])
+    assert parse_workloads(load_toml(text, "written")["workload"], "workload") == (workload,)

@@ -242,7 +242,7 @@ def _toml_value(v: Any) -> str:
             raise ValueError(f"cannot write a non-finite number to TOML: {v!r}")
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v)  # JSON's escapes are a subset of TOML basic strings'
+        return _toml_string(v)
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, Mapping):
@@ -252,4 +252,14 @@ def _toml_value(v: Any) -> str:
 
 
 def _toml_key(key: str) -> str:
-    return key if _BARE_KEY_RE.fullmatch(key) else json.dumps(key)
+    return key if _BARE_KEY_RE.fullmatch(key) else _toml_string(key)
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string. JSON's escapes are a subset of TOML's, but TOML has no
+    surrogate escapes (a character past U+FFFF is written as it is) and no raw DEL."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"cannot write a lone surrogate to TOML: {text!r}") from None
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
