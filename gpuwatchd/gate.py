@@ -47,7 +47,7 @@ from dataclasses import dataclass, fields
 from typing import NoReturn
 
 from gpuwatchd.telemetry.types import LIMITING_REASONS, DeviceInfo, Sample, ThrottleReason
-from gpuwatchd.validate import check_durations
+from gpuwatchd.validate import check_durations, key_path
 
 _IDLE_BIT = int(ThrottleReason.GPU_IDLE)
 _LIMITING_BITS = int(LIMITING_REASONS)
@@ -161,7 +161,8 @@ class GateConfig:
         kwargs: dict[str, float | int] = {}
         for key, value in d.items():
             if key not in known:
-                raise ValueError(f"gate.{key}: unknown key (known: {', '.join(sorted(known))})")
+                known_keys = ", ".join(sorted(known))
+                raise ValueError(f"{key_path('gate', key)}: unknown key (known: {known_keys})")
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"gate.{key}: expected a number, got {value!r}")
             if key in _INT_FIELDS:

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 #: The meta-parameters of the triton.matmul kernel, in the order Triton prints them.
 META_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
-_NAME_RE = re.compile(r"^triton\[(?P<label>[^\]]+)\]$")
-_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_RE = re.compile(r"triton\[(?P<label>[^\]]+)\]")
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _config_dict(cfg: TileConfig) -> dict[str, int]:
@@ -46,7 +46,7 @@ def configs_from_names(names: Iterable[str]) -> list[dict[str, int]]:
     """
     out = []
     for i, name in enumerate(names):
-        m = _NAME_RE.match(name) if isinstance(name, str) else None
+        m = _NAME_RE.fullmatch(name) if isinstance(name, str) else None
         if m is None:
             raise ValueError(
                 f"names[{i}]: expected a Triton candidate name like "
@@ -67,7 +67,7 @@ def _tile(name: str, meta: Mapping[str, Any]) -> TileConfig:
             return TileConfig.from_json(raw)
         except (ValueError, TypeError):
             pass  # an older or foreign meta: the name still spells the config
-    m = _NAME_RE.match(name)
+    m = _NAME_RE.fullmatch(name)
     if m is None:
         raise ValueError("not a Triton candidate name and no recorded config")
     return TileConfig.parse(m["label"])
@@ -102,7 +102,7 @@ def _check_rename(rename: Mapping[str, str] | None) -> dict[str, str]:
     for key, new in (rename or {}).items():
         if key not in META_KEYS:
             raise ValueError(f"rename: key {key!r} is not one of {', '.join(META_KEYS)}")
-        if not isinstance(new, str) or not _IDENT_RE.match(new):
+        if not isinstance(new, str) or not _IDENT_RE.fullmatch(new):
             raise ValueError(f"rename[{key!r}]: expected a Python identifier, got {new!r}")
         names[key] = new
     return names

@@ -143,6 +143,13 @@ def show(value: Any) -> str:
     return one_line(repr(value), SHOW_MAX)
 
 
+def key_path(where: str, key: object) -> str:
+    """``where.key`` for a message; a key that is not printable text (a newline in a quoted
+    TOML or JSON key) is quoted, so the message stays one line."""
+    text = str(key)
+    return f"{where}.{text if text.isprintable() else show(text)}"
+
+
 def field_error(where: str, what: str, value: Any) -> str:
     """The one shape of every validation message: ``where: what, got value``."""
     return f"{where}: {what}, got {show(value)}"
@@ -274,7 +281,7 @@ def need_object(
     for key in value:
         if key not in required and key not in optional:
             known = ", ".join((*required, *optional))
-            raise error(f"{where}.{key}: unknown key (known: {known})")
+            raise error(f"{key_path(where, key)}: unknown key (known: {known})")
     for key in required:
         if key not in value:
             raise error(f"{where}.{key}: missing")
@@ -327,7 +334,7 @@ def from_table(cls: type[T], table: Mapping[str, Any], section: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
-        full = f"{section}.{key}"
+        full = key_path(section, key)
         if key not in fields:
             known = ", ".join(sorted(fields))
             raise ValueError(f"{full}: unknown key (known keys: {known})")

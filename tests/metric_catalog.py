@@ -113,6 +113,7 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_store_writable": _NONE,
     "gpuwatchd_store_schema_skew": _NONE,
     "gpuwatchd_periodic_overdue_total": _m("task", base=_NONE),
+    "gpuwatchd_control_turned_away_total": _NONE,
     # Prometheus' own per-target series
     "up": _NONE,
 }
@@ -136,6 +137,7 @@ SOURCE: dict[str, str] = {
             "gpuwatchd_store_writable",
             "gpuwatchd_store_schema_skew",
             "gpuwatchd_periodic_overdue_total",
+            "gpuwatchd_control_turned_away_total",
         }
         else "mig"
         if name.startswith("gpuwatchd_mig_")

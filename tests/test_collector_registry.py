@@ -72,6 +72,7 @@ def _all_sources(board: StateBoard, fields: tuple[str, ...] = ()) -> Sources:
         store=_Store(),
         fleet=FleetSnapshot,
         periodic=dict,
+        control=lambda: 0,
     )
 
 

@@ -121,6 +121,7 @@ NOT_ON_DASHBOARD: dict[str, str] = {
     "gpuwatchd_periodic_overdue_total": "the log names the late task; a daemon whose work is stuck"
     " past watchdog_stall_s is restarted by systemd",
     "gpuwatchd_pod_resources_up": "explains empty pod labels; no panel uses pod labels",
+    "gpuwatchd_control_turned_away_total": "clients ask again; a crowd shows in the log too",
 }
 
 

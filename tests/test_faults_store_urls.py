@@ -18,6 +18,7 @@ from gpuwatchd.client import Client
 from gpuwatchd.store import StoreError, open_store, redact_url, urls
 
 SECRET = "hunter2-Secret"
+DATA = Path(__file__).parent / "data"
 
 
 def _one_error_line(res: subprocess.CompletedProcess[str]) -> str:
@@ -48,6 +49,9 @@ def _key_value(server: PostgresServer, db: str) -> str:
         (f"host=db password = '{SECRET} \\' x' dbname=gw", "host=db password = *** dbname=gw"),
         (f"host=db sslpassword={SECRET}", "host=db sslpassword=***"),
         (f"mysql://fleet:{SECRET}@db/gw", "mysql://fleet:***@db/gw"),
+        (f"postgresql:fleet:{SECRET}@db/gw", "postgresql:fleet:***@db/gw"),
+        (f"POSTGRES:fleet:{SECRET}@db", "POSTGRES:fleet:***@db"),
+        (f"postgresql:?password={SECRET}", "postgresql:?password=***"),
         (f"postgresql://fleet:{SECRET}@[::1/gw", "postgresql://fleet:***@[::1/gw"),
         (
             "postgresql://db1:5432,db2:5433/gw?user=a@b",
@@ -140,6 +144,37 @@ def test_bad_store_strings_are_one_redacted_line_in_every_command(
     line = _one_error_line(res)
     assert expect in line, line
     assert list(tmp_path.iterdir()) == [], "a store string became a local path"
+
+
+NO_SLASHES = f"postgresql:fleet:{SECRET}@db/gw"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tune", "--backend", "sim", "--workload", "sim-gemm", "--regime", "unthrottled"],
+        ["report"],
+        ["report", "--fleet"],
+        ["plot-timeline", "--trace", str(DATA / "h200-matmul-burn.jsonl"), "--out", "t.png",
+         "--t0-unix", "1700000000"],
+    ],
+)  # fmt: skip
+def test_a_url_without_slashes_is_redacted_on_the_command_line(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    line = _one_error_line(run_gpuwatchd([*argv, "--store", NO_SLASHES]))
+    assert "fleet:***@db" in line, line
+
+
+@pytest.mark.parametrize(
+    "argv", [["check-config"], ["store", "prune"], ["run", "--backend", "sim"]]
+)
+def test_a_url_without_slashes_is_redacted_from_the_config(argv: list[str], tmp_path: Path) -> None:
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f"[store]\nurl = '{NO_SLASHES}'\n")
+    line = _one_error_line(run_gpuwatchd([*argv, "--config", str(cfg)]))
+    assert "holds a password" in line and "fleet:***@db" in line, line
 
 
 def test_an_unreachable_postgres_store_is_named_redacted(

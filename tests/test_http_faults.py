@@ -148,6 +148,30 @@ MALFORMED: dict[str, tuple[bytes, int | None]] = {
     "DELETE": (b"DELETE /metrics HTTP/1.1\r\n" + H + b"\r\n", 405),
     "OPTIONS *": (b"OPTIONS * HTTP/1.1\r\n" + H + b"\r\n", 405),
     "percent garbage": (b"GET /%zz%00 HTTP/1.1\r\n" + H + b"\r\n", 404),
+    # issue 26, finding 10
+    "xchunked": (b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: xchunked\r\n\r\n", 501),
+    "gzip then chunked": (
+        b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: gzip, chunked\r\n\r\n",
+        501,
+    ),
+    "chunked twice": (
+        b"POST / HTTP/1.1\r\n"
+        + H
+        + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+        501,
+    ),
+    "transfer-encoding and content-length": (
+        b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\nabc",
+        400,
+    ),
+    "bare LF after the request line": (b"GET /healthz HTTP/1.1\n" + H + b"\r\n", 400),
+    "bare LF ending the head": (b"GET /healthz HTTP/1.1\r\n" + H + b"\n", 400),
+    "bare CR": (b"GET /healthz HTTP/1.1\r\nX-A: a\rb\r\n" + H + b"\r\n", 400),
+    "encoded slashes as route separators": (
+        b"GET /api%2fv1%2fstate HTTP/1.1\r\n" + H + b"\r\n",
+        404,
+    ),
+    "encoded slash in /metrics": (b"GET /metrics%2F HTTP/1.1\r\n" + H + b"\r\n", 404),
     "path traversal": (b"GET /../../etc/passwd HTTP/1.1\r\n" + H + b"\r\n", 404),
     "only blank lines": (b"\r\n\r\n\r\n", None),
     "nothing at all": (b"", None),
@@ -173,9 +197,11 @@ def test_there_are_at_least_30_distinct_malformed_requests() -> None:
     assert len({data for data, _ in MALFORMED.values()}) >= 30
 
 
-def test_bare_lf_and_leading_blank_lines_are_tolerated(server: HttpServer) -> None:
-    reply = exchange(server.address, b"\r\nGET /healthz HTTP/1.1\nConnection: close\n\n")
+def test_leading_blank_lines_are_tolerated_and_bare_lf_refused(server: HttpServer) -> None:
+    reply = exchange(server.address, b"\r\nGET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b"ok\n")
+    reply = exchange(server.address, b"GET /healthz HTTP/1.1\nConnection: close\n\n")
+    assert reply.startswith(b"HTTP/1.1 400 "), reply
 
 
 def test_pipelined_requests_are_answered_in_order(server: HttpServer) -> None:

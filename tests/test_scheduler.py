@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import errno
+import logging
+import sqlite3
 import subprocess
 import threading
 import time
@@ -22,6 +25,7 @@ from gpuwatchd.sessions.events import SessionEvents, SessionFinished, SessionLis
 from gpuwatchd.sessions.runner import SessionOutcome
 from gpuwatchd.sessions.scheduler import TuneScheduler
 from gpuwatchd.store import SessionMeta, SqlStore, sqlite_store
+from gpuwatchd.store.errors import StoreError
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Regime, SessionStatus
 from gpuwatchd.tuning.workloads import DEFAULT_WORKLOADS
@@ -267,3 +271,57 @@ def test_a_failing_listener_does_not_stop_the_others(caplog):
     events.remove_listener(broken)
     events.notify(SessionFinished(8, 0, "GPU-0", "Test GPU", SessionStatus.PREEMPTED))
     assert heard == [7, 8]
+
+
+class _DiskFullRunner(FakeRunner):
+    """Every session fails as a full disk does: in the store, or writing a file."""
+
+    error: ClassVar[Exception] = OSError(errno.ENOSPC, "No space left on device")
+
+    def run_session(self, spec, info, backend_name, should_preempt, **kw) -> SessionOutcome:
+        self.started.set()
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as cause:
+            raise type(self).error from cause
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        StoreError("store /var/lib/g.db: cannot start a session: database or disk is full"),
+        OSError(errno.ENOSPC, "No space left on device"),
+    ],
+)
+def test_a_full_disk_at_runtime_is_one_line_per_session_not_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, error: Exception
+) -> None:
+    """Issue 26, finding 10: ~25 lines of chained traceback per tuning session."""
+    FakeRunner.instances = []
+    _DiskFullRunner.error = error
+    board = StateBoard()
+    store = sqlite_store(tmp_path / "g.db")
+    clock = [1000.0]
+    sched = TuneScheduler(
+        Config().tuning_setup(), board, store, "sim", runner_factory=_DiskFullRunner,
+        now=lambda: clock[0], local_now=lambda: dt.datetime(2026, 11, 21, 23, 0),
+    )  # fmt: skip
+
+    def failed() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "tuning session" in r.getMessage()]
+
+    try:
+        with caplog.at_level(logging.INFO, logger="gpuwatchd.sessions.scheduler"):
+            for k in range(2):  # two sessions, the second after the failure back-off
+                request_on_open_gate(board, sched)
+                assert wait_until(lambda k=k: len(failed()) == k + 1)
+                assert wait_until(lambda: not sched.snapshot.running)
+                clock[0] += 3601
+    finally:
+        store.close()
+    assert len(FakeRunner.instances) == 1 and FakeRunner.instances[0].started.is_set()
+    assert not any(r.exc_info for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert len(failed()) == 2, [r.getMessage() for r in failed()]
+    for record in failed():
+        assert record.levelno == logging.WARNING and "\n" not in record.getMessage()
+        assert ("disk is full" in record.getMessage()) or ("No space left" in record.getMessage())

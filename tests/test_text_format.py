@@ -163,3 +163,12 @@ def test_readings_that_change_every_scrape_do_not_grow_the_memory_held() -> None
     finally:
         tracemalloc.stop()
     assert held < 1 << 20, held  # 20,000 spellings kept would be over 2 MiB
+
+
+@pytest.mark.parametrize(("name", "label"), [("g\n", "a"), ("g", "a\n")])
+def test_a_name_ending_in_a_newline_is_left_to_the_library(name: str, label: str) -> None:
+    """Issue 26, finding 10: ``$`` let ``"name\\n"`` pass a name check meant to be whole."""
+    family = Metric(name, "help", "gauge")
+    family.add_sample(name, {label: "v"}, 1.0)
+    registry = _registry(family)
+    assert TextEncoder().encode(registry) == generate_latest(registry)

@@ -6,11 +6,16 @@ accept, then one line saying whether the tuning worker's Python imports what the
 configured tuning needs (torch, Triton; asked as the daemon asks at start); otherwise
 one line, exit 2: the error the daemon would give, or a served TLS certificate past its
 expiry (the daemon serves one with a WARNING).
+
+What is valid but unwise is a warning on stderr, and the OK line counts them (exit 0:
+the daemon serves it too, with the same WARNING): a certificate within 14 days of its
+expiry, basic auth without TLS, client certificates verified without a client CA.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -50,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwatchd.config import ConfigError, check_store_access
     from gpuwatchd.daemon.process import read_web_config
     from gpuwatchd.serve.web.certinfo import refuse_expired
+    from gpuwatchd.serve.web.security import config_warnings, expiry_warnings
     from gpuwatchd.serve.web.tls import load_tls
 
     cfg, _ = load_with_overrides(args)
@@ -58,12 +64,20 @@ def run(args: argparse.Namespace) -> int:
         check_store_access(cfg)
     except ConfigError as exc:
         raise CliError(str(exc), EXIT_CONFIG) from None
+    warnings = config_warnings(web) if web is not None else []
     if web is not None and web.tls is not None:
+        certificates = load_tls(web.tls).certificates
         try:
-            refuse_expired(load_tls(web.tls).certificates, time.time())
+            refuse_expired(certificates, time.time())
         except ValueError as exc:
             raise CliError(f"web config {cfg.daemon.web_config}: {exc}", EXIT_CONFIG) from None
-    print(f"{cfg.source or 'built-in defaults'}: OK")
+        warnings += expiry_warnings(certificates, time.time())
+    for line in warnings:
+        print(f"gpuwatchd: warning: web config {cfg.daemon.web_config}: {line}", file=sys.stderr)
+    counted = (
+        f", with {len(warnings)} warning{'s' if len(warnings) > 1 else ''}" if warnings else ""
+    )
+    print(f"{cfg.source or 'built-in defaults'}: OK{counted}")
     print(tuning_line(cfg))
     return 0
 

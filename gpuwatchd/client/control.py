@@ -6,7 +6,8 @@ Anything that keeps an answer from arriving (no socket, no permission, a timeout
 reply that is not a control answer) is :class:`Unreachable` with one line; a refusal
 is an ordinary answer ``{"ok": false, "error": ...}`` for the caller to read. A ``busy``
 answer (every slot taken) is asked again, waiting longer each time with random jitter,
-for up to ``patience_s``; the caller sees a busy answer only once that ran out.
+for up to ``patience_s``; the caller sees a busy answer only once that ran out. A
+connect that finds the daemon's listen backlog full is tried again within the timeout.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ from gpuwatchd.control.wire import (
     is_busy,
 )
 from gpuwatchd.validate import load_json, one_line
+
+#: A connect() refused with EAGAIN (the daemon's listen backlog is full: a crowd connects
+#: at once) is tried again after a random wait of up to twice this, doubling up to
+#: ``_CONNECT_MAX_WAIT_S``, until the request's timeout.
+_CONNECT_FIRST_WAIT_S = 0.002
+_CONNECT_MAX_WAIT_S = 0.05
 
 
 class Unreachable(Exception):
@@ -69,10 +76,11 @@ def ask(
 
 
 def _ask_once(where: Path, line: str, timeout: float) -> dict[str, Any]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
     try:
-        sock.connect(os.fspath(where))
+        sock = _connect(where, timeout)
+    except OSError as e:
+        raise Unreachable(_unreachable(where, e)) from None
+    try:
         # Turned away (busy) before the request was read: the answer is waiting anyway.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(line.encode() + b"\n")
@@ -89,6 +97,30 @@ def _ask_once(where: Path, line: str, timeout: float) -> dict[str, Any]:
         return dict(check_answer(doc))
     except WireError as e:
         raise Unreachable(f"{where}: {e}") from None
+
+
+def _connect(where: Path, timeout: float) -> socket.socket:
+    """A socket connected to ``where``, its timeout what is left of ``timeout``; a full
+    listen backlog (EAGAIN) is waited out with jittered backoff, up to the timeout."""
+    deadline = time.monotonic() + timeout
+    wait = _CONNECT_FIRST_WAIT_S
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        left = deadline - time.monotonic()
+        sock.settimeout(max(left, 0.001))
+        try:
+            sock.connect(os.fspath(where))
+            return sock
+        except BlockingIOError:
+            sock.close()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(errno.ETIMEDOUT, "listen backlog stayed full") from None
+            time.sleep(min(left, wait * (1.0 + random.random())))
+            wait = min(wait * 2, _CONNECT_MAX_WAIT_S)
+        except BaseException:
+            sock.close()
+            raise
 
 
 def ask_doc(

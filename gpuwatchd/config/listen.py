@@ -9,7 +9,7 @@ import re
 #: Default TCP port of the HTTP server. Not 9400 (dcgm-exporter) nor 9835
 #: (nvidia_gpu_exporter), so gpuwatchd can run beside either.
 DEFAULT_PORT = 9844
-_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -37,7 +37,7 @@ def parse_listen(text: str) -> tuple[str, int]:
             raise ValueError(f"{where}: expected HOST:PORT, e.g. 127.0.0.1:9844 or :9844")
         if ":" in host:
             raise ValueError(f"{where}: put an IPv6 address in brackets, e.g. [::1]:9844")
-        if host and not _HOSTNAME.match(host):
+        if host and not _HOSTNAME.fullmatch(host):
             raise ValueError(f"{where}: host {host!r} is not a valid hostname or IP address")
     if not port_text:
         raise ValueError(f"{where}: missing port")

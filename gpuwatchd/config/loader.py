@@ -38,7 +38,7 @@ from gpuwatchd.tuning.workloads import (
     merge_workloads,
     parse_workloads,
 )
-from gpuwatchd.validate import check, check_durations, from_table, load_toml
+from gpuwatchd.validate import check, check_durations, from_table, load_toml, show
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuwatchd/config.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -303,7 +303,8 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> Config:
     for name, table in data.items():
         if name not in _SECTIONS:
             known = ", ".join([*(f"[{s}]" for s in _SECTIONS), "[[workload]]"])
-            raise ConfigError(f"{where}[{name}]: unknown section (known sections: {known})")
+            shown = name if str(name).isprintable() else show(name)
+            raise ConfigError(f"{where}[{shown}]: unknown section (known sections: {known})")
         if not isinstance(table, Mapping):
             raise ConfigError(f"{where}{name}: expected a [{name}] table")
         try:

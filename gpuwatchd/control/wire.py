@@ -207,7 +207,8 @@ def check_keys(doc: Mapping[str, Any], name: str, keys: frozenset[str] | None = 
     unknown = sorted(set(doc) - allowed)
     if unknown:
         listed = ", ".join(sorted(allowed))
-        raise WireError(f"{unknown[0]}: unknown key for op {name!r} (allowed: {listed})")
+        key = unknown[0] if unknown[0].isprintable() else repr(unknown[0])  # stays one line
+        raise WireError(f"{key[:64]}: unknown key for op {name!r} (allowed: {listed})")
 
 
 def request(name: str, **fields: Any) -> dict[str, Any]:

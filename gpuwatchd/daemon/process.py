@@ -341,6 +341,8 @@ class Daemon:
                 store=self.store,
                 fleet=self.fleet_snapshot,
                 periodic=self.scheduler.overdue_counts,
+                # Read at scrape time: scrapes begin once the control server exists.
+                control=lambda: self.control.turned_away,
             ),
             certificates=lambda: self.http.certificates(),
         )

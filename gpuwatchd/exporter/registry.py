@@ -18,6 +18,7 @@ from gpuwatchd.drift.detector import GpuDriftView
 from gpuwatchd.drift.fleet import FleetSnapshot
 from gpuwatchd.exporter.collectors.base import GpuwatchdCollector, SubCollector, Versioned
 from gpuwatchd.exporter.collectors.build_info import BuildInfoCollector, DaemonInfo
+from gpuwatchd.exporter.collectors.control import ControlCollector
 from gpuwatchd.exporter.collectors.drift import DriftCollector
 from gpuwatchd.exporter.collectors.fleet import FleetCollector
 from gpuwatchd.exporter.collectors.gpu import BoardCollector, GpuCollector
@@ -68,6 +69,7 @@ class Sources:
     store: StoreView | None = None
     fleet: Callable[[], FleetSnapshot] | None = None
     periodic: Callable[[], Mapping[str, int]] | None = None
+    control: Callable[[], int] | None = None
 
 
 def _fleet(s: Sources) -> SubCollector | None:
@@ -93,6 +95,7 @@ COLLECTORS: tuple[tuple[str, Callable[[Sources], SubCollector | None]], ...] = (
     ("store", lambda s: None if s.store is None else StoreCollector(s.store)),
     ("fleet", _fleet),
     ("periodic", lambda s: None if s.periodic is None else PeriodicCollector(s.periodic)),
+    ("control", lambda s: None if s.control is None else ControlCollector(s.control)),
 )
 #: The per-GPU collectors whose families ``[exporter] fields`` chooses from.
 SELECTABLE: tuple[type[BoardCollector], ...] = (GpuCollector, HealthCollector, MigCollector)

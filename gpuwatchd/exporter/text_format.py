@@ -114,7 +114,7 @@ class SeriesMemo:
         """A sample's name (or, in the text format, a family's) written as it is."""
         ok = self._names.get(name)
         if ok is None:
-            ok = self._names[name] = self._sample_name_ok.match(name) is not None
+            ok = self._names[name] = self._sample_name_ok.fullmatch(name) is not None
         if not ok:
             raise Unusual(name)
 
@@ -134,7 +134,7 @@ class SeriesMemo:
 
     def _label_text(self, key: tuple[tuple[str, str], ...]) -> str:
         for label, _ in key:
-            if self._label_name_ok.match(label) is None or _RESERVED_LABEL.match(label):
+            if self._label_name_ok.fullmatch(label) is None or _RESERVED_LABEL.match(label):
                 raise Unusual(label)
         text = "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(key)) + "}"
         if len(self._labels) > _MEMO_LIMIT:

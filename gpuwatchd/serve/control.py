@@ -46,7 +46,7 @@ from gpuwatchd.control.wire import (
     busy_answer,
     error_answer,
 )
-from gpuwatchd.serve.loop import ServeLoop
+from gpuwatchd.serve.loop import Acceptor, ServeLoop
 from gpuwatchd.validate import load_json
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,12 @@ SYSTEM_SOCKET_DIR = SYSTEM_RUNTIME_DIR
 SOCKET_MODE = 0o660
 DIR_MODE = 0o750
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python lacks the name
-_ACCEPT_BACKOFF_S = 0.1  # after a failed accept() (out of fds): never spin on the listener
+#: Connections the kernel holds for us while the loop is busy: a crowd of jobs starting at
+#: once waits here (and clients ask again while it is full) instead of being refused.
+BACKLOG = socket.SOMAXCONN
+#: Connections turned away (busy) are logged once, then counted and logged at most once
+#: per this many seconds while they go on, so a connect flood cannot flood the log.
+TURNED_AWAY_LOG_S = 10.0
 
 
 class ControlError(Exception):
@@ -206,6 +211,8 @@ class ControlServer:
         self._active: set[socket.socket] = set()
         self._clients: set[asyncio.Task[None]] = set()
         self._sock: socket.socket | None = None
+        self._acceptor: Acceptor | None = None
+        self._turned_away: _TurnedAway | None = None
         self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
 
     # -- lifecycle -------------------------------------------------------------------
@@ -219,8 +226,7 @@ class ControlServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._bind(sock)
-            sock.listen(16)
-            sock.setblocking(False)
+            sock.listen(BACKLOG)
         except BaseException:
             sock.close()
             raise
@@ -230,19 +236,27 @@ class ControlServer:
         serve_loop = self._given_loop or ServeLoop("gpuwatchd-control")
         serve_loop.acquire()
         self._serve_loop = serve_loop
-        loop = serve_loop.loop
-        loop.call_soon_threadsafe(loop.add_reader, sock.fileno(), self._accept)
+        self._turned_away = _TurnedAway(serve_loop.loop)
+        self._acceptor = Acceptor(
+            serve_loop,
+            sock,
+            self._admit,
+            name="control socket",
+            batch=self.max_clients + 1,  # a burst, not an unbounded flood, per wake-up
+            logger=log,
+        )
+        self._acceptor.start()
         group = f", group {self._policy.group}" if self._policy.group else ""
         log.info("control socket listening on %s (mode 0660%s)", self.path, group)
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop accepting, cut open connections, and remove the socket file if still ours."""
         serve_loop = self._serve_loop
-        sock = self._sock
-        if sock is None or serve_loop is None:
+        sock, acceptor = self._sock, self._acceptor
+        if sock is None or serve_loop is None or acceptor is None:
             return
         # What it needs is passed in: on a loop busy past ``timeout`` it runs later.
-        shut = serve_loop.run(lambda: self._shutdown(sock, serve_loop.loop), timeout)
+        shut = serve_loop.run(lambda: self._shutdown(acceptor), timeout)
         serve_loop.release(timeout)
         self._serve_loop = None
         if not shut:  # the loop did not get to it (yet): stop listening here
@@ -355,12 +369,17 @@ class ControlServer:
 
     # -- serving ---------------------------------------------------------------------
 
-    def _shutdown(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> bool:
+    @property
+    def turned_away(self) -> int:
+        """Connections turned away busy since the server started."""
+        return self._turned_away.total if self._turned_away is not None else 0
+
+    def _shutdown(self, acceptor: Acceptor) -> bool:
         """On the loop: stop accepting, end every client's task and close every client
         connection (a task cancelled before it first ran never reaches its finally)."""
-        with contextlib.suppress(ValueError, OSError):
-            loop.remove_reader(sock.fileno())
-        sock.close()
+        acceptor.close()
+        if self._turned_away is not None:
+            self._turned_away.close()
         for task in list(self._clients):
             task.cancel()
         for conn in list(self._active):
@@ -375,28 +394,7 @@ class ControlServer:
         assert self._serve_loop is not None
         return self._serve_loop.loop
 
-    def _accept(self) -> None:
-        listener = self._sock
-        if listener is None or listener.fileno() < 0:
-            return
-        for _ in range(self.max_clients + 1):  # a burst, not an unbounded flood, per wake-up
-            try:
-                conn, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return  # none left, or the client gave up between wake-up and accept
-            except OSError as exc:  # EMFILE and friends: back off instead of spinning
-                log.warning("control socket: accept failed: %s", _why(exc))
-                loop = self._loop()
-                loop.remove_reader(listener.fileno())
-                loop.call_later(_ACCEPT_BACKOFF_S, self._resume_accept)
-                return
-            self._admit(conn)
-
-    def _resume_accept(self) -> None:
-        if self._sock is not None and self._sock.fileno() >= 0:
-            self._loop().add_reader(self._sock.fileno(), self._accept)
-
-    def _admit(self, conn: socket.socket) -> None:
+    def _admit(self, conn: socket.socket, _address: Any = None) -> None:
         conn.setblocking(False)
         try:
             peer = peer_credentials(conn)
@@ -405,7 +403,8 @@ class ControlServer:
             return
         why = self._take_slot(conn, peer.uid)
         if why is not None:
-            log.warning("control socket: %s, turning uid %d away (busy)", why, peer.uid)
+            assert self._turned_away is not None
+            self._turned_away.note(why, peer.uid)
             with contextlib.suppress(OSError):  # one short line into an empty socket buffer
                 conn.send(_encode(busy_answer(why)))
             conn.close()
@@ -581,6 +580,53 @@ class ControlServer:
             )
         except (OSError, TimeoutError) as exc:
             log.debug("control socket: could not answer a client: %s", exc)
+
+
+class _TurnedAway:
+    """Counts connections turned away busy and logs them without flooding the log: the
+    first of a burst at once, then every :data:`TURNED_AWAY_LOG_S` how many more (on the
+    loop's thread only, timed by the loop's monotonic clock)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.total = 0
+        self._unlogged = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def note(self, why: str, uid: int) -> None:
+        self.total += 1
+        if self._timer is not None:  # within a burst already logged: count it
+            self._unlogged += 1
+            return
+        log.warning(
+            "control socket: %s, turning uid %d away (busy); more are counted, logged at most"
+            " every %g s",
+            why,
+            uid,
+            TURNED_AWAY_LOG_S,
+        )
+        self._timer = self._loop.call_later(TURNED_AWAY_LOG_S, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._unlogged:  # the burst goes on: log its count, and keep counting
+            self._log_count()
+            self._timer = self._loop.call_later(TURNED_AWAY_LOG_S, self._tick)
+
+    def close(self) -> None:
+        """Log the count not yet logged; the server stops."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._log_count()
+
+    def _log_count(self) -> None:
+        if self._unlogged:
+            log.warning(
+                "control socket: turned away %d more connections (busy) since the last line",
+                self._unlogged,
+            )
+            self._unlogged = 0
 
 
 def _encode(response: dict[str, Any]) -> bytes:

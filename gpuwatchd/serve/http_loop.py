@@ -47,7 +47,7 @@ from gpuwatchd.serve.http_wire import (
     frame_response,
     parse_head,
 )
-from gpuwatchd.serve.loop import ServeLoop
+from gpuwatchd.serve.loop import Acceptor, ServeLoop
 from gpuwatchd.serve.routes import Request, Response, Routes, error_response
 
 if TYPE_CHECKING:  # the web-config modules load with the first request under a web config
@@ -64,7 +64,6 @@ PLAIN_HTTP_ON_TLS = (
 _TLS_HANDSHAKE_RECORD = 0x16
 _FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _ACCEPT_BATCH = 64  # accepts per wake-up, so a SYN flood cannot starve the loop
-_ACCEPT_BACKOFF_S = 0.1
 _MAX_BUFFERED = MAX_HEAD + MAX_BODY  # request bytes kept while a response is in progress
 #: A response and whether the connection may stay open.
 Answer = tuple[Response, bool]
@@ -139,17 +138,24 @@ class LoopServer:
         self._logins: LoginPool | None = None  # made by the first request with a web config
         self._serve_loop = serve_loop if serve_loop is not None else ServeLoop("gpuwatchd-http")
         self._loop = self._serve_loop.loop
+        self._acceptor = Acceptor(
+            self._serve_loop,
+            listener,
+            self._admit,
+            name="HTTP",
+            batch=_ACCEPT_BATCH,
+            logger=log,
+            on_failure=self._accept_failed,
+        )
         self._started = False
-        self._accept_failing = False
         self._periodic: list[Callable[[], None]] = []
 
     # -- lifecycle (any thread) --------------------------------------------------------
 
     def start(self) -> None:
-        self.listener.setblocking(False)
         self._serve_loop.acquire()
         self._started = True
-        self._loop.call_soon_threadsafe(self._loop.add_reader, self.listener.fileno(), self._accept)
+        self._acceptor.start()
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop accepting, cut every connection and let go of the loop."""
@@ -172,51 +178,18 @@ class LoopServer:
     # -- the loop's thread -----------------------------------------------------------
 
     def _shutdown(self) -> None:
-        with contextlib.suppress(ValueError, OSError):
-            self._loop.remove_reader(self.listener.fileno())
-        self.listener.close()
+        self._acceptor.close()
         for cancel in self._periodic:
             cancel()
         for conn in list(self._conns):
             conn.close(abort=True)
 
-    def _accept(self) -> None:
-        for _ in range(_ACCEPT_BATCH):
-            try:
-                sock, address = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionError:  # reset before we got to it
-                continue
-            except OSError as exc:
-                self._accept_failed(exc)
-                return
-            if self._accept_failing:
-                self._accept_failing = False
-                log.info("HTTP: accepting connections again")
-            self._admit(sock, address)
-
-    def _accept_failed(self, exc: OSError) -> None:
-        """Out of fds (or another accept failure): shed the oldest waiting connection and
-        pause accepting briefly instead of spinning on a listener that stays readable."""
-        if not self._accept_failing:
-            self._accept_failing = True
-            log.warning(
-                "HTTP: accept failed (%s) with %d connections open; closing the longest-waiting"
-                " one and pausing accept for %g s",
-                exc.strerror or exc,
-                len(self._conns),
-                _ACCEPT_BACKOFF_S,
-            )
+    def _accept_failed(self, exc: OSError) -> str:
+        """Out of fds: shed the connection waiting longest (the note for the log)."""
+        open_now = len(self._conns)
         if exc.errno in _FD_EXHAUSTED:
             self._evict_one()
-        fd = self.listener.fileno()
-        self._loop.remove_reader(fd)
-        self._loop.call_later(_ACCEPT_BACKOFF_S, self._resume_accept)
-
-    def _resume_accept(self) -> None:
-        if self.listener.fileno() >= 0:
-            self._loop.add_reader(self.listener.fileno(), self._accept)
+        return f" with {open_now} connections open; closing the longest-waiting one"
 
     def _admit(self, sock: socket.socket, address: Any) -> None:
         sock.setblocking(False)

@@ -1,11 +1,13 @@
 """HTTP/1.1 on the wire, without I/O: find and parse a request head, frame a response.
 
 Strict where leniency lets one request be read two ways (RFC 9112 section 11: request
-smuggling): obsolete line folding, whitespace before a header's colon, conflicting
-Content-Length values and control characters are refused with 400. Lenient where it
-costs nothing: bare LF line ends and empty lines before the request line are accepted.
-Bodies are never used by a route; one announced by Content-Length (up to a limit) is
-read and discarded so keep-alive survives, any other is refused or ends the connection.
+smuggling): a line not ended by CRLF (a bare LF), obsolete line folding, whitespace
+before a header's colon, conflicting Content-Length values, Transfer-Encoding beside
+Content-Length and control characters are refused with 400, a transfer coding other than
+``chunked`` with 501. Lenient where it costs nothing: empty lines before the request
+line are skipped. Bodies are never used by a route; one announced by Content-Length (up
+to a limit) is read and discarded so keep-alive survives; a chunked one ends the
+connection after the answer.
 """
 
 from __future__ import annotations
@@ -100,8 +102,9 @@ class HeadScanner:
 def parse_head(head: bytes) -> RequestHead:
     """Parse one request head (request line, headers, blank line); HttpError if malformed."""
     lines = head.split(b"\n")
-    request_line = lines[0].removesuffix(b"\r")
-    method, target, version = _request_line(request_line)
+    if not all(line.endswith(b"\r") for line in lines[:-1]):
+        raise HttpError(HTTPStatus.BAD_REQUEST, "a line of the request head does not end in CRLF")
+    method, target, version = _request_line(lines[0].removesuffix(b"\r"))
     headers: list[tuple[str, str]] = []
     for raw in lines[1:]:
         line = raw.removesuffix(b"\r")
@@ -156,7 +159,18 @@ def _framing(
     method: str, target: str, version: tuple[int, int], headers: tuple[tuple[str, str], ...]
 ) -> RequestHead:
     lengths = {value for key, value in headers if key == "content-length"}
-    chunked = any(key == "transfer-encoding" for key, _ in headers)
+    codings = [
+        coding.strip().lower()
+        for key, value in headers
+        if key == "transfer-encoding"
+        for coding in value.split(",")
+    ]
+    chunked = bool(codings)
+    if codings and codings != ["chunked"]:
+        shown = ", ".join(codings)[:64]
+        raise HttpError(HTTPStatus.NOT_IMPLEMENTED, f"transfer coding {shown!r} is not supported")
+    if chunked and lengths:
+        raise HttpError(HTTPStatus.BAD_REQUEST, "both Transfer-Encoding and Content-Length")
     connection = {
         token.strip().lower()
         for key, value in headers

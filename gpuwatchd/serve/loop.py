@@ -6,6 +6,7 @@ server model"). Each server :meth:`~ServeLoop.acquire` s the loop when it starts
 :meth:`~ServeLoop.release` s it when it stops, after its own connections are closed on
 the loop (:meth:`~ServeLoop.run`); the thread starts with the first user and ends with
 the last, so servers stop in any order and one built alone gets a loop of its own.
+Both accept their connections through one :class:`Acceptor`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import socket
 import ssl
 import threading
 from collections.abc import Callable
@@ -22,6 +24,9 @@ from typing import Any, TypeVar
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+#: After a failed accept() (out of fds), how long accepting pauses: never spin on a
+#: listener that stays readable.
+ACCEPT_BACKOFF_S = 0.1
 
 
 class ServeLoop:
@@ -115,6 +120,86 @@ class ServeLoop:
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         finally:
             loop.close()
+
+
+class Acceptor:
+    """Accepts connections on a listening socket from the serve loop, for a server.
+
+    At most ``batch`` per wake-up, so a flood of connections cannot starve the loop; a
+    connection reset before it was taken is skipped. A failed accept() (out of file
+    descriptors) calls ``on_failure`` (which may shed a connection and returns a note for
+    the log), pauses accepting for :data:`ACCEPT_BACKOFF_S` and is logged once, until
+    accepting works again. ``admit`` gets each accepted socket and its peer address.
+    """
+
+    def __init__(
+        self,
+        serve_loop: ServeLoop,
+        listener: socket.socket,
+        admit: Callable[[socket.socket, Any], None],
+        *,
+        name: str,
+        batch: int,
+        logger: logging.Logger = log,
+        on_failure: Callable[[OSError], str] = lambda exc: "",
+    ) -> None:
+        self.listener = listener
+        self._serve_loop = serve_loop
+        self._admit = admit
+        self._name = name
+        self._batch = batch
+        self._log = logger
+        self._on_failure = on_failure
+        self._failing = False
+
+    def start(self) -> None:
+        """Start accepting (from any thread; the loop must be running or about to)."""
+        self.listener.setblocking(False)
+        loop = self._serve_loop.loop
+        loop.call_soon_threadsafe(loop.add_reader, self.listener.fileno(), self._accept)
+
+    def close(self) -> None:
+        """On the loop: stop accepting and close the listener."""
+        with contextlib.suppress(ValueError, OSError):
+            self._serve_loop.loop.remove_reader(self.listener.fileno())
+        self.listener.close()
+
+    def _accept(self) -> None:
+        if self.listener.fileno() < 0:
+            return
+        for _ in range(self._batch):
+            try:
+                conn, address = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return  # none left, or the client gave up between wake-up and accept
+            except ConnectionError:  # reset before we got to it
+                continue
+            except OSError as exc:
+                self._failed(exc)
+                return
+            if self._failing:
+                self._failing = False
+                self._log.info("%s: accepting connections again", self._name)
+            self._admit(conn, address)
+
+    def _failed(self, exc: OSError) -> None:
+        note = self._on_failure(exc)
+        if not self._failing:
+            self._failing = True
+            self._log.warning(
+                "%s: accept failed (%s)%s; pausing accept for %g s",
+                self._name,
+                exc.strerror or exc,
+                note,
+                ACCEPT_BACKOFF_S,
+            )
+        loop = self._serve_loop.loop
+        loop.remove_reader(self.listener.fileno())
+        loop.call_later(ACCEPT_BACKOFF_S, self._resume)
+
+    def _resume(self) -> None:
+        if self.listener.fileno() >= 0:
+            self._serve_loop.loop.add_reader(self.listener.fileno(), self._accept)
 
 
 def _log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

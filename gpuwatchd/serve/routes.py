@@ -59,7 +59,8 @@ def error_response(
 
 
 def request_path(target: str) -> str:
-    """The decoded path of a request-target, ignoring query and fragment; "" if unusable."""
+    """The decoded path of a request-target, ignoring query and fragment; "" if unusable,
+    as is one where an encoded ``/`` (``%2f``) would become a separator of the route."""
     if not target.startswith("/"):
         # absolute-form, as sent to proxies (RFC 9112 section 3.2.2), or garbage
         try:
@@ -70,7 +71,10 @@ def request_path(target: str) -> str:
             return ""
         target = parts.path or "/"
     path = target.split("?", 1)[0].split("#", 1)[0]
-    return unquote(path, errors="replace")
+    segments = [unquote(segment, errors="replace") for segment in path.split("/")]
+    if any("/" in segment for segment in segments):
+        return ""
+    return "/".join(segments)
 
 
 #: A read-only JSON endpoint: request target (path and query) -> document.

@@ -55,12 +55,13 @@ from gpuwatchd.sessions.readiness import (
 )
 from gpuwatchd.sessions.tuning_view import TuningView
 from gpuwatchd.store import FINAL_STATUSES, SqlStore
-from gpuwatchd.store.errors import StoreUnavailable
+from gpuwatchd.store.errors import StoreError, StoreUnavailable
 from gpuwatchd.telemetry.backend import FeelsSessionLoad
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.settings import TuningSetup
 from gpuwatchd.tuning.types import Regime, SessionStatus, Workload
 from gpuwatchd.tuning.windows import in_windows, parse_windows
+from gpuwatchd.validate import describe
 
 if TYPE_CHECKING:  # a session's modules load with the first session
     from gpuwatchd.sessions.runner import TuneRunner
@@ -405,9 +406,10 @@ class TuneScheduler(FleetChoice, TuningView):
             log.info("GPU %d: tuning waits for the store: %s", gpu, exc)
             self._wait_for_store(gpu)
             return
-        except Exception as exc:  # the store or the runner broke: log, back off, go on
-            log.exception("GPU %d: tuning session could not run", gpu)
-            status, why = SessionStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # the store (a full disk) or the runner broke: back off, go on
+            if not isinstance(exc, StoreError | OSError):  # a bug: the one with a traceback
+                log.exception("GPU %d: tuning session could not run", gpu)
+            status, why = SessionStatus.FAILED, describe(exc, with_type=type(exc) is not StoreError)
         with self._lock:
             done = {w.name for w in spec.workloads} - self._again.get(gpu, set())
             p = self._pending.get(gpu)

@@ -8,7 +8,8 @@ scheme is refused in one line. A SQLite file whose name starts with ``word=`` is
 as ``./word=...``.
 
 A store string is only ever shown through :func:`redact_url`: the password in a URL's
-userinfo, and every ``password``/``sslpassword`` value of a URL query or a key=value
+userinfo (``postgresql://user:pw@host``, and ``postgresql:user:pw@host`` without the
+``//``), and every ``password``/``sslpassword`` value of a URL query or a key=value
 string, shows as ``***``. Text that cannot be parsed is redacted too (hiding more rather
 than less), so a malformed string never leaks its password into an error.
 """
@@ -119,7 +120,7 @@ def _url_secrets(text: str) -> list[tuple[int, int]]:
 
 
 def _secrets(text: str) -> list[tuple[int, int]]:
-    if _ANY_SCHEME.match(text):
+    if _ANY_SCHEME.match(text) or _POSTGRES_SCHEME.match(text):  # with or without ``//``
         return _url_secrets(text)
     if _KEY_VALUE_START.match(text):
         return _key_value_secrets(text)

@@ -53,8 +53,8 @@ CONFIG_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 Scalar = int | float | bool | str | None
 
-_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_HEX64_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class KernelRequestError(ValueError):
@@ -106,7 +106,7 @@ def _names(value: Any, where: str) -> tuple[str, ...]:
 
 def module_name(value: Any, where: str, error: ErrorType = KernelRequestError) -> str:
     """A dotted module name (``pkg.kernels``); ``error`` naming ``where`` otherwise."""
-    if not isinstance(value, str) or not _MODULE_RE.match(value):
+    if not isinstance(value, str) or not _MODULE_RE.fullmatch(value):
         raise fail(where, "expected a dotted module name like 'pkg.kernels'", value, error)
     return value
 
@@ -116,7 +116,7 @@ def _module(value: Any, where: str) -> str:
 
 
 def _qualname(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not _MODULE_RE.match(value):
+    if not isinstance(value, str) or not _MODULE_RE.fullmatch(value):
         raise _fail(where, "expected a module-level name like 'kernel' or 'Ops.kernel'", value)
     return value
 
@@ -361,7 +361,7 @@ def _dims(value: Any, where: str) -> tuple[int, ...]:
 
 def _dtype(value: Any, where: str) -> str:
     text = _text(value, where)
-    if not re.match(r"^[a-z][a-z0-9_]*$", text):
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", text):
         raise _fail(where, "expected a dtype name like 'float16'", value)
     return text
 
@@ -478,7 +478,7 @@ class KernelRequest:
         """Consistency beyond field types: names resolve, configs are distinct, grids given."""
         _module(self.module, "request.kernel.module")
         _qualname(self.qualname, "request.kernel.qualname")
-        if not _HEX64_RE.match(self.identity):
+        if not _HEX64_RE.fullmatch(self.identity):
             raise _fail(
                 "request.kernel.identity", "expected 64 lowercase hex digits", self.identity
             )
@@ -656,7 +656,7 @@ def _list(value: Any, where: str) -> list[Any]:
 
 def _dtype_text(value: Any, where: str) -> str:
     text = _text(value, where)
-    if not re.match(r"^[A-Za-z][A-Za-z0-9_.]*$", text):
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.]*", text):
         raise _fail(where, "expected a dtype like 'torch.float16'", value)
     return text
 

@@ -27,7 +27,7 @@ from gpuwatchd.tuning.dtypes import (
 )
 from gpuwatchd.tuning.families import ENTRY_POINT_GROUP, KNOWN_OPS, SPECS
 from gpuwatchd.tuning.types import Workload
-from gpuwatchd.validate import fail, need_int, require
+from gpuwatchd.validate import fail, key_path, need_int, require
 
 #: The most the operands of one workload (inputs and output) may take, by where it runs:
 #: more than a GPU's or a tuning host's memory only fails in the worker.
@@ -98,7 +98,8 @@ def _keys(shape: Mapping[str, Any], where: str, known: tuple[str, ...], strict: 
         return
     for key in shape:
         if key not in known:
-            raise fail(f"{where}.shape.{key}", f"unknown key for this op ({', '.join(known)})", key)
+            what = f"unknown key for this op ({', '.join(known)})"
+            raise fail(key_path(f"{where}.shape", key), what, key)
 
 
 def _dim(value: Any, where: str, minimum: int = 1) -> int:

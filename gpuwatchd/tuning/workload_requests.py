@@ -46,8 +46,8 @@ MAX_SOURCE_KEYS = 16
 MAX_SOURCE_CHARS = 256
 #: The largest workloads file read (a capture of a big model is tens of kilobytes).
 MAX_FILE_BYTES = 4 * 2**20
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]*$")
-_BARE_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*")
+_BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +117,7 @@ def parse_remove_request(doc: Any) -> tuple[str, ...]:
 def check_workload_name(name: Any, where: str) -> str:
     """A workload name fit for a label, a file name part and a command line."""
     need_text(name, where)
-    if len(name) > MAX_NAME_CHARS or not _NAME_RE.match(name):
+    if len(name) > MAX_NAME_CHARS or not _NAME_RE.fullmatch(name):
         raise fail(
             where,
             f"expected at most {MAX_NAME_CHARS} letters, digits and . _ : @ / + = -",
@@ -242,7 +242,7 @@ def _toml_value(v: Any) -> str:
             raise ValueError(f"cannot write a non-finite number to TOML: {v!r}")
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v)  # JSON's escapes are a subset of TOML basic strings'
+        return _toml_string(v)
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, Mapping):
@@ -252,4 +252,14 @@ def _toml_value(v: Any) -> str:
 
 
 def _toml_key(key: str) -> str:
-    return key if _BARE_KEY_RE.match(key) else json.dumps(key)
+    return key if _BARE_KEY_RE.fullmatch(key) else _toml_string(key)
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string. JSON's escapes are a subset of TOML's, but TOML has no
+    surrogate escapes (a character past U+FFFF is written as it is) and no raw DEL."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"cannot write a lone surrogate to TOML: {text!r}") from None
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")

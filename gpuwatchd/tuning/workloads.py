@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuwatchd.tuning.ops import check_workload, plugin_families
 from gpuwatchd.tuning.types import Workload
-from gpuwatchd.validate import fail, need_text
+from gpuwatchd.validate import fail, key_path, need_text
 
 DEFAULT_WORKLOADS: tuple[Workload, ...] = (
     Workload(
@@ -104,10 +104,17 @@ def parse_workloads(tables: Sequence[Any], where: str = "workload") -> tuple[Wor
             raise ValueError(f"{here}: expected a table")
         for key in t:
             if key not in _KEYS:
-                raise ValueError(f"{here}.{key}: unknown key (known keys: {', '.join(_KEYS)})")
+                known = ", ".join(_KEYS)
+                raise ValueError(f"{key_path(here, key)}: unknown key (known keys: {known})")
         for key in ("name", "op", "dtype"):
             need_text(t.get(key), f"{here}.{key}")
         name = t["name"]
+        if not name.isprintable() or name != name.strip():
+            raise fail(
+                f"{here}.name",
+                "expected a name without control characters or surrounding spaces",
+                name,
+            )
         if name in seen:
             raise ValueError(f"{here}.name: workload {name!r} is defined twice")
         seen.add(name)

@@ -57,8 +57,9 @@ _HEADERS: dict[str, tuple[str, ...] | None] = {
     "X-XSS-Protection": None,
     "Content-Security-Policy": None,
 }
-_BCRYPT_HASH = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
+_BCRYPT_HASH = re.compile(r"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_DURATION_MAX_S = (2**63 - 1) / 1e9
 _GO_DURATION_UNITS = {
     "ns": 1e-9,
     "us": 1e-6,
@@ -272,15 +273,19 @@ def _parse_users(value: object) -> Mapping[str, str]:
         if user is None:
             raise ValueError(f"{where}: user name {name!r} must be a string")
         if ":" in user:
-            raise ValueError(f"{where}.{user}: a user name cannot contain ':'")
+            raise ValueError(f"{_dotted(where, user)}: a user name cannot contain ':'")
         if hashed is None:
-            raise ValueError(f"{where}.{user}: expected a bcrypt hash, got {_kind(value_hashed)}")
-        match = _BCRYPT_HASH.match(hashed)
+            raise ValueError(
+                f"{_dotted(where, user)}: expected a bcrypt hash, got {_kind(value_hashed)}"
+            )
+        match = _BCRYPT_HASH.fullmatch(hashed)
         if match is None:
-            raise ValueError(f"{where}.{user}: not a bcrypt hash (expected $2y$10$ and 53 chars)")
+            raise ValueError(
+                f"{_dotted(where, user)}: not a bcrypt hash (expected $2y$10$ and 53 chars)"
+            )
         cost = int(match.group(1))
         if not 4 <= cost <= 31:
-            raise ValueError(f"{where}.{user}: bcrypt cost {cost} is outside 4-31")
+            raise ValueError(f"{_dotted(where, user)}: bcrypt cost {cost} is outside 4-31")
         users[user] = hashed
     return MappingProxyType(users)
 
@@ -291,15 +296,15 @@ def _parse_headers(value: object) -> tuple[tuple[str, str], ...]:
     for name, raw in _mapping(value, where).items():
         if name not in _HEADERS:
             raise ValueError(
-                f"{where}.{name}: this header cannot be configured"
+                f"{_dotted(where, name)}: this header cannot be configured"
                 f" (expected one of {', '.join(_HEADERS)})"
             )
         text = "" if raw is None else _text(raw)
         if text is None or "\r" in text or "\n" in text:
-            raise ValueError(f"{where}.{name}: expected a one-line string")
+            raise ValueError(f"{_dotted(where, name)}: expected a one-line string")
         allowed = _HEADERS[name]
         if allowed is not None and text not in allowed:
-            raise ValueError(f"{where}.{name}: {text!r} is not one of {', '.join(allowed)}")
+            raise ValueError(f"{_dotted(where, name)}: {text!r} is not one of {', '.join(allowed)}")
         if text:  # blank free-text means unset
             headers.append((name, text))
     return tuple(headers)
@@ -346,6 +351,8 @@ def parse_go_duration(value: object, where: str) -> float:
             raise ValueError(f"{where}: {value!r} is not a duration such as 1s or 500ms")
         total += float(match.group(1)) * _GO_DURATION_UNITS[match.group(2)]
         pos = match.end()
+    if total > _GO_DURATION_MAX_S:  # Go's is int64 nanoseconds (and inf is no interval)
+        raise ValueError(f"{where}: {value[:40]!r} is longer than Go's longest duration")
     return total
 
 
@@ -367,8 +374,19 @@ def _mapping(value: object, where: str) -> dict[Any, Any]:
 def _known_keys(doc: Mapping[Any, Any], allowed: tuple[str, ...], where: str) -> None:
     for key in doc:
         if key not in allowed:
-            name = f"{where}.{key}" if where else str(key)
+            name = _dotted(where, key) if where else _shown_key(key)
             raise ValueError(f"{name}: unknown key (expected one of {', '.join(allowed)})")
+
+
+def _shown_key(key: object) -> str:
+    """A key from the file as a message shows it: as written when printable, else quoted
+    (a newline in a key must not split a one-line error)."""
+    text = str(key)
+    return text if text.isprintable() else repr(text)
+
+
+def _dotted(where: str, key: object) -> str:
+    return f"{where}.{_shown_key(key)}"
 
 
 def _text(value: object) -> str | None:

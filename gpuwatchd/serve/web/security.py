@@ -20,12 +20,48 @@ from gpuwatchd.serve.web.auth import BasicAuth
 from gpuwatchd.serve.web.certinfo import CertInfo
 from gpuwatchd.serve.web.config import WebConfig
 from gpuwatchd.serve.web.ratelimit import RateLimiter
-from gpuwatchd.serve.web.tls import load_tls, peer_has_allowed_san
+from gpuwatchd.serve.web.tls import VERIFY_MODES, load_tls, peer_has_allowed_san
 
 log = logging.getLogger(__name__)
 
 #: A served certificate this close to expiry is warned about at load and periodically.
 EXPIRY_WARNING_S = 14 * 86400.0
+
+
+def config_warnings(config: WebConfig) -> list[str]:
+    """What a valid web config still gets wrong, one line each: the daemon logs them at
+    load and ``check-config`` prints them (each is served, as the exporter toolkit would).
+
+    Basic auth over plain HTTP sends passwords in clear text; verifying client
+    certificates without ``client_ca_file`` trusts the system's public roots, so any
+    publicly issued certificate passes.
+    """
+    out = []
+    tls = config.tls
+    if config.basic_auth_users and tls is None:
+        out.append(
+            "basic_auth_users without tls_server_config: passwords cross the network in"
+            " clear text; serve TLS too"
+        )
+    verifies = tls is not None and VERIFY_MODES[tls.client_auth_type] != ssl.CERT_NONE
+    if tls is not None and verifies and tls.client_ca_file is None and tls.client_ca is None:
+        out.append(
+            f"tls_server_config: client_auth_type {tls.client_auth_type.value} without"
+            " client_ca_file trusts the system's public roots (any publicly issued"
+            " certificate passes); set client_ca_file"
+        )
+    return out
+
+
+def expiry_warnings(certificates: tuple[CertInfo, ...], now: float) -> list[str]:
+    """A line per served certificate not yet expired but within :data:`EXPIRY_WARNING_S`
+    of it (an expired one is an error for ``check-config``)."""
+    return [
+        f"{cert.shown} expires at {cert.expiry}, in {cert.seconds_left(now) / 86400:.1f} days;"
+        " renew it"
+        for cert in certificates
+        if 0 < cert.seconds_left(now) <= EXPIRY_WARNING_S
+    ]
 
 
 class Admission(enum.Enum):
@@ -70,6 +106,8 @@ class WebSecurity:
                 "web config: client_allowed_sans has no effect with client_auth_type %s",
                 tls.client_auth_type,
             )
+        for line in config_warnings(config):
+            log.warning("web config: %s", line)
         self.headers = config.headers
 
     def admit(self, authorization: str | None) -> Admission:
@@ -99,6 +137,7 @@ class WebSecurity:
                     cert.expiry,
                 )
             else:
-                log.warning("%s expires at %s, in %.1f days", cert.shown, cert.expiry, left / 86400)
+                (line,) = expiry_warnings((cert,), now)
+                log.warning("%s", line)
             warned += 1
         return warned
