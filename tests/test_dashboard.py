@@ -115,7 +115,8 @@ NOT_ON_DASHBOARD: dict[str, str] = {
     "gpuwatchd_store_schema_skew": "the GpuwatchdStoreSchemaSkew alert watches it; the store"
     " panel shows whether writes go on",
     # catalogued once the catalogue was checked exporter -> catalogue (issue 30)
-    "gpuwatchd_tls_certificate_expiry_timestamp_seconds": "only over TLS; no panel or shipped alert uses it yet",
+    "gpuwatchd_tls_certificate_expiry_timestamp_seconds": "only over TLS; no panel or shipped"
+    " alert uses it yet",
     "gpuwatchd_user_kernel_keys": "users' own kernels: `gpuwatchd workloads list` shows them",
     "gpuwatchd_user_kernel_regime_winners_differ_keys": "as above",
     "gpuwatchd_added_workloads": "`gpuwatchd workloads list` shows them",
