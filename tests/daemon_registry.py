@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from gpuwatchd.drift.detector import GpuDriftView, RetuneReason
 from gpuwatchd.drift.fleet import ClockGroup, FleetSnapshot, OwnClock, group_clocks
 from gpuwatchd.exporter import DaemonInfo, build_registry
-from gpuwatchd.exporter.collectors.base import Versioned
+from gpuwatchd.exporter.collectors.base import SubCollector, Versioned
 from gpuwatchd.exporter.collectors.drift import DriftCollector
 from gpuwatchd.exporter.collectors.fleet import FleetCollector
 from gpuwatchd.exporter.collectors.tuning import TuningCollector
@@ -37,6 +37,8 @@ class DaemonRegistry:
     """A populated registry and what drives it: ``poll()`` is one poll of every GPU."""
 
     registry: ExporterRegistry
+    #: The sub-collectors the daemon adds after "gpu" and "gpu_health", populated.
+    extra: tuple[SubCollector, ...]
     board: StateBoard
     poller: Poller
     clock: ManualClock
@@ -76,7 +78,7 @@ def _winners(gpus: int) -> tuple[WinnerRow, ...]:
     return tuple(rows)
 
 
-def _tuning(gpus: int) -> TuningSnapshot:
+def _tuning(gpus: int, board: StateBoard) -> TuningSnapshot:
     return TuningSnapshot(
         sessions_total={"completed": 7, "failed": 1, "preempted": 2},
         deferred_total={"throttled": 41, "outside_window": 3},
@@ -84,7 +86,7 @@ def _tuning(gpus: int) -> TuningSnapshot:
         pending={1: ("gemm.bf16/m=2048,n=2048,k=2048", f"{USER_KERNEL}/n=8192")},
         last_tune_unix=NOW_UNIX - 60,
         winners=_winners(gpus),
-        last_tune_by_uuid={"GPU-sim-0": NOW_UNIX - 60},
+        last_tune_by_uuid={s.info.uuid: NOW_UNIX - 60 for s in board.all() if s.info is not None},
         fleet_skipped_total={"fresh_fleet_winner": 5},
         fleet_verified_total=2,
         claimed_elsewhere_total=1,
@@ -133,24 +135,20 @@ def daemon_registry(gpus: int = 4) -> DaemonRegistry:
     poller = Poller(backend, board, GateConfig())
     for gpu in range(gpus):
         poller.poll(gpu)
-        backend.read_energy(gpu)  # the slow path: health fields ride on the next sample
+        # the slow path, as its thread runs it: energy, and health fields on the next sample
+        poller._read_slow(poller._tracks[gpu])
         poller.poll(gpu)
-    tuning = _tuning(gpus)
+    tuning = _tuning(gpus, board)
     fleet = _fleet(board)
     drift = _drift(board)
-    registry = build_registry(
-        board,
-        DaemonInfo("9.9.9", "sim", "3.11.7"),
-        extra=[
-            TuningCollector(
-                board, lambda: tuning, added=lambda: {"gemm.bf16/m=1024,n=1024,k=1024"}
-            ),
-            DriftCollector(lambda: drift),
-            Versioned(
-                FleetCollector(lambda: fleet, lambda: tuning, now=lambda: NOW_UNIX),
-                lambda: (fleet, tuning),
-                runs_inline=True,
-            ),
-        ],
+    extra: tuple[SubCollector, ...] = (
+        TuningCollector(board, lambda: tuning, added=lambda: {"gemm.bf16/m=1024,n=1024,k=1024"}),
+        DriftCollector(lambda: drift),
+        Versioned(
+            FleetCollector(lambda: fleet, lambda: tuning, now=lambda: NOW_UNIX),
+            lambda: (fleet, tuning),
+            runs_inline=True,
+        ),
     )
-    return DaemonRegistry(registry, board, poller, clock, gpus)
+    registry = build_registry(board, DaemonInfo("9.9.9", "sim", "3.11.7"), extra=extra)
+    return DaemonRegistry(registry, extra, board, poller, clock, gpus)

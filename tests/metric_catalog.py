@@ -2,11 +2,11 @@
 
 The dashboard and alert tests check every query against this catalogue, so a renamed
 metric or a misspelt label fails a test instead of leaving a blank panel or an alert
-that can never fire. ``SOURCE`` says where each name comes from: ``exporter`` names
-are cross-checked against the real exporter's output; ``tuning``, ``drift``,
-``fleet`` (checked against its collector in test_fleet_views.py), ``mig`` and ``pods``
-(tests/test_collector_registry.py: against their collectors' declarations)
-and ``prometheus`` names are taken from their specification.
+that can never fire. It is checked both ways against every family the exporter can emit
+(tests/test_docs_reference.py, through scripts/docs_gen.py's enumeration): a family
+without an entry, or an entry no collector emits, fails. ``SOURCE`` says where each
+name comes from (``exporter``: the GPU collectors; ``tuning``, ``drift``, ``fleet``,
+``mig``, ``pods``, ``periodic``, ``control``, ``tls``; ``prometheus``: Prometheus' own).
 """
 
 from __future__ import annotations
@@ -97,6 +97,9 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_clock_drift_ratio": _GPU,
     "gpuwatchd_retune_pending": _m("reason"),
     "gpuwatchd_tune_running": _GPU,
+    "gpuwatchd_user_kernel_keys": _m("kernel", "state", base=_NONE),
+    "gpuwatchd_user_kernel_regime_winners_differ_keys": _m("kernel", base=_NONE),
+    "gpuwatchd_added_workloads": _m("state", base=_NONE),
     # fleet views over a shared store
     "gpuwatchd_fleet_sustained_clock_hertz": _m("gpu_model", "power_limit_watts"),
     "gpuwatchd_fleet_median_sustained_clock_hertz": _m("gpu_model", "power_limit_watts"),
@@ -114,6 +117,10 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_store_schema_skew": _NONE,
     "gpuwatchd_periodic_overdue_total": _m("task", base=_NONE),
     "gpuwatchd_control_turned_away_total": _NONE,
+    # over TLS only
+    "gpuwatchd_tls_certificate_expiry_timestamp_seconds": _m(
+        "cert", "subject_cn", "serial_number", base=_NONE
+    ),
     # Prometheus' own per-target series
     "up": _NONE,
 }
@@ -124,15 +131,20 @@ SOURCE: dict[str, str] = {
         if name == "up"
         else "fleet"
         if name.startswith("gpuwatchd_fleet_")
+        else "tls"
+        if name.startswith("gpuwatchd_tls_")
         else "drift"
         if name
         in {"gpuwatchd_clock_drift_ratio", "gpuwatchd_retune_pending", "gpuwatchd_tune_running"}
         else "tuning"
-        if name.startswith(("gpuwatchd_tune_", "gpuwatchd_winner_", "gpuwatchd_regime_"))
+        if name.startswith(
+            ("gpuwatchd_tune_", "gpuwatchd_winner_", "gpuwatchd_regime_", "gpuwatchd_user_")
+        )
         or name
         in {
             "gpuwatchd_last_tune_timestamp_seconds",
             "gpuwatchd_tuning_ready",
+            "gpuwatchd_added_workloads",
             "gpuwatchd_store_up",
             "gpuwatchd_store_writable",
             "gpuwatchd_store_schema_skew",

@@ -122,6 +122,12 @@ NOT_ON_DASHBOARD: dict[str, str] = {
     " past watchdog_stall_s is restarted by systemd",
     "gpuwatchd_pod_resources_up": "explains empty pod labels; no panel uses pod labels",
     "gpuwatchd_control_turned_away_total": "clients ask again; a crowd shows in the log too",
+    # catalogued once the catalogue was checked exporter -> catalogue (issue 30)
+    "gpuwatchd_tls_certificate_expiry_timestamp_seconds": "only over TLS; no panel or shipped"
+    " alert uses it yet",
+    "gpuwatchd_user_kernel_keys": "users' own kernels: `gpuwatchd workloads list` shows them",
+    "gpuwatchd_user_kernel_regime_winners_differ_keys": "as above",
+    "gpuwatchd_added_workloads": "`gpuwatchd workloads list` shows them",
 }
 
 

@@ -55,7 +55,7 @@ def test_every_implementation_has_a_spec() -> None:
 
 def test_family_names_and_ops_are_those_of_the_specs() -> None:
     assert set(worker_families.family_names()) >= set(SPECS)
-    assert set(KNOWN_OPS) == set(ops._SHAPES), "an op without a shape rule, or a rule unused"
+    assert set(KNOWN_OPS) == set(ops.SHAPES), "an op without a shape rule, or a rule unused"
     for spec in SPECS.values():
         assert spec.ops and all(op in KNOWN_OPS for op in spec.ops)
 

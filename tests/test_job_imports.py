@@ -52,6 +52,7 @@ _JOBSIDE = {
     "gpuwatchd.tuning.spool",
     "gpuwatchd.tuning.winners",
     "gpuwatchd.tuning.kernels",
+    "gpuwatchd.tuning.versions",  # kernels compares versions by the one rule
 }
 _TRITON = (
     _CLIENT

@@ -53,7 +53,7 @@ PENDING_RECHECK_S = 300.0
 _MHZ = 1e6
 
 #: The library versions installed now (the driver comes from each GPU's DeviceInfo).
-VersionsNow = Callable[[], Versions]
+LibrariesNow = Callable[[], Versions]
 
 
 def sustained_clock_hz(results: Iterable[StoredResult]) -> float | None:
@@ -260,7 +260,7 @@ class ReferenceSync:
         store: SqlStore,
         *,
         host: str | None = None,
-        versions_now: VersionsNow | None = None,
+        versions_now: LibrariesNow | None = None,
         pending_recheck_s: float = PENDING_RECHECK_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

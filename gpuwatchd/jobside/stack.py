@@ -25,20 +25,11 @@ class Stack:
 
 @functools.cache
 def _driver_version() -> str | None:
-    """The NVIDIA driver version via NVML; None without pynvml (then it is not compared)."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        try:
-            v = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVML missing or broken: the driver simply goes unchecked
-        return None
-    return v.decode() if isinstance(v, bytes) else str(v)
+    """The NVIDIA driver version via the NVML module; None without NVML (then it is not
+    compared)."""
+    from gpuwatchd.telemetry.nvml import driver_version
+
+    return driver_version()
 
 
 @functools.cache

@@ -26,7 +26,7 @@ from gpuwatchd.sessions.fleet_settings import FleetConfig
 from gpuwatchd.store.rows import WinnerRow, host_name
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Regime, Versions, Workload
-from gpuwatchd.tuning.versions import changed_versions
+from gpuwatchd.tuning.versions import VersionsNow, changed_versions
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,6 @@ SKIP_REASON = "fresh_fleet_winner"
 #: Work claimed by another host is looked at again after at most this long (its session
 #: may be preempted and give the claim back within seconds).
 MAX_RECHECK_S = 30.0
-
-#: The versions installed now for one GPU (its driver from the DeviceInfo).
-VersionsNow = Callable[[DeviceInfo], Versions]
 
 
 class FleetQueries(Protocol):

@@ -63,7 +63,7 @@ from gpuwatchd.tuning.session_spec import (
 )
 from gpuwatchd.tuning.settings import DEFAULT_RESUME_MAX_AGE_S
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
-from gpuwatchd.tuning.versions import changed_versions
+from gpuwatchd.tuning.versions import VersionsNow, changed_versions
 from gpuwatchd.tuning.worker_isolation import (
     PYTHON_FLAGS,
     WORKER_CWD,
@@ -83,8 +83,6 @@ _PACKAGE_ROOT = str(Path(gpuwatchd.__file__).resolve().parent.parent)
 
 ShouldPreempt = Callable[[], "str | None"]
 OnProgress = Callable[[dict[str, Any]], None]
-#: The versions installed now for one GPU (the drift package's ``current_versions``).
-VersionsNow = Callable[[DeviceInfo], Versions]
 _T = TypeVar("_T")
 
 

@@ -197,6 +197,20 @@ def _import_pynvml() -> ModuleType:
     return pynvml
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver version for a process without a backend (a job's); None without
+    pynvml or a working NVML."""
+    try:
+        nv = _import_pynvml()
+        nv.nvmlInit()
+        try:
+            return _text(nv.nvmlSystemGetDriverVersion())
+        finally:
+            nv.nvmlShutdown()
+    except Exception:  # NVML missing or broken: the caller goes without the driver
+        return None
+
+
 def _unavailable_message(exc: BaseException) -> str:
     code = getattr(exc, "value", None)
     if code == _ERR_LIBRARY_NOT_FOUND:

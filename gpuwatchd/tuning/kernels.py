@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatchd.tuning.types import Regime, Versions, Workload
+from gpuwatchd.tuning.versions import same_version
 from gpuwatchd.validate import (
     ErrorType,
     fail,
@@ -699,13 +700,13 @@ KERNEL_VERSION_FIELDS = ("triton", "cuda", "driver")
 def versions_mismatch(recorded: Versions, ours: Versions) -> str | None:
     """Why a winner measured on ``recorded`` must not be used on ``ours`` (None: usable).
 
-    Triton's version must be known on both sides and equal; CUDA and the driver must be
-    equal wherever both sides know them.
+    Triton's version must be known on both sides and the same; CUDA and the driver the
+    same wherever both sides know them, by the one rule (:mod:`gpuwatchd.tuning.versions`).
     """
     for name in KERNEL_VERSION_FIELDS:
         theirs, mine = getattr(recorded, name), getattr(ours, name)
         if name == "triton" and (theirs is None or mine is None):
             return f"triton version unknown ({theirs or '?'} recorded, {mine or '?'} here)"
-        if theirs is not None and mine is not None and theirs != mine:
+        if theirs is not None and mine is not None and not same_version(name, theirs, mine):
             return f"{name} {theirs} recorded, {mine} here"
     return None

@@ -25,7 +25,7 @@ from gpuwatchd.tuning.dtypes import (
     element_bytes,
     storage_elements,
 )
-from gpuwatchd.tuning.families import ENTRY_POINT_GROUP, KNOWN_OPS, SPECS
+from gpuwatchd.tuning.families import ENTRY_POINT_GROUP, KNOWN_OPS, SPECS, device_kind
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.validate import fail, key_path, need_int, require
 
@@ -60,7 +60,7 @@ def check_workload(w: Workload, where: str, plugins: frozenset[str] | None = Non
             return
         raise fail(f"{where}.op", f"unknown op (known: {', '.join(KNOWN_OPS)})", w.op)
     try:
-        elements = _SHAPES[w.op](w, where, not from_plugin)
+        elements = SHAPES[w.op].check(w, where, not from_plugin)
     except ValueError as exc:
         text = str(exc)
         raise ValueError(text if text.startswith(where) else f"{where}: {text}") from None
@@ -79,7 +79,7 @@ def _check_size(w: Workload, where: str, elements: int) -> None:
 
 def _check_bytes(w: Workload, where: str, size: int) -> None:
     """The operands' ``size`` in bytes fits the cap of the device ``w`` runs on."""
-    device = "cpu" if all(f.startswith("cpu.") for f in w.families) else "gpu"
+    device = "cpu" if device_kind(w.families) == "cpu" else "gpu"
     cap = MAX_OPERAND_BYTES[device]
     require(
         size <= cap,
@@ -220,12 +220,31 @@ def _triton_user(w: Workload, where: str, strict: bool) -> None:
     _check_bytes(w, where, size)
 
 
-_SHAPES: dict[str, Callable[[Workload, str, bool], int | None]] = {
-    "matmul": _gemm(("m", "n", "k")),
-    "gemm": _gemm(("m", "n", "k")),
-    "bmm": _gemm(("batch", "m", "n", "k")),
-    "conv2d": _conv,
-    "conv": _conv,
-    "inductor.gemm": _inductor,
-    "triton.user": _triton_user,
+@dataclass(frozen=True, slots=True)
+class ShapeRule:
+    """How an op's ``shape`` is checked: its keys (empty: the job's own description) and
+    the check, which returns the operands' elements (None: it checked their bytes itself).
+    Ops that share a rule are aliases (``gemm`` of ``matmul``)."""
+
+    keys: tuple[str, ...]
+    check: Callable[[Workload, str, bool], int | None]
+
+    @property
+    def from_jobs(self) -> bool:
+        """Workloads of this op come from jobs (captured sites, kernel requests)."""
+        return not self.keys
+
+
+_MATMUL = ShapeRule(("m", "n", "k"), _gemm(("m", "n", "k")))
+_CONV = ShapeRule(_CONV_KEYS, _conv)
+
+#: Every op some built-in family runs -> its shape rule, in the order docs list them.
+SHAPES: dict[str, ShapeRule] = {
+    "matmul": _MATMUL,
+    "gemm": _MATMUL,
+    "bmm": ShapeRule(("batch", "m", "n", "k"), _gemm(("batch", "m", "n", "k"))),
+    "conv2d": _CONV,
+    "conv": _CONV,
+    "inductor.gemm": ShapeRule((), _inductor),
+    "triton.user": ShapeRule((), _triton_user),
 }

@@ -8,7 +8,14 @@ normalised before they are compared. Pure Python, so any layer may ask.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.types import Versions
+
+#: The stack installed now for a GPU (its driver from the DeviceInfo), as
+#: :func:`gpuwatchd.drift.versions.current_versions` reads it.
+VersionsNow = Callable[[DeviceInfo], Versions]
 
 #: Fields whose change makes the winners suspect: they decide which kernels exist.
 COMPARED_FIELDS: tuple[str, ...] = ("driver", "cuda", "torch", "triton", "cudnn")

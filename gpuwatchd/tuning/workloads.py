@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuwatchd.tuning import families as family_specs
 from gpuwatchd.tuning.ops import check_workload, plugin_families
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.validate import fail, key_path, need_text
@@ -80,12 +81,7 @@ _KEYS = ("name", "op", "shape", "dtype", "families", "params")
 
 def device_kind(workload: Workload) -> str:
     """Where a workload's candidates run: ``sim``, ``cpu`` or ``cuda``."""
-    fams = set(workload.families)
-    if fams == {"sim"}:
-        return "sim"
-    if all(f.startswith("cpu.") for f in fams):
-        return "cpu"
-    return "cuda"
+    return family_specs.device_kind(workload.families)
 
 
 def parse_workloads(tables: Sequence[Any], where: str = "workload") -> tuple[Workload, ...]:

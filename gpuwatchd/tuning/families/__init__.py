@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 #: The entry-point group third-party families register under.
@@ -36,7 +37,8 @@ class FamilySpec:
     third-party modules its candidates import (the daemon checks the worker's Python has
     them before starting a session that needs them); ``user_code`` whether it imports a
     job's own code (then the worker hands it the configured ``allowed_modules``);
-    ``builder`` the attribute of its worker module that builds its candidates. ``module``
+    ``builder`` the attribute of its worker module that builds its candidates; ``device``
+    where its candidates run (``cuda``, ``cpu`` or ``sim``). ``module``
     is the spec module's (and the worker module's) name, filled in when the specs are read.
     """
 
@@ -46,6 +48,7 @@ class FamilySpec:
     needs: tuple[str, ...] = ()
     user_code: bool = False
     builder: str = "build"
+    device: str = "cuda"
     module: str = ""
 
     @property
@@ -82,6 +85,13 @@ SPECS: dict[str, FamilySpec] = _read_specs()
 
 #: Every op some built-in family runs, sorted.
 KNOWN_OPS: tuple[str, ...] = tuple(sorted({op for s in SPECS.values() for op in s.ops}))
+
+
+def device_kind(families: Iterable[str]) -> str:
+    """Where a workload of ``families`` runs: their specs' common device, else ``cuda``
+    (a mix, or a plugin's family)."""
+    devices = {SPECS[f].device if f in SPECS else "cuda" for f in families}
+    return devices.pop() if len(devices) == 1 else "cuda"
 
 
 def needs_of(family: str) -> tuple[str, ...]:

@@ -2,12 +2,11 @@
 
 from gpuwatchd.tuning.families import FamilySpec
 
-SPECS = (
-    FamilySpec(
-        "cpu.matmul", ("matmul", "gemm"), ("seed",), needs=("torch",), builder="matmul_family"
-    ),
-    FamilySpec(
-        "cpu.conv2d", ("conv2d", "conv"), ("seed",), needs=("torch",), builder="conv2d_family"
-    ),
-    FamilySpec("cpu.bmm", ("bmm",), ("seed",), needs=("torch",), builder="bmm_family"),
+SPECS = tuple(
+    FamilySpec(f"cpu.{op}", ops, ("seed",), needs=("torch",), builder=f"{op}_family", device="cpu")
+    for op, ops in (
+        ("matmul", ("matmul", "gemm")),
+        ("conv2d", ("conv2d", "conv")),
+        ("bmm", ("bmm",)),
+    )
 )

@@ -2,4 +2,8 @@
 
 from gpuwatchd.tuning.families import FamilySpec
 
-SPECS = (FamilySpec("sim", ("gemm", "matmul"), ("peak_tflops", "hbm_tbps"), builder="sim_family"),)
+SPECS = (
+    FamilySpec(
+        "sim", ("gemm", "matmul"), ("peak_tflops", "hbm_tbps"), builder="sim_family", device="sim"
+    ),
+)
