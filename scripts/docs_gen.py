@@ -25,8 +25,9 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, ClassVar
 
 ROOT = Path(__file__).resolve().parent.parent
 for _path in (ROOT, ROOT / "tests"):
@@ -132,17 +133,28 @@ class _Pods:
     """A kubelet that answers and maps no GPU (per-GPU rows show the labels off Kubernetes)."""
 
     up = True
-    pods: dict[str, Any] = {}
+    pods: ClassVar[dict[str, object]] = {}
 
     def lookup(self, uuid: str) -> None:
         return None
 
 
+def _mig_board() -> Any:
+    """An H200 in MIG mode with one MIG device (what the ``gpu_mig`` rows are read from)."""
+    from builders import board_of, full_h200
+
+    from gpuwatchd.telemetry.types import MigDevice
+
+    full = full_h200()
+    assert full.sample is not None and full.sample.slow is not None
+    mig = (MigDevice("MIG-x", 1, 0, "1g.18gb", 1, 2, 0.5),)
+    sample = replace(full.sample, slow=replace(full.sample.slow, mig=mig))
+    return board_of(replace(full, sample=sample))
+
+
 def metric_sections() -> dict[str, list[Family]]:
     """Collector name -> the families it emits, in its order: every entry of the exporter's
     ``COLLECTORS`` (``exporter``: the aggregator's own and the daemon's facts)."""
-    from dataclasses import replace
-
     from daemon_registry import daemon_registry
 
     from gpuwatchd.exporter.collectors.base import GpuwatchdCollector, SubCollector
@@ -159,7 +171,12 @@ def metric_sections() -> dict[str, list[Family]]:
     )
     subs: list[SubCollector] = []
     for name, make in COLLECTORS:
-        made = make(replace(sources, pods=_Pods()) if name == "pods" else sources)
+        if name == "pods":
+            made = make(replace(sources, pods=_Pods()))
+        elif name == "gpu_mig":  # MIG series exist only for a GPU in MIG mode
+            made = make(replace(sources, board=_mig_board()))
+        else:
+            made = make(sources)
         sub = populated.get(name, made)
         if sub is not None:
             subs.append(sub)
@@ -273,9 +290,7 @@ def commands() -> str:
 
 #: Document -> block name -> its renderer.
 BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
-    "metrics.md": {
-        f"metrics:{s}": _metrics_block(s) for s in _sections()
-    },
+    "metrics.md": {f"metrics:{s}": _metrics_block(s) for s in _sections()},
     "fields.md": {"fields": fields_table},
     "threat-model.md": {"control-ops": control_ops},
     "configuration.md": {

@@ -63,6 +63,9 @@ JOB_SIDE_EXCEPTIONS = {
     ("client.client", "store"): "the client reads winners from the store, read-only, "
     "when no daemon serves them",
     ("client.client", "store.rows"): "the store's host name, to prefer this host's winners",
+    ("client.client", "store.location"): "one store-location rule for the CLI and the client",
+    ("jobside.inductor", "store.row_values"): "a stored Inductor entry is checked by the loader "
+    "the daemon's readers use (loaded only when a table is built)",
 }
 #: The worker process's package: only it and the job side import it.
 WORKER = "tuning.worker"
