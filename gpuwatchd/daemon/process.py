@@ -462,7 +462,7 @@ class Daemon:
             self.scheduler.add_job(
                 self.pruner,
                 "interval",
-                seconds=self.pruner.interval_s,
+                seconds=self.pruner.check_every_s,
                 id="prune",
                 next_run_time=datetime.datetime.now()
                 + datetime.timedelta(seconds=min(self.pruner.interval_s, FIRST_PRUNE_S)),

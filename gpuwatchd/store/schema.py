@@ -256,8 +256,29 @@ _INDEXES = sql_migration(
     "CREATE INDEX claims_by_expiry ON claims (expires_at)",
 )
 
+# A grown fleet store: pruning deletes in batches through indexed foreign-key checks
+# (host_winners' result_id was scanned once per deleted result), the session totals are
+# counted per GPU (one fleet-wide row per status made every finishing host queue behind
+# a stalled one), and a host's sync reads only its own GPU models' disagreements. Only
+# additions: a daemon one version older runs beside it on the same database.
+_FLEET_SCALE = sql_migration(
+    5,
+    "fleet at scale: batch-prunable, per-GPU session totals, per-model disagreements",
+    "CREATE INDEX host_winners_by_result ON host_winners (result_id)",
+    """
+    CREATE TABLE gpu_session_totals (
+        gpu_uuid TEXT NOT NULL,
+        status TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (gpu_uuid, status)
+    )
+    """,
+    "CREATE INDEX disagreements_by_model ON disagreements (gpu_model, recorded_at)",
+    "CREATE INDEX sessions_running_since ON sessions (status, started_at)",
+)
+
 #: Every migration, in order. Append only.
-MIGRATIONS: tuple[Migration, ...] = (_INITIAL, _OWNER, _FLEET, _INDEXES)
+MIGRATIONS: tuple[Migration, ...] = (_INITIAL, _OWNER, _FLEET, _INDEXES, _FLEET_SCALE)
 
 
 def latest_version(migrations: Sequence[Migration]) -> int:

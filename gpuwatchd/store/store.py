@@ -22,7 +22,7 @@ from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from gpuwatchd.store import claims as claim_sql
-from gpuwatchd.store import clocks, codec, columns
+from gpuwatchd.store import clocks, codec, columns, prune_sql, session_sql
 from gpuwatchd.store.claims import HOST_CLAIM_PREFIX
 from gpuwatchd.store.commit import Found, commit_winners
 from gpuwatchd.store.conn import Conn
@@ -58,13 +58,12 @@ from gpuwatchd.validate import need_int, need_number
 #: Statuses a session can end in; ``gpuwatchd_tune_sessions_total`` has one series each.
 FINAL_STATUSES = tuple(s for s in SessionStatus if s is not SessionStatus.RUNNING)
 
-_INSERT_SESSION = columns.insert("sessions", columns.SESSION_COLUMNS, "RETURNING id")
-_SET_VERSIONS = "UPDATE sessions SET versions_json = ?, {} WHERE id = ?".format(
-    ", ".join(f"{c} = ?" for c in columns.VERSION_COLUMNS)
-)
-
 #: Why :meth:`SqlStore.abandon_running` fails a session whose process is gone.
 ABANDONED_WHY = "abandoned: the process running it ended without finishing it"
+#: Why :meth:`SqlStore.sweep_stale_running` fails a session whose host is gone.
+STALE_WHY = "abandoned: its host stopped renewing its name and never ended it"
+#: Sessions one pruning transaction deletes at most: well under a call's bound.
+PRUNE_BATCH = 1000
 #: :meth:`SqlStore.prune` keeps disagreements at most this long (30 days): the fleet's
 #: alert looks at the last day, and a person comparing hosts at the last few weeks.
 DISAGREEMENT_RETENTION_S = 30 * 86400.0
@@ -207,7 +206,7 @@ class SqlStore:
             "owner_pid": os.getpid(),
         }
         with self._tx.write("start a session") as conn:
-            cur = conn.execute(_INSERT_SESSION, [row[c] for c in columns.SESSION_COLUMNS])
+            cur = conn.execute(session_sql.INSERT, [row[c] for c in columns.SESSION_COLUMNS])
             return int(cur.fetchone()["id"])
 
     def set_session_versions(self, session_id: int, versions: Versions) -> None:
@@ -215,9 +214,9 @@ class SqlStore:
         if not isinstance(versions, Versions):
             raise StoreError(f"versions must be Versions, got {type(versions).__name__}")
         with self._tx.write("set session versions") as conn:
-            self._require_running(conn, session_id, "set its versions")
+            session_sql.require_running(conn, session_id, "set its versions")
             conn.execute(
-                _SET_VERSIONS,
+                session_sql.SET_VERSIONS,
                 (versions.key(), *columns.version_values(versions).values(), session_id),
             )
 
@@ -247,12 +246,8 @@ class SqlStore:
             codec.check_number(ended_at, "ended_at")
         end = ended_at if ended_at is not None else self._now()
         with self._tx.write("finish a session") as conn:
-            self._require_running(conn, session_id, "finish it")
-            conn.execute(
-                "UPDATE sessions SET status = ?, why = ?, ended_at = ? WHERE id = ?",
-                (status.value, why, end, session_id),
-            )
-            _bump_total(conn, status)
+            gpu_uuid = session_sql.require_running(conn, session_id, "finish it")
+            session_sql.end(conn, [(session_id, gpu_uuid)], status, why, end)
             found = []
             if status is SessionStatus.COMPLETED:
                 found = self._commit_winners(conn, session_id)
@@ -286,20 +281,12 @@ class SqlStore:
         """
         codec.check_text(why, "why")
         # On a store shared by hosts only this host's sessions have PIDs it can ask about.
-        where, args = filters(
-            status=SessionStatus.RUNNING.value,
-            host=host_name() if self._engine.shared else None,
-        )
+        where, args = ("AND host = ?", (host_name(),)) if self._engine.shared else ("", ())
         with self._tx.write("abandon running sessions") as conn:
-            rows = conn.execute(f"SELECT id, owner_pid FROM sessions {where}", args).fetchall()
-            gone = [int(r["id"]) for r in rows if orphaned(_pid(r["owner_pid"]), alive)]
-            now = self._now()
-            conn.executemany(
-                "UPDATE sessions SET status = ?, why = ?, ended_at = ? WHERE id = ?",
-                [(SessionStatus.FAILED.value, why, now, sid) for sid in gone],
-            )
-            if gone:
-                _bump_total(conn, SessionStatus.FAILED, len(gone))
+            rows = session_sql.running(conn, where, args)
+            ended = [(sid, gpu) for sid, gpu, pid in rows if orphaned(_pid(pid), alive)]
+            session_sql.end(conn, ended, SessionStatus.FAILED, why, self._now())
+        gone = [sid for sid, _ in ended]
         if gone:
             shown = ", ".join(map(str, gone[:10])) + (", ..." if len(gone) > 10 else "")
             log.warning(
@@ -309,15 +296,6 @@ class SqlStore:
                 shown,
             )
         return len(gone)
-
-    def _require_running(self, conn: Conn, session_id: int, what: str) -> None:
-        if isinstance(session_id, bool) or not isinstance(session_id, int):
-            raise StoreError(f"session_id must be an integer, got {session_id!r}")
-        row = conn.execute("SELECT status FROM sessions WHERE id = ?", (session_id,)).fetchone()
-        if row is None:
-            raise StoreError(f"session {session_id} does not exist")
-        if row["status"] != SessionStatus.RUNNING.value:
-            raise StoreError(f"session {session_id} is {row['status']}, not running; cannot {what}")
 
     def session(self, session_id: int) -> SessionRow | None:
         """One session, or None if it does not exist (or cannot be parsed)."""
@@ -350,24 +328,11 @@ class SqlStore:
             return None
 
     def session_totals(self) -> dict[SessionStatus, int]:
-        """Finished sessions per final status since the store was created.
-
-        Kept in its own table so the count survives restarts and :meth:`prune`.
-        """
-        totals: dict[SessionStatus, int] = dict.fromkeys(FINAL_STATUSES, 0)
+        """Finished sessions per final status since the store was created (every
+        host's, counted per GPU: :mod:`gpuwatchd.store.session_sql`); the counts survive
+        restarts and :meth:`prune`."""
         with self._tx.read("count sessions") as conn:
-            rows = conn.execute("SELECT status, n FROM session_totals").fetchall()
-        for row in rows:
-            try:
-                status = SessionStatus(row["status"])
-                n = row["n"]
-                if status is SessionStatus.RUNNING or not isinstance(n, int) or n < 0:
-                    raise ValueError(f"bad count {n!r}")
-            except ValueError as e:
-                self._tx.skip("session_totals", row["status"], e)
-                continue
-            totals[status] = n
-        return totals
+            return session_sql.totals(conn, FINAL_STATUSES, self._tx.skip)
 
     def running_count(self) -> int:
         """Sessions currently marked running."""
@@ -398,7 +363,7 @@ class SqlStore:
         """
         codec.check_result(result)
         with self._tx.write("record a result") as conn:
-            self._require_running(conn, session_id, "record a result")
+            session_sql.require_running(conn, session_id, "record a result")
             insert_result(conn, session_id, result, self._now())
 
     def session_results(self, session_ids: Sequence[int]) -> dict[int, list[StoredResult]]:
@@ -522,7 +487,7 @@ class SqlStore:
                 raise StoreError(f"results[{i}]: {key[0]}/{key[1].value} appears twice")
             seen.add(key)
         with self._tx.write("carry results into a session") as conn:
-            self._require_running(conn, to_session_id, "carry results into it")
+            session_sql.require_running(conn, to_session_id, "carry results into it")
             row = conn.execute(
                 "SELECT gpu_uuid FROM sessions WHERE id = ?", (to_session_id,)
             ).fetchone()
@@ -689,6 +654,16 @@ class SqlStore:
         """Give the name back (a clean stop): another machine may take it at once."""
         self.release(HOST_CLAIM_PREFIX + host, host, machine)
 
+    def claim_holder(self, key: str) -> Claim | None:
+        """Who holds the lease on ``key`` now, or None when it is free (or expired)."""
+        codec.check_text(key, "key")
+        with self._tx.read("read a claim") as conn:
+            rows = conn.execute(
+                "SELECT * FROM claims WHERE claim_key = ? AND expires_at > ?", (key, self._now())
+            ).fetchall()
+        found = self._parsed("claims", rows, codec.claim_from_row, lambda row: row["claim_key"])
+        return found[0] if found else None
+
     def claims(self) -> list[Claim]:
         """The leases not yet expired, by key."""
         with self._tx.read("read claims") as conn:
@@ -772,43 +747,52 @@ class SqlStore:
 
     # -- retention -------------------------------------------------------------------------
 
-    def prune(self, older_than_s: float) -> int:
-        """Delete finished sessions (with their results and statistics) older than this.
+    def prune(self, older_than_s: float, *, batch: int = PRUNE_BATCH) -> int:
+        """Delete finished sessions (with their results and statistics) older than this,
+        ``batch`` at a time (:meth:`prune_batch`), then :meth:`prune_rest`. Returns how
+        many sessions were deleted."""
+        pruned = 0
+        while (n := self.prune_batch(older_than_s, batch)) == batch:
+            pruned += n
+        self.prune_rest(older_than_s)
+        return pruned + n
+
+    def prune_batch(self, older_than_s: float, limit: int = PRUNE_BATCH) -> int:
+        """Delete up to ``limit`` finished sessions older than ``older_than_s``, in one
+        transaction of bounded size (:mod:`gpuwatchd.store.prune_sql`).
 
         Never deletes a session a winner (the fleet's or a host's) points at, nor the
-        latest completed session of each GPU; session totals are kept. Expired claims
-        go too, and disagreements older than this or :data:`DISAGREEMENT_RETENTION_S`,
-        whichever is shorter. Returns how many sessions were deleted.
+        latest completed session of each GPU; session totals are kept. Returns how many
+        were deleted: fewer than ``limit`` when no more may go.
         """
         codec.check_number(older_than_s, "older_than_s")
-        cutoff = self._now() - older_than_s
-        disagreements_cutoff = self._now() - min(older_than_s, DISAGREEMENT_RETENTION_S)
+        need_int(limit, "limit", minimum=1, error=StoreError)
         with self._tx.write("prune old sessions") as conn:
-            cur = conn.execute(
-                """DELETE FROM sessions
-                   WHERE status != ? AND COALESCE(ended_at, started_at) < ?
-                     AND id NOT IN (SELECT session_id FROM winners)
-                     AND id NOT IN (SELECT session_id FROM host_winners)
-                     AND id NOT IN (
-                         SELECT id FROM (
-                             SELECT id, ROW_NUMBER() OVER (
-                                 PARTITION BY gpu_uuid ORDER BY ended_at DESC, id DESC) AS rn
-                             FROM sessions WHERE status = ?) AS newest
-                         WHERE rn = 1)""",
-                (SessionStatus.RUNNING.value, cutoff, SessionStatus.COMPLETED.value),
-            )
-            pruned = int(cur.rowcount)
-            claim_sql.drop_expired(conn, self._now())
-            conn.execute("DELETE FROM disagreements WHERE recorded_at < ?", (disagreements_cutoff,))
-            return pruned
+            return prune_sql.delete_batch(conn, self._now() - older_than_s, limit)
 
+    def prune_rest(self, older_than_s: float) -> None:
+        """Delete expired claims, and disagreements older than this or
+        :data:`DISAGREEMENT_RETENTION_S`, whichever is shorter."""
+        codec.check_number(older_than_s, "older_than_s")
+        with self._tx.write("prune old claims and disagreements") as conn:
+            now = self._now()
+            claim_sql.drop_expired(conn, now)
+            prune_sql.drop_disagreements(conn, now - min(older_than_s, DISAGREEMENT_RETENTION_S))
 
-def _bump_total(conn: Conn, status: SessionStatus, by: int = 1) -> None:
-    conn.execute(
-        """INSERT INTO session_totals (status, n) VALUES (?, ?)
-           ON CONFLICT (status) DO UPDATE SET n = session_totals.n + excluded.n""",
-        (status.value, by),
-    )
+    def sweep_stale_running(self, older_than_s: float, why: str = STALE_WHY) -> int:
+        """Mark failed the sessions still running that started over ``older_than_s`` ago
+        on a host that holds no live lease on its name (its daemon never came back to
+        end them); they count in :meth:`session_totals`. Returns how many."""
+        need_number(older_than_s, "older_than_s", minimum=0, error=StoreError)
+        codec.check_text(why, "why")
+        with self._tx.write("end stale running sessions") as conn:
+            now = self._now()
+            stale = prune_sql.stale_running(conn, now - older_than_s, now)
+            n = session_sql.end(conn, stale, SessionStatus.FAILED, why, now)
+        if n:
+            log.warning("store %s: %d session(s) left running over %g h by a host that is"
+                        " gone marked failed", self.where, n, older_than_s / 3600)  # fmt: skip
+        return n
 
 
 def _pairs(pairs: Sequence[tuple[str, Regime]]) -> set[tuple[str, Regime]]:
