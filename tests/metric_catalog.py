@@ -102,6 +102,8 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_fleet_sync_age_seconds": _NONE,
     "gpuwatchd_fleet_sync_success": _NONE,
     "gpuwatchd_store_up": _NONE,
+    "gpuwatchd_store_pending_results": _NONE,
+    "gpuwatchd_store_late_results_total": _m("outcome", base=_NONE),
     # Prometheus' own per-target series
     "up": _NONE,
 }
