@@ -20,6 +20,7 @@ FLEET_OBJECTS = (
        SELECT status, SUM(n) FROM gpu_session_totals WHERE true GROUP BY status
        ON CONFLICT (status) DO UPDATE SET n = session_totals.n + excluded.n""",
     "DROP TABLE gpu_session_totals",
+    "DROP TABLE clock_medians",
     "DROP INDEX sessions_running_since",
     "DROP INDEX sessions_by_gpu",  # migration 4's on version 2's tables
     "DROP INDEX sessions_by_host",

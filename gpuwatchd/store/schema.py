@@ -263,7 +263,7 @@ _INDEXES = sql_migration(
 # additions: a daemon one version older runs beside it on the same database.
 _FLEET_SCALE = sql_migration(
     5,
-    "fleet at scale: batch-prunable, per-GPU session totals, per-model disagreements",
+    "fleet at scale: batch pruning, per-GPU session totals, per-model reads, kept medians",
     "CREATE INDEX host_winners_by_result ON host_winners (result_id)",
     """
     CREATE TABLE gpu_session_totals (
@@ -275,6 +275,18 @@ _FLEET_SCALE = sql_migration(
     """,
     "CREATE INDEX disagreements_by_model ON disagreements (gpu_model, recorded_at)",
     "CREATE INDEX sessions_running_since ON sessions (status, started_at)",
+    # The fleet's clock medians per group, recomputed by one host per sync interval
+    # instead of by every host at every sync over every host's clocks.
+    """
+    CREATE TABLE clock_medians (
+        gpu_model TEXT NOT NULL,
+        watts INTEGER,
+        median_hz REAL NOT NULL,
+        peers INTEGER NOT NULL,
+        computed_at REAL NOT NULL
+    )
+    """,
+    "CREATE INDEX clock_medians_by_model ON clock_medians (gpu_model)",
 )
 
 #: Every migration, in order. Append only.

@@ -1,11 +1,11 @@
-"""The tuning store: sessions, per-candidate statistics, results, winners and the fleet.
-
-One class, :class:`SqlStore`, holds every query, written once in SQLite's spelling; it
-is composed with an :class:`~gpuwatchd.store.engine.Engine` (SQLite, the embedded
-default, or PostgreSQL, the fleet's shared store) for what differs between databases,
-and runs each call in a :class:`~gpuwatchd.store.transactions.Transactions` on it.
-Every write is one transaction; a failure mid-write rolls back and loses nothing
-already stored. Reads skip rows they cannot parse, with a warning.
+"""The tuning store's facade: :class:`SqlStore` checks each call's arguments and runs it
+as one transaction (:class:`~gpuwatchd.store.transactions.Transactions`) on an
+:class:`~gpuwatchd.store.engine.Engine` (SQLite, the embedded default, or PostgreSQL,
+the fleet's shared store). Its SQL is written once, in SQLite's spelling, here for the
+small reads and in one query module per table for the rest (``session_sql``,
+``result_rows``/``result_sql``, ``winner_sql``/``commit``, ``claims``, ``clocks``,
+``prune_sql``). A failure mid-write rolls back and loses nothing already stored; reads
+skip rows they cannot parse, with a warning.
 
 The SQL layer is hand-written, not SQLAlchemy Core: Core alone takes several times
 this whole store's memory, in a daemon held to 32 MiB of RSS (bench/RESULTS.md, "The store's
@@ -22,9 +22,9 @@ from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from gpuwatchd.store import claims as claim_sql
-from gpuwatchd.store import clocks, codec, columns, prune_sql, session_sql
+from gpuwatchd.store import clocks, codec, columns, prune_sql, result_sql, session_sql
 from gpuwatchd.store.claims import HOST_CLAIM_PREFIX
-from gpuwatchd.store.commit import Found, commit_winners
+from gpuwatchd.store.commit import Found, commit_winners, log_found
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.disagreement import DEFAULT_KEEP_INCUMBENT_S
 from gpuwatchd.store.engine import Engine
@@ -49,8 +49,15 @@ from gpuwatchd.store.rows import (
     host_name,
 )
 from gpuwatchd.store.schema import MIGRATIONS, Migration
+from gpuwatchd.store.sql_args import (
+    checked_models,
+    checked_pairs,
+    enum_value,
+    filters,
+    models_clause,
+)
 from gpuwatchd.store.transactions import Transactions, log
-from gpuwatchd.store.winner_sql import FLEET, PREFERRING_HOST
+from gpuwatchd.store.winner_sql import FLEET, PREFERRING_HOST, newest_first
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
 from gpuwatchd.tuning.winners import clear_winner, winners_differ
 from gpuwatchd.validate import need_int, need_number
@@ -252,23 +259,7 @@ class SqlStore:
             if status is SessionStatus.COMPLETED:
                 found = self._commit_winners(conn, session_id)
         for f in found:
-            d = f.disagreement
-            log.warning(
-                "store %s: host %s measured the fleet's %s winner for %s on %s (%s, from %s)"
-                " %.1f%% slower than its own pick %s; %s, recorded the disagreement",
-                self.where,
-                d.new_host,
-                d.regime.value,
-                d.workload,
-                d.gpu_model,
-                d.kept_candidate,
-                d.kept_host,
-                100 * d.gap,
-                d.new_candidate,
-                "replaced the fleet's, older than the fleet's max winner age"
-                if f.replaced
-                else "kept the fleet's",
-            )
+            log_found(self.where, f)
 
     def abandon_running(self, why: str = ABANDONED_WHY, *, alive: Alive = pid_alive) -> int:
         """Mark failed every running session whose process is gone (killed, crashed).
@@ -409,16 +400,7 @@ class SqlStore:
         where = f"{where} {'AND' if where else 'WHERE'} s.status IN ({marks})"
         args = (*args, *(enum_value(s) for s in statuses))
         with self._tx.read("read the latest results") as conn:
-            rows = conn.execute(
-                f"""SELECT * FROM (
-                        SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json,
-                            ROW_NUMBER() OVER (
-                                PARTITION BY s.gpu_model, r.workload, r.regime
-                                ORDER BY r.recorded_at DESC, r.id DESC) AS rn
-                        FROM results r JOIN sessions s ON s.id = r.session_id {where}) AS latest
-                    WHERE rn = 1 ORDER BY gpu_model, workload, regime""",
-                args,
-            ).fetchall()
+            rows = conn.execute(result_sql.latest(where), args).fetchall()
             return load_results(conn, rows, self._tx.skip)
 
     # -- resuming a preempted session ------------------------------------------------------
@@ -439,7 +421,7 @@ class SqlStore:
         """
         codec.check_text(gpu_uuid, "gpu_uuid")
         need_number(since, "since", error=StoreError)
-        wanted = _pairs(pairs)
+        wanted = checked_pairs(pairs)
         if versions is not None and not isinstance(versions, Versions):
             raise StoreError(f"versions must be Versions, got {type(versions).__name__}")
         if not wanted:
@@ -452,18 +434,9 @@ class SqlStore:
             }
         )
         names = sorted({w for w, _ in wanted})
-        marks = ", ".join("?" for _ in names)
         with self._tx.read("read resumable results") as conn:
             rows = conn.execute(
-                f"""SELECT * FROM (
-                        SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json,
-                            ROW_NUMBER() OVER (
-                                PARTITION BY r.workload, r.regime
-                                ORDER BY r.recorded_at DESC, r.id DESC) AS rn
-                        FROM results r JOIN sessions s ON s.id = r.session_id {where}
-                            AND r.recorded_at >= ? AND r.workload IN ({marks})) AS newest
-                    WHERE rn = 1""",
-                (*args, since, *names),
+                result_sql.resumable(where, len(names)), (*args, since, *names)
             ).fetchall()
             found = load_results(conn, rows, self._tx.skip)
         return {
@@ -543,14 +516,7 @@ class SqlStore:
         )
         with self._tx.read("read winners") as conn:
             rows = conn.execute(
-                f"""SELECT * FROM (
-                        SELECT *, ROW_NUMBER() OVER (
-                            PARTITION BY gpu_model, workload, regime
-                            ORDER BY measured_at DESC, session_id DESC) AS rn
-                        FROM ({source}) AS src {where}) AS picks
-                    {"WHERE rn = 1" if latest else ""}
-                    ORDER BY gpu_model, workload, regime, measured_at DESC""",
-                (*source_args, *args),
+                newest_first(source, where, latest=latest), (*source_args, *args)
             ).fetchall()
         return self._winners(rows)
 
@@ -686,17 +652,21 @@ class SqlStore:
             "disagreements", rows, codec.disagreement_from_row, lambda row: row["id"]
         )
 
-    def disagreement_counts(self, since: float | None = None) -> dict[tuple[str, str, str], int]:
+    def disagreement_counts(
+        self, since: float | None = None, *, gpu_models: Sequence[str] | None = None
+    ) -> dict[tuple[str, str, str], int]:
         """Disagreements per (GPU model, workload, regime): every one kept, or only those
-        recorded at or after ``since`` (unix seconds, the store's clock)."""
-        where = ""
-        args: tuple[float, ...] = ()
+        recorded at or after ``since`` (unix seconds, the store's clock); only those of
+        ``gpu_models`` when given (a host's own: its sync costs the same in any fleet)."""
+        where, models = models_clause(gpu_models)
+        args: tuple[object, ...] = models
         if since is not None:
             need_number(since, "since", error=StoreError)
-            where, args = "WHERE recorded_at >= ?", (since,)
+            where, args = f"{where} AND recorded_at >= ?", (*args, since)
         with self._tx.read("count disagreements") as conn:
             rows = conn.execute(
-                f"""SELECT gpu_model, workload, regime, COUNT(*) AS n FROM disagreements {where}
+                f"""SELECT gpu_model, workload, regime, COUNT(*) AS n FROM disagreements
+                    WHERE 1 = 1 {where}
                     GROUP BY gpu_model, workload, regime ORDER BY gpu_model, workload, regime""",
                 args,
             ).fetchall()
@@ -710,16 +680,32 @@ class SqlStore:
         with self._tx.write("report a host clock") as conn:
             clocks.report(conn, clock)
 
-    def clock_medians(self, max_age_s: float) -> list[ClockMedian]:
-        """Per group of GPUs (model, whole watts) the median of the clocks reported in the
-        last ``max_age_s`` and how many there are: one row per group, computed by the
-        database where it can (PostgreSQL), so a host never reads every host's clocks."""
+    def clock_medians(
+        self,
+        max_age_s: float,
+        *,
+        gpu_models: Sequence[str] | None = None,
+        kept_for_s: float | None = None,
+    ) -> list[ClockMedian]:
+        """Per group of GPUs (model, whole watts; only ``gpu_models``' when given) the
+        median of the clocks reported in the last ``max_age_s`` and how many there are:
+        one row per group, computed by the database where it can (PostgreSQL), so a host
+        never reads every host's clocks. ``kept_for_s`` (a fleet's sync) reads the medians
+        the fleet keeps, recomputed by one host once they are that old
+        (:func:`~gpuwatchd.store.clocks.kept_medians`), instead of computing them."""
         need_number(max_age_s, "max_age_s", minimum=0, error=StoreError)
+        models = None if gpu_models is None else sorted(set(checked_models(gpu_models)))
         median = self._engine.median_sql("sustained_clock_hz")
         if median is None:  # SQLite: one host's own clocks, medians in Python
-            return clocks.medians_in_python(self.host_clocks(max_age_s=max_age_s))
+            found = clocks.medians_in_python(self.host_clocks(max_age_s=max_age_s))
+            return [m for m in found if models is None or m.gpu_model in models]
+        if kept_for_s is not None and models is not None and not self.readonly:
+            need_number(kept_for_s, "kept_for_s", minimum=0, error=StoreError)
+            with self._tx.write("read the fleet's kept clock medians") as conn:
+                now = self._now()
+                return clocks.kept_medians(conn, now, now - max_age_s, median, models, kept_for_s)
         with self._tx.read("read the fleet's clock medians") as conn:
-            return clocks.medians_in_sql(conn, self._now() - max_age_s, median)
+            return clocks.medians_in_sql(conn, self._now() - max_age_s, median, models)
 
     def prune_clocks(self, older_than_s: float) -> int:
         """Delete GPUs' clocks not reported for ``older_than_s`` (their hosts left the
@@ -795,42 +781,8 @@ class SqlStore:
         return n
 
 
-def _pairs(pairs: Sequence[tuple[str, Regime]]) -> set[tuple[str, Regime]]:
-    """(workload, regime) pairs, checked; StoreError naming the first bad one."""
-    out = set()
-    for i, pair in enumerate(pairs):
-        ok = (
-            isinstance(pair, tuple)
-            and len(pair) == 2
-            and isinstance(pair[0], str)
-            and bool(pair[0])
-            and isinstance(pair[1], Regime)
-        )
-        if not ok:
-            raise StoreError(f"pairs[{i}]: expected a (workload, Regime) tuple, got {pair!r}")
-        out.add(pair)
-    return out
-
-
 def _pid(value: object) -> int | None:
     """A stored owner PID; anything but a positive integer is no owner to ask."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
-
-
-def enum_value(v: Regime | SessionStatus | None) -> str | None:
-    """An enum filter's stored text; anything but the enum is refused with a clear error."""
-    if v is None:
-        return None
-    if not isinstance(v, Regime | SessionStatus):
-        raise StoreError(f"expected a Regime or SessionStatus, got {v!r}")
-    return v.value
-
-
-def filters(**where: object) -> tuple[str, tuple[object, ...]]:
-    """``WHERE a = ? AND b = ?`` for the columns whose value is not None."""
-    used = {k: v for k, v in where.items() if v is not None}
-    if not used:
-        return "", ()
-    return "WHERE " + " AND ".join(f"{k} = ?" for k in used), tuple(used.values())
