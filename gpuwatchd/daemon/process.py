@@ -268,7 +268,7 @@ class Daemon:
             tuned=self.tuned_workloads,
         )
         # What /api/v1/winners serves: read per sync and after this host's sessions.
-        self.winners = WinnersCache(self.store, host=self.host)
+        self.winners = WinnersCache(self.store, host=self.host, models=self._gpu_models)
         self.tuner.events.add_listener(lambda _event: self.winners.refresh())
         self.tuner.events.add_skip_listener(lambda _event: self.winners.refresh())
         # The store reconnects in the background; its return releases what waited on it.
@@ -592,6 +592,10 @@ class Daemon:
         log.error("%s; stopping", exc)
         self._fatal = str(exc)
         self.request_stop()
+
+    def _gpu_models(self) -> set[str]:
+        """The models of this host's GPUs known so far (the winners it serves)."""
+        return {s.info.name for s in self.board.all() if s.info is not None}
 
     def record_pending(self) -> None:
         """Periodic task (and at start, and when the store is back): record the session
