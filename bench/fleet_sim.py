@@ -49,12 +49,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 import psycopg  # noqa: E402
 from builders import candidate  # noqa: E402
+from durable_pg import start_durable_server  # noqa: E402
 from pg_bouncer import Bouncer, find_pgbouncer  # noqa: E402
-from pg_server import PostgresServer, start_server  # noqa: E402
+from pg_server import PostgresServer  # noqa: E402
 
 from gpuwatchd.api.winners_cache import WinnersCache  # noqa: E402
 from gpuwatchd.config.loader import Config  # noqa: E402
@@ -63,8 +64,10 @@ from gpuwatchd.daemon.host_identity import HostIdentity, lease_s  # noqa: E402
 from gpuwatchd.drift.detector import GpuDriftView  # noqa: E402
 from gpuwatchd.drift.fleet import clock_max_age_s  # noqa: E402
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard  # noqa: E402
-from gpuwatchd.sessions.fleet import FleetPolicy  # noqa: E402
+from gpuwatchd.sessions.events import SessionFinished, WorkSkipped  # noqa: E402
+from gpuwatchd.sessions.fleet import SKIP_REASON, FleetPolicy  # noqa: E402
 from gpuwatchd.sessions.fleet_settings import FleetConfig  # noqa: E402
+from gpuwatchd.sessions.scheduler import TuneScheduler  # noqa: E402
 from gpuwatchd.store import SessionMeta, StoreError  # noqa: E402
 from gpuwatchd.store.conn import Conn  # noqa: E402
 from gpuwatchd.store.postgres import postgres_store  # noqa: E402
@@ -144,8 +147,9 @@ class StatementTimes:
 
 
 def start_postgres() -> PostgresServer:
-    """tests/pg_server.py's server with pg_stat_statements loaded and lock waits logged."""
-    server = start_server()
+    """A durable server (fsync on: bench/durable_pg.py) with pg_stat_statements loaded
+    and lock waits logged."""
+    server = start_durable_server()
     conf = server.data / "postgresql.conf"
     with conf.open("a", encoding="utf-8") as f:
         f.write(
@@ -237,7 +241,18 @@ class VirtualHost:
         self.identity = HostIdentity(
             self.store, self.name, f"machine-{index:04d}", lease_s(cfg.fleet.sync_interval_s)
         )
-        self.cache = WinnersCache(self.store, host=self.name, now=clock)
+        self.cache = WinnersCache(
+            self.store, host=self.name, now=clock, models=lambda: {self.model}
+        )
+        # The daemon's scheduler, for what it reads after each session and skip (its
+        # listeners, registered as the daemon registers them); the sessions themselves
+        # are chosen below, as its ``_choose`` chooses them.
+        self.tuner = TuneScheduler(
+            cfg.tuning_setup(), self.board, self.store, "nvml", now=clock,
+            fleet=self.policy, host=self.name,
+        )  # fmt: skip
+        self.tuner.events.add_listener(lambda _event: self.cache.refresh())
+        self.tuner.events.add_skip_listener(lambda _event: self.cache.refresh())
         self.pruner = Pruner(
             self.store, host=self.name, machine=f"machine-{index:04d}",
             keep_sessions_s=cfg.store.keep_sessions_s, keep_clocks_s=cfg.store.keep_clocks_s,
@@ -288,9 +303,11 @@ class VirtualHost:
         fleet synced and the winners read again in one (its ``refresh_stored`` step reads
         nothing while a host's GPUs stay the same, so it is left out here)."""
         self._hold_host_name()
+        t0 = time.perf_counter()
         in_one_transaction(
             self.store, [self.sync, self.cache.refresh], on_rollback=[self.sync.rolled_back]
         )
+        self.stats.synced(time.perf_counter() - t0)
 
     def _hold_host_name(self) -> None:
         try:
@@ -373,19 +390,28 @@ class VirtualHost:
         self.policy.release(info.uuid, s.keys.values())
         self.running = None
         self.stats.measured(self, s)
+        # The daemon's listeners: the scheduler reads the store again, the winners cache too.
+        self.tuner.events.notify(
+            SessionFinished(s.session_id, info.index, info.uuid, info.name,
+                            SessionStatus.COMPLETED, None, tuple(s.keys))
+        )  # fmt: skip
         for gpu in list(self.pending):  # the scheduler's _drop_answered_here: every GPU
             self._drop(gpu, set(s.keys), skipped=gpu != s.gpu)  # of the host is answered
-        self.cache.refresh()  # after every session of this host
 
     def _drop(self, gpu: int, names: set[str], *, skipped: bool) -> None:
         p = self.pending.get(gpu)
         if p is None or not names:
             return
+        dropped = tuple(w.name for w in p.workloads if w.name in names)
         p.workloads = [w for w in p.workloads if w.name not in names]
-        if skipped:
-            self.stats.skipped += len(names)
         if not p.workloads:
             del self.pending[gpu]
+        if skipped and dropped:
+            self.stats.skipped += len(dropped)
+            info = self.gpus[gpu]  # the scheduler's _skip: its skip listeners read again
+            self.tuner.events.notify_skipped(
+                WorkSkipped(gpu, info.uuid, info.name, dropped, SKIP_REASON)
+            )
 
     @property
     def busy(self) -> bool:
@@ -400,6 +426,10 @@ class SimStats:
     skipped: int = 0
     lost_claims: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    sync_s: list[float] = field(default_factory=list)  # each fleet sync's transaction
+
+    def synced(self, seconds: float) -> None:
+        self.sync_s.append(seconds)  # list.append is atomic
 
     def measured(self, host: VirtualHost, s: Session) -> None:
         with self.lock:
@@ -533,6 +563,10 @@ class Phase:
     server_conns_max: int = 0
     server_conns_p50: float = 0.0
     active_conns_max: int = 0
+    active_conns_mean: float = 0.0
+    pg_xacts: int = 0  # PostgreSQL's own count (pg_stat_database: commits and rollbacks)
+    sync_ms: tuple[float, float, float, int] = (0.0, 0.0, 0.0, 0)  # p50, p99, mean, n
+    pg_measured: dict[str, int] = field(default_factory=dict)
     cl_waiting_max: int = 0
     growth: dict[str, tuple[int, int]] = field(default_factory=dict)
     sessions: int = 0
@@ -591,6 +625,8 @@ class Fleet:
         log0 = lock_wait_log_lines(server)
         wal0 = server.sql(db, "SELECT pg_current_wal_lsn()")[0][0]
         n0, skipped0 = len(self.stats.sessions), self.stats.skipped
+        pg0 = self.pg_xacts()
+        self.stats.sync_s[:] = []
         errors0 = Counter(self.stats.errors)
         self.times.take()
         t_sim, t_wall = self.clock(), time.monotonic()
@@ -618,6 +654,13 @@ class Fleet:
         phase.server_conns_max = max(sampler.server_conns, default=0)
         phase.server_conns_p50 = statistics.median(sampler.server_conns or [0])
         phase.active_conns_max = max(sampler.active_conns, default=0)
+        phase.active_conns_mean = statistics.fmean(sampler.active_conns or [0])
+        phase.pg_xacts = self.pg_xacts() - pg0
+        syncs = list(self.stats.sync_s)
+        phase.sync_ms = (
+            pct(syncs, 0.5) * 1e3, pct(syncs, 0.99) * 1e3,
+            statistics.fmean(syncs or [0.0]) * 1e3, len(syncs),
+        )  # fmt: skip
         phase.cl_waiting_max = max(sampler.cl_waiting, default=0)
         sizes = table_sizes(server, db)
         phase.wal_bytes = int(
@@ -630,6 +673,102 @@ class Fleet:
         phase.sessions = len(self.stats.sessions) - n0
         phase.skipped = self.stats.skipped - skipped0
         phase.errors = dict(Counter(self.stats.errors) - errors0)
+
+    def pg_xacts(self) -> int:
+        """Transactions PostgreSQL committed or rolled back in the store's database (the
+        sampler's and these queries' own included: a handful per second)."""
+        row = self.server.sql(
+            self.db,
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            (self.db,),
+        )
+        return int(row[0][0])  # type: ignore[call-overload]
+
+    def measured_in_postgres(self, stack: Versions) -> dict[str, int]:
+        """The rollout as PostgreSQL holds it: completed sessions and results of
+        ``stack``, the keys with a fleet winner of it, and the hosts that hold one."""
+        key = stack.key()
+        q = {
+            "sessions_completed": "SELECT COUNT(*) FROM sessions WHERE versions_json = %s"
+            " AND status = 'completed'",
+            "results": "SELECT COUNT(*) FROM results r JOIN sessions s ON s.id = r.session_id"
+            " WHERE s.versions_json = %s AND s.status = 'completed'",
+            "fleet_winners": "SELECT COUNT(*) FROM winners WHERE versions_key = %s",
+            "hosts_measuring": "SELECT COUNT(DISTINCT host) FROM sessions WHERE versions_json"
+            " = %s AND status = 'completed'",
+        }
+        return {k: int(self.server.sql(self.db, v, (key,))[0][0]) for k, v in q.items()}  # type: ignore[call-overload]
+
+    def seed_history(self, days: float, sessions: int, disagreements: int) -> None:
+        """``days`` of history before the run, written by SQL on the server: ``sessions``
+        finished sessions of an older stack (two results of two candidates each) spread
+        over the fleet's GPUs, each host's own winners of that stack, and
+        ``disagreements`` recorded disagreements spread over the models and keys."""
+        hosts, span, t_end = len(self.hosts), days * DAY_S, self.clock() - 60.0
+        old = replace(STACK, torch="2.8.0").key()
+        names = [w.name for w in GPU_WORKLOADS]
+        t0 = time.monotonic()
+        with psycopg.connect(self.server.url(self.db), autocommit=True) as c:
+            c.execute(
+                """INSERT INTO sessions (gpu_uuid, gpu_index, gpu_model, host, backend,
+                       versions_json, workloads_json, regimes_json, started_at, ended_at,
+                       status, extra_json)
+                   SELECT format('GPU-%%s-%%s', lpad(h::text, 4, '0'), g), g, m.models[1 + h %% 2],
+                       format('gpu-node-%%s', lpad(h::text, 4, '0')), 'nvml', %(old)s, '[]',
+                       '["unthrottled","sustained"]', %(t0)s + i * %(step)s,
+                       %(t0)s + i * %(step)s + 600,
+                       CASE WHEN i %% 10 < 8 THEN 'completed' ELSE 'failed' END, '{}'
+                   FROM generate_series(1, %(n)s) AS i,
+                       LATERAL (SELECT i %% %(hosts)s AS h, (i / %(hosts)s) %% 8 AS g) AS hg,
+                       (SELECT %(models)s::text[] AS models) AS m""",
+                {"old": old, "t0": t_end - span, "step": span / sessions, "n": sessions,
+                 "hosts": hosts, "models": list(MODELS)},
+            )  # fmt: skip
+            c.execute(
+                """INSERT INTO results (session_id, workload, regime, winner, tie, margin,
+                       noise, recorded_at)
+                   SELECT s.id, (%(names)s::text[])[1 + (s.id / 3) %% %(k)s], r.regime, 'a',
+                       0, 0.1, 0.01, s.started_at + 300
+                   FROM sessions s CROSS JOIN (VALUES ('unthrottled'), ('sustained')) AS r(regime)
+                   WHERE s.versions_json = %(old)s""",
+                {"names": names, "k": len(names), "old": old},
+            )
+            c.execute(
+                """INSERT INTO candidate_stats (result_id, candidate, family, median_s, spread,
+                       samples, rejected, reasons, meta_json)
+                   SELECT r.id, c.name, 'fam', c.t, 0.01, 7, 0, 0, '{}'
+                   FROM results r CROSS JOIN (VALUES ('a', 1e-3), ('b', 2e-3)) AS c(name, t)"""
+            )
+            c.execute(
+                """INSERT INTO host_winners (host, gpu_model, versions_key, workload, regime,
+                       candidate, family, median_s, tie, session_id, result_id, gpu_uuid,
+                       measured_at)
+                   SELECT DISTINCT ON (s.host, r.workload, r.regime) s.host, s.gpu_model,
+                       s.versions_json, r.workload, r.regime, 'a', 'fam', 1e-3, 0, s.id, r.id,
+                       s.gpu_uuid, r.recorded_at
+                   FROM results r JOIN sessions s ON s.id = r.session_id
+                   WHERE s.status = 'completed' AND s.versions_json = %(old)s
+                   ORDER BY s.host, r.workload, r.regime, r.recorded_at DESC""",
+                {"old": old},
+            )
+            c.execute(
+                """INSERT INTO disagreements (gpu_model, versions_key, workload, regime,
+                       kept_candidate, kept_host, kept_gpu_uuid, kept_median_s, new_candidate,
+                       new_host, new_gpu_uuid, new_median_s, gap, noise, recorded_at)
+                   SELECT (%(models)s::text[])[1 + i %% 2], %(old)s,
+                       (%(names)s::text[])[1 + (i / 2) %% %(k)s],
+                       CASE WHEN i %% 3 = 0 THEN 'unthrottled' ELSE 'sustained' END,
+                       'a', 'gpu-node-0000', 'GPU-0000-0', 1e-3, 'b',
+                       format('gpu-node-%%s', lpad((i %% %(hosts)s)::text, 4, '0')), 'GPU-x',
+                       9e-4, 0.1, 0.01, %(t0)s + i * %(step)s
+                   FROM generate_series(1, %(n)s) AS i""",
+                {"models": list(MODELS), "old": old, "names": names, "k": len(names),
+                 "hosts": hosts, "t0": t_end - span, "step": span / disagreements,
+                 "n": disagreements},
+            )  # fmt: skip
+            c.execute("ANALYZE")
+        print(f"seeded {days:g} days of history in {time.monotonic() - t0:.0f} s:"
+              f" {sessions} sessions, {disagreements} disagreements", flush=True)  # fmt: skip
 
     def rollout(self, stack: Versions, name: str) -> Phase:
         """Every host gets ``stack`` and wants every key at once; runs until no host has
@@ -652,6 +791,7 @@ class Fleet:
                     print(f"  {name}: stopped at --max-rollout-s", flush=True)
                     break
         phase.keys = self.key_counts(self.stats.sessions[n0:], stack)
+        phase.pg_measured = self.measured_in_postgres(stack)
         return phase
 
     def warm_up(self) -> None:
@@ -755,6 +895,10 @@ def show(phase: Phase, hosts: int) -> dict[str, Any]:
         "server_connections_max": phase.server_conns_max,
         "server_connections_p50": phase.server_conns_p50,
         "server_connections_active_max": phase.active_conns_max,
+        "server_connections_active_mean": round(phase.active_conns_mean, 2),
+        "transactions_per_s_postgres": round(phase.per_s(phase.pg_xacts), 2),
+        "fleet_sync_ms_p50_p99_mean_n": [round(v, 2) for v in phase.sync_ms],
+        "measured_in_postgres": phase.pg_measured,
         "clients_waiting_max": phase.cl_waiting_max,
         "hosts_per_server_connection": round(hosts / max(1, phase.server_conns_max), 1),
         # Little's law: server connections busy at once at the fleet's real pace (the
@@ -800,6 +944,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=32)
     ap.add_argument("--sample-s", type=float, default=0.05, help="wall seconds between samples")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--history-days", type=float, default=30.0, help="history seeded (days)")
+    ap.add_argument("--history-sessions", type=int, default=100_000)
+    ap.add_argument("--history-disagreements", type=int, default=100_000)
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # servers stopped on the way out
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -813,6 +960,10 @@ def main() -> None:
     try:
         with fleet.times.installed():
             fleet.open_hosts()
+            if args.history_days > 0:
+                fleet.seed_history(
+                    args.history_days, args.history_sessions, args.history_disagreements
+                )
             for h in fleet.hosts[: len(MODELS)]:  # one host per model answered every key
                 h.seed()
             fleet.warm_up()
