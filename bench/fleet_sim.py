@@ -5,22 +5,29 @@ connection to PgBouncer, as a daemon has) and drives the fleet's real code: the
 :class:`~gpuwatchd.sessions.fleet.FleetPolicy` (plan, claim, plan again, renew, release,
 in the order the scheduler's ``_choose`` runs them; a completed session answers the
 host's other GPUs, as its ``_drop_answered_here`` does), session commits (start, one result
-per workload and regime, finish), the daemon's fleet tick (``HostIdentity.claim``,
+per workload and regime, finish), the daemon's listeners after each session and each
+skip (a real :class:`~gpuwatchd.sessions.scheduler.TuneScheduler`'s, which read the store
+again, and the winners cache's), the daemon's fleet tick (``HostIdentity.claim``,
 :class:`~gpuwatchd.daemon.fleet_sync.FleetSync`, :class:`~gpuwatchd.api.winners_cache.
-WinnersCache` refresh) and the :class:`~gpuwatchd.store.retention.Pruner`. Tuning itself
-is simulated: a session holds its GPU for ``--session-s`` simulated seconds per workload
-and yields results. Time is one simulated clock given to every ``now`` parameter; it
-advances by the scheduler's tick (``check_interval_s``) once every host has done that
-tick's work, in a thread pool, against the real server.
+WinnersCache` refresh) and the :class:`~gpuwatchd.store.retention.Pruner` on its check
+schedule. Tuning itself is simulated: a session holds its GPU for ``--session-s``
+simulated seconds per workload and yields results. Time is one simulated clock given to
+every ``now`` parameter; it advances by the scheduler's tick (``check_interval_s``) once
+every host has done that tick's work, in a thread pool, against the real server. The
+server is durable (fsync on: bench/durable_pg.py) and holds ``--history-days`` of history
+(sessions, results, host winners and disagreements of an older stack) before the run.
 
-Two phases: a rollout (a new software stack: every host wants every key at once, until
-every GPU's pending work is measured or skipped) and a steady state (keys measured,
-hosts syncing every ``sync_interval_s``, a share of hosts restarting and asking for
-their workloads again, which they skip or verify). Per phase it reports transactions and
-statements per simulated second (PgBouncer's SHOW STATS, pg_stat_statements), client-side
-statement latency, lock waits (pg_stat_activity sampled, and ``log_lock_waits``), server
-connections (SHOW POOLS, pg_stat_activity), rows and bytes written per simulated day, and
-each key's measurements. Then it times ``gpuwatchd report --fleet`` on the store.
+Two phases: a steady state (keys measured, hosts syncing every ``sync_interval_s``, a
+share of hosts restarting and asking for their workloads again, which they skip or
+verify) and a rollout (a new software stack: every host wants every key at once, until
+every GPU's pending work is measured or skipped). Per phase it reports transactions per
+simulated second (PgBouncer's SHOW STATS and PostgreSQL's pg_stat_database), statements
+(pg_stat_statements), client-side statement latency, each fleet sync's transaction time,
+lock waits (pg_stat_activity sampled, and ``log_lock_waits``), server connections
+(SHOW POOLS; busy ones from pg_stat_activity, and at the real pace by Little's law),
+rows and bytes written per simulated day, each key's measurements, and the rollout as
+PostgreSQL holds it (completed sessions, results, fleet winners of the new stack). Then
+it times ``gpuwatchd report --fleet`` on the store.
 
 Run: ``python3 bench/fleet_sim.py [--hosts 1000] [--steady-s 900]`` (needs PostgreSQL
 and Debian's ``pgbouncer``; starts both in a scratch directory).
@@ -260,7 +267,7 @@ class VirtualHost:
         )  # fmt: skip
         rng = random.Random(index)
         self.next_sync = clock() + rng.uniform(0, cfg.fleet.sync_interval_s)
-        self.next_prune = clock() + rng.uniform(0, cfg.store.prune_interval_s)
+        self.next_prune = clock() + rng.uniform(0, self.pruner.check_every_s)
         self.pending: dict[int, Pending] = {}
         self.running: Session | None = None
         self.restart_at: float | None = None
@@ -294,7 +301,7 @@ class VirtualHost:
             self.next_sync += self.cfg.fleet.sync_interval_s
             self.fleet_tick()
         if now >= self.next_prune:
-            self.next_prune += self.cfg.store.prune_interval_s
+            self.next_prune += self.pruner.check_every_s  # the daemon's schedule
             self.pruner()
         self.tuning_tick()
 
