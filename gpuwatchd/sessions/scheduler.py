@@ -60,7 +60,7 @@ from gpuwatchd.sessions.readiness import (
     readiness,
 )
 from gpuwatchd.store import FINAL_STATUSES, SqlStore
-from gpuwatchd.store.errors import StoreUnavailable
+from gpuwatchd.store.errors import StoreBusy, StoreUnavailable
 from gpuwatchd.store.rows import WinnerRow
 from gpuwatchd.telemetry.backend import FeelsSessionLoad
 from gpuwatchd.telemetry.types import DeviceInfo
@@ -235,7 +235,7 @@ class TuneScheduler:
             return
         try:
             n = self.store.abandon_running()
-        except StoreUnavailable:
+        except (StoreUnavailable, StoreBusy):  # tried again once the store is back
             return
         with self._lock:
             self._abandoned = True
@@ -467,8 +467,8 @@ class TuneScheduler:
         failed session and nothing runs."""
         try:
             return self._choose(gpu, info, work, why, sim_t)
-        except StoreUnavailable as exc:  # the store logs the outage once
-            log.debug("GPU %d: the fleet's store is unreachable: %s", gpu, exc)
+        except (StoreUnavailable, StoreBusy) as exc:  # an outage (logged once), a held lock
+            log.debug("GPU %d: the fleet's store is unreachable or busy: %s", gpu, exc)
             self._wait_for_store(gpu)
             return None
         except Exception as exc:
@@ -630,7 +630,7 @@ class TuneScheduler:
                 fresh_after=fresh_after or {},
             )
             status, why, outcome_cut = outcome.status, outcome.why, outcome.store_cut
-        except StoreUnavailable as exc:  # no session was started: nothing to record
+        except (StoreUnavailable, StoreBusy) as exc:  # no session started: nothing to record
             log.info("GPU %d: tuning waits for the store: %s", gpu, exc)
             self._wait_for_store(gpu)
             return
