@@ -532,8 +532,17 @@ def tuning_panels() -> list[tuple[Panel, int, int]]:
                 "Tuning store up",
                 "1 when the tuning store answered the daemon's last call. At 0 monitoring goes "
                 "on, tuning waits, and /api/v1/winners serves its last known winners, marked "
-                "stale.",
-                [target(inst("gpuwatchd_store_up"), "{{instance}}", instant=True)],
+                "stale. Session ends waiting: sessions whose end the store could not take yet"
+                " (an outage, a lock held past every retry), kept in the state directory and"
+                " recorded when it can.",
+                [
+                    target(inst("gpuwatchd_store_up"), "{{instance}}", instant=True),
+                    target(
+                        inst("gpuwatchd_store_pending_results"),
+                        "{{instance}} session ends waiting",
+                        instant=True,
+                    ),
+                ],
                 "short",
                 [("red", None), ("green", 1)],
             ),

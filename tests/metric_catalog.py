@@ -124,6 +124,8 @@ SOURCE: dict[str, str] = {
             "gpuwatchd_last_tune_timestamp_seconds",
             "gpuwatchd_tuning_ready",
             "gpuwatchd_store_up",
+            "gpuwatchd_store_pending_results",
+            "gpuwatchd_store_late_results_total",
         }
         else "exporter"
     )

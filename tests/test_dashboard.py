@@ -112,6 +112,8 @@ NOT_ON_DASHBOARD: dict[str, str] = {
     "gpuwatchd_gpu_max_memory_clock_hertz": "as above",
     "gpuwatchd_gpu_memory_free_bytes": "total minus used, both drawn",
     "up": "Prometheus' own; the GpuwatchdDown alert watches it",
+    "gpuwatchd_store_late_results_total": "the session ends waiting are drawn beside store up;"
+    " this counts how they ended (recorded late, dropped)",
 }
 
 
