@@ -561,6 +561,8 @@ class Phase:
     client_wait_us: int = 0  # clients' time waiting for a server connection
     wal_bytes: int = 0  # what the server wrote to its log: the real write volume
     by_statement: dict[str, int] = field(default_factory=dict)
+    #: The statements that took the server the longest: calls, mean and total ms.
+    costliest: dict[str, tuple[int, float, float]] = field(default_factory=dict)
     latency_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     lock_samples: int = 0
     lock_waiting_max: int = 0
@@ -650,6 +652,10 @@ class Fleet:
         phase.by_statement = dict(
             sorted(((" ".join(q.split())[:110], c) for q, (c, _, _) in stmts.items()),
                    key=lambda kv: -kv[1])[:25]
+        )  # fmt: skip
+        phase.costliest = dict(
+            sorted(((" ".join(q.split())[:110], (c, round(m, 3), round(c * m)))
+                    for q, (c, m, _) in stmts.items()), key=lambda kv: -kv[1][2])[:12]
         )  # fmt: skip
         lat = self.times.take()
         phase.latency_ms = (pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, len(lat))
@@ -773,6 +779,13 @@ class Fleet:
                  "hosts": hosts, "t0": t_end - span, "step": span / disagreements,
                  "n": disagreements},
             )  # fmt: skip
+            c.execute(
+                """INSERT INTO disagreement_totals (gpu_model, workload, regime, n)
+                   SELECT gpu_model, workload, regime, COUNT(*) FROM disagreements
+                   GROUP BY gpu_model, workload, regime
+                   ON CONFLICT (gpu_model, workload, regime)
+                   DO UPDATE SET n = disagreement_totals.n + excluded.n"""
+            )  # the counts the store keeps beside them
             c.execute("ANALYZE")
         print(f"seeded {days:g} days of history in {time.monotonic() - t0:.0f} s:"
               f" {sessions} sessions, {disagreements} disagreements", flush=True)  # fmt: skip
@@ -924,6 +937,7 @@ def show(phase: Phase, hosts: int) -> dict[str, Any]:
         "errors": phase.errors,
         "keys": phase.keys,
         "top_statements": phase.by_statement,
+        "costliest_statements_calls_mean_total_ms": phase.costliest,
     }
     print(json.dumps(summary, indent=1), flush=True)
     return summary

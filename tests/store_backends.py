@@ -21,6 +21,7 @@ FLEET_OBJECTS = (
        ON CONFLICT (status) DO UPDATE SET n = session_totals.n + excluded.n""",
     "DROP TABLE gpu_session_totals",
     "DROP TABLE clock_medians",
+    "DROP TABLE disagreement_totals",
     "DROP INDEX sessions_running_since",
     "DROP INDEX sessions_by_gpu",  # migration 4's on version 2's tables
     "DROP INDEX sessions_by_host",

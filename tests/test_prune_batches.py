@@ -202,3 +202,30 @@ def test_store_prune_waits_for_the_daemons_pruner_and_names_it(
     assert capsys.readouterr().out.startswith("pruned 0 session(s)")
     with sqlite_store(state / STORE_NAME) as store:
         assert store.claim_holder(PRUNE_CLAIM) is None, "the CLI gave the lease back"
+
+
+def _picks(fast: str, slow: str) -> RegimeResult:
+    cands = (candidate(fast, S, 1.0e-3), candidate(slow, S, 1.3e-3))
+    return RegimeResult(GEMM_8192.name, S, cands, fast, False, 0.3, 0.01)
+
+
+def test_disagreement_counts_are_kept_as_recorded_and_pruned(store: SqlStore, clock: Clock) -> None:
+    """The counts a sync reads are kept per key beside the disagreements, not counted
+    over a month of them; pruning takes the old ones off."""
+    key = ("NVIDIA H200", GEMM_8192.name, S.value)
+    for i, (fast, slow) in enumerate([("a", "b"), ("b", "a"), ("b", "a")]):
+        meta = session_meta(host=f"node-{i}", gpu_uuid=f"GPU-{i}")
+        sid = store.start_session(meta)
+        store.record_result(sid, _picks(fast, slow))
+        store.finish_session(sid, SessionStatus.COMPLETED)
+        clock.t += DAY
+    assert store.disagreement_counts() == {key: 2}
+    assert store.disagreement_counts(gpu_models=["NVIDIA H200"]) == {key: 2}
+    assert store.disagreement_counts(gpu_models=["NVIDIA L4"]) == {}
+    assert store.disagreement_counts(since=clock.t - DAY) == {key: 1}
+    clock.t += 29 * DAY  # the first disagreement is over 30 days old now
+    store.prune_rest(90 * DAY)
+    assert store.disagreement_counts() == {key: 1}
+    clock.t += 2 * DAY
+    store.prune_rest(90 * DAY)
+    assert store.disagreement_counts() == {} and store.disagreements() == []

@@ -63,6 +63,10 @@ _INCUMBENT = """SELECT w.candidate, w.median_s, w.gpu_uuid, w.measured_at, s.hos
     FROM winners w JOIN sessions s ON s.id = w.session_id
     WHERE w.gpu_model = ? AND w.versions_key = ? AND w.workload = ? AND w.regime = ?"""
 _RECORD_DISAGREEMENT = insert("disagreements", DISAGREEMENT_COLUMNS)
+#: Its count per (GPU model, workload, regime), kept beside it (what a sync reads).
+COUNT_DISAGREEMENTS = """INSERT INTO disagreement_totals (gpu_model, workload, regime, n)
+    VALUES (?, ?, ?, ?) ON CONFLICT (gpu_model, workload, regime)
+    DO UPDATE SET n = disagreement_totals.n + excluded.n"""
 #: A disagreement's columns after the winner's key: :class:`Disagreement`'s fields.
 _DISAGREEMENT_TAIL = DISAGREEMENT_COLUMNS[len(WINNER_KEY) :]
 
@@ -138,6 +142,7 @@ def commit_winners(
         d = _disagreement(stored, incumbent, host, pick, gap, now)
         found.append(Found(d, replaced=stale))
         conn.execute(_RECORD_DISAGREEMENT, (*key, *_disagreement_tail(d)))
+        conn.execute(COUNT_DISAGREEMENTS, (key[0], key[2], key[3], 1))
     return found
 
 

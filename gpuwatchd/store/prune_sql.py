@@ -11,6 +11,7 @@ each function inside its transaction and validates the arguments first.
 from __future__ import annotations
 
 from gpuwatchd.store.claims import HOST_CLAIM_PREFIX
+from gpuwatchd.store.commit import COUNT_DISAGREEMENTS
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.result_rows import chunks
 from gpuwatchd.tuning.types import SessionStatus
@@ -56,5 +57,17 @@ def stale_running(conn: Conn, started_before: float, now: float) -> list[tuple[i
 
 
 def drop_disagreements(conn: Conn, before: float) -> int:
-    """Delete the disagreements recorded before ``before``; returns how many."""
+    """Delete the disagreements recorded before ``before``, and take them off the counts
+    kept per key; returns how many."""
+    gone = conn.execute(
+        """SELECT gpu_model, workload, regime, COUNT(*) AS n FROM disagreements
+           WHERE recorded_at < ? GROUP BY gpu_model, workload, regime
+           ORDER BY gpu_model, workload, regime""",
+        (before,),
+    ).fetchall()
+    for r in gone:
+        conn.execute(
+            COUNT_DISAGREEMENTS, (r["gpu_model"], r["workload"], r["regime"], -int(r["n"]))
+        )
+    conn.execute("DELETE FROM disagreement_totals WHERE n <= 0")
     return int(conn.execute("DELETE FROM disagreements WHERE recorded_at < ?", (before,)).rowcount)

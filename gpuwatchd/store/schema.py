@@ -287,6 +287,22 @@ _FLEET_SCALE = sql_migration(
     )
     """,
     "CREATE INDEX clock_medians_by_model ON clock_medians (gpu_model)",
+    # Disagreements counted per key as they are recorded (and pruned), so a sync reads a
+    # row per key instead of counting a month of them.
+    """
+    CREATE TABLE disagreement_totals (
+        gpu_model TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        regime TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (gpu_model, workload, regime)
+    )
+    """,
+    """
+    INSERT INTO disagreement_totals (gpu_model, workload, regime, n)
+    SELECT gpu_model, workload, regime, COUNT(*) FROM disagreements
+    GROUP BY gpu_model, workload, regime
+    """,
 )
 
 #: Every migration, in order. Append only.

@@ -655,18 +655,21 @@ class SqlStore:
     def disagreement_counts(
         self, since: float | None = None, *, gpu_models: Sequence[str] | None = None
     ) -> dict[tuple[str, str, str], int]:
-        """Disagreements per (GPU model, workload, regime): every one kept, or only those
-        recorded at or after ``since`` (unix seconds, the store's clock); only those of
-        ``gpu_models`` when given (a host's own: its sync costs the same in any fleet)."""
+        """Disagreements per (GPU model, workload, regime): every one kept (the counts
+        kept beside them: one row per key), or only those recorded at or after ``since``
+        (unix seconds, the store's clock); only those of ``gpu_models`` when given (a
+        host's own: its sync costs the same in any fleet)."""
         where, models = models_clause(gpu_models)
         args: tuple[object, ...] = models
+        table, count = "disagreement_totals", "SUM(n)"
         if since is not None:
             need_number(since, "since", error=StoreError)
             where, args = f"{where} AND recorded_at >= ?", (*args, since)
+            table, count = "disagreements", "COUNT(*)"
         with self._tx.read("count disagreements") as conn:
             rows = conn.execute(
-                f"""SELECT gpu_model, workload, regime, COUNT(*) AS n FROM disagreements
-                    WHERE 1 = 1 {where}
+                f"""SELECT gpu_model, workload, regime, CAST({count} AS BIGINT) AS n
+                    FROM {table} WHERE 1 = 1 {where}
                     GROUP BY gpu_model, workload, regime ORDER BY gpu_model, workload, regime""",
                 args,
             ).fetchall()
