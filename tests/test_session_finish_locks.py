@@ -203,3 +203,18 @@ def test_retrying_gives_up_after_its_backoff_and_passes_other_errors_at_once() -
     with pytest.raises(StoreUnavailable):
         retrying(down, "x", backoff_s=(0.0, 0.0), sleep=lambda s: None)
     assert len(calls) == 1
+
+
+def test_a_statement_that_runs_long_on_a_live_server_says_so_not_server_stopped(db: str) -> None:
+    """The server cancels a long statement before the client's call bound hangs up on it:
+    the error is the statement timeout (StoreBusy, the store up), never "no answer: the
+    server is stopped" (what a grown store's prune said while its server was fine)."""
+    store = postgres_store(db, call_timeout_s=3.0)
+    try:
+        with pytest.raises(StoreBusy) as err, store._tx.read("run a long statement") as conn:
+            conn.execute("SELECT pg_sleep(30)")
+        msg = str(err.value)
+        assert "cancelled by the server" in msg and "stopped" not in msg, msg
+        assert store.up
+    finally:
+        store.close()
