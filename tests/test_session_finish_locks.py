@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -25,7 +27,7 @@ from gpuwatchd.sessions.pending import (
     record,
     record_waiting,
 )
-from gpuwatchd.store import SqlStore
+from gpuwatchd.store import SqlStore, sqlite_store
 from gpuwatchd.store.errors import StoreBusy, StoreUnavailable
 from gpuwatchd.store.postgres import postgres_store, winners_lock_key
 from gpuwatchd.store.retry import retrying
@@ -218,3 +220,67 @@ def test_a_statement_that_runs_long_on_a_live_server_says_so_not_server_stopped(
         assert store.up
     finally:
         store.close()
+
+
+class _BusyAtFinish:
+    """The real store, except that finishing a session finds a lock held while ``busy``."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+        self.busy = True
+
+    def finish_session(self, *args: Any, **kw: Any) -> None:
+        if self.busy:
+            raise StoreBusy("store x: cannot finish a session: waited over 10 s for a lock")
+        self.store.finish_session(*args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_the_runner_keeps_a_session_end_a_held_lock_refused_and_records_it_later(
+    tmp_path: Path,
+) -> None:
+    """Through the runner: a completed session whose end the store keeps refusing (a lock
+    held past every retry) waits in the state directory, counted nowhere yet; once the
+    lock is gone it is recorded, completed with its winner, and the listeners hear of it."""
+    from test_store_outage import INFO, SPEC
+
+    from gpuwatchd.tuning.session_spec import result_to_json
+
+    res = RegimeResult(
+        "mm", S, (candidate("a", S, 1e-3), candidate("b", S, 1.2e-3)), "a", False, 0.2, 0.01
+    )
+    lines = [
+        {"type": "hello", "pid": 1, "versions": {"torch": "fake-1.0"}},
+        {"type": "result", "result": result_to_json(res)},
+    ]
+    text = "\n".join(json.dumps(x) for x in lines)
+    worker = f"import sys; sys.stdin.read(); print({text!r}, flush=True)"
+    from gpuwatchd.sessions.runner import TuneRunner
+
+    with sqlite_store(tmp_path / "tune.db") as real:
+        store = _BusyAtFinish(real)
+        ended: list[SessionFinished] = []
+        pending = PendingEnds(tmp_path / "pending-session-ends.json")
+        waits: list[float] = []
+        runner = TuneRunner(
+            store,  # type: ignore[arg-type]
+            env={"PATH": "/usr/bin:/bin"},
+            worker_cmd=[sys.executable, "-c", worker],
+            on_finished=ended.append,
+            pending=pending,
+            sleep=waits.append,
+        )
+        out = runner.run_session(SPEC, INFO, "sim", lambda: None, None, 60)
+        assert out.status is SessionStatus.COMPLETED
+        assert len(waits) == 3, "tried again after each backoff"
+        assert ended == [] and len(pending) == 1
+        assert real.session(out.session_id).status is SessionStatus.RUNNING  # type: ignore[union-attr]
+        store.busy = False
+        assert runner.record_endings() == 0
+        row = real.session(out.session_id)
+        assert row is not None and row.status is SessionStatus.COMPLETED
+        assert [e.session_id for e in ended] == [out.session_id]
+        assert [w.session_id for w in real.winners()] == [out.session_id]
+        assert pending.recorded_late == 1
