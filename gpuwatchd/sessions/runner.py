@@ -8,7 +8,10 @@ its ``hello`` and each ``result`` as it arrives, and ends the session ``complete
 (``should_preempt`` gave a reason, or :meth:`TuneRunner.cancel`), then tells
 ``on_finished`` with a :class:`~gpuwatchd.sessions.events.SessionFinished`. The worker
 runs in its own process group so a kill also reaches its children (Triton's compilers);
-every wait is bounded, every child is reaped, and nothing here imports torch.
+every wait is bounded, every child is reaped, and nothing here imports torch. A session's
+end is tried again while the store is busy (a lock another host holds); one the store
+cannot take waits in :class:`~gpuwatchd.sessions.pending.PendingEnds` (with any result
+it was too busy to take) until :meth:`TuneRunner.record_endings` records it.
 
 Sessions resume: results that preempted sessions of the same GPU recorded recently, under
 the same conditions and stack (:mod:`gpuwatchd.sessions.resume` has the rule), are
