@@ -92,6 +92,39 @@ def seed(url: str, sessions: int, hosts: int, days: float, now: float) -> dict[s
         }
 
 
+def explain_batch(url: str, keep_s: float, now: float) -> dict[str, object]:
+    """EXPLAIN ANALYZE of one batch, rolled back: the select of what may go (its plan's
+    top node and time) and the DELETE's foreign-key triggers (each one's time), so a
+    check that scans a table instead of an index shows."""
+    import psycopg
+
+    from gpuwatchd.store.postgres import translate
+    from gpuwatchd.store.prune_sql import _DELETABLE
+
+    out: dict[str, object] = {}
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("BEGIN")
+        try:
+            sql = translate(_DELETABLE)
+            plan = c.execute(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", (now - keep_s, 1000)
+            ).fetchone()[0][0]  # type: ignore[index]
+            out["select_ms"] = plan["Execution Time"]
+            ids = [r[0] for r in c.execute(sql, (now - keep_s, 1000)).fetchall()]
+            plan = c.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) DELETE FROM sessions WHERE id = ANY(%s)", (ids,)
+            ).fetchone()[0][0]  # type: ignore[index]
+            out["delete_sessions"] = len(ids)
+            out["delete_ms"] = plan["Execution Time"]
+            out["triggers_ms"] = {
+                f"{t['Trigger Name']} on {t['Relation']}": round(t["Time"], 1)
+                for t in plan.get("Triggers", [])
+            }
+        finally:
+            c.execute("ROLLBACK")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=100_000)
@@ -109,6 +142,8 @@ def main() -> None:
         sizes = seed(url, args.sessions, args.hosts, args.days, now)
         seed_s = time.perf_counter() - t
         print(f"seeded in {seed_s:.0f} s: {sizes}", flush=True)
+        explained = explain_batch(url, args.keep_days * DAY, now)
+        print(f"one batch explained: {json.dumps(explained)}", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             config = Path(tmp) / "config.toml"
             config.write_text(
@@ -128,6 +163,8 @@ def main() -> None:
                 db, "UPDATE sessions SET ended_at = ended_at - %s WHERE status <> 'running'",
                 (365 * DAY,),
             )  # fmt: skip
+            explained_unindexed = explain_batch(url, args.keep_days * DAY, now)
+            print(f"... without the index: {json.dumps(explained_unindexed)}", flush=True)
             assert store.claim(PRUNE_CLAIM, "bench", "bench", 600)
             t = time.perf_counter()
             n = store.prune_batch(args.keep_days * DAY, 200)
@@ -144,6 +181,8 @@ def main() -> None:
             "prune_s": prune_s,
             "sessions_left": left,
             "unindexed_batch": {"sessions": n, "s": unindexed_s},
+            "one_batch_explained": explained,
+            "one_batch_explained_without_the_index": explained_unindexed,
         }
         if args.out is not None:
             args.out.write_text(json.dumps(out, indent=1) + "\n")
