@@ -563,6 +563,7 @@ class Phase:
     by_statement: dict[str, int] = field(default_factory=dict)
     #: The statements that took the server the longest: calls, mean and total ms.
     costliest: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    server_ms: float = 0.0  # every statement's execution time on the server, summed
     latency_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     lock_samples: int = 0
     lock_waiting_max: int = 0
@@ -653,6 +654,7 @@ class Fleet:
             sorted(((" ".join(q.split())[:110], c) for q, (c, _, _) in stmts.items()),
                    key=lambda kv: -kv[1])[:25]
         )  # fmt: skip
+        phase.server_ms = sum(c * m for c, m, _ in stmts.values())
         phase.costliest = dict(
             sorted(((" ".join(q.split())[:110], (c, round(m, 3), round(c * m)))
                     for q, (c, m, _) in stmts.items()), key=lambda kv: -kv[1][2])[:12]
@@ -918,6 +920,9 @@ def show(phase: Phase, hosts: int) -> dict[str, Any]:
         "server_connections_active_mean": round(phase.active_conns_mean, 2),
         "transactions_per_s_postgres": round(phase.per_s(phase.pg_xacts), 2),
         "fleet_sync_ms_p50_p99_mean_n": [round(v, 2) for v in phase.sync_ms],
+        # the server's own time, all statements of the phase over its syncs (in steady
+        # state nearly every statement is a sync's): what a sync costs the database
+        "server_statement_ms_per_sync": round(phase.server_ms / max(1, phase.sync_ms[3]), 3),
         "measured_in_postgres": phase.pg_measured,
         "clients_waiting_max": phase.cl_waiting_max,
         "hosts_per_server_connection": round(hosts / max(1, phase.server_conns_max), 1),
@@ -959,6 +964,7 @@ def main() -> None:
         help="simulated seconds a session takes per workload (default 120)",
     )
     ap.add_argument("--max-rollout-s", type=float, default=4 * 3600.0)
+    ap.add_argument("--no-rollout", action="store_true", help="the steady state only")
     ap.add_argument("--verify-fraction", type=float, default=FleetConfig().verify_fraction)
     ap.add_argument("--pool-size", type=int, default=20, help="PgBouncer default_pool_size")
     ap.add_argument("--reserve", type=int, default=5, help="PgBouncer reserve_pool_size")
@@ -990,8 +996,9 @@ def main() -> None:
             fleet.warm_up()
             steady = fleet.steady(args.steady_s)
             out["steady"] = show(steady, args.hosts)
-            roll = fleet.rollout(NEW_STACK, "new-stack rollout")
-            out["rollout"] = show(roll, args.hosts)
+            if not args.no_rollout:
+                roll = fleet.rollout(NEW_STACK, "new-stack rollout")
+                out["rollout"] = show(roll, args.hosts)
         out["report_fleet_s"] = fleet.time_report()
         out["report_head"] = getattr(fleet, "report_head", "")
         out["store_rows_bytes"] = table_sizes(fleet.server, fleet.db)
