@@ -104,6 +104,8 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_store_up": _NONE,
     "gpuwatchd_store_writable": _NONE,
     "gpuwatchd_store_schema_skew": _NONE,
+    "gpuwatchd_store_pending_results": _NONE,
+    "gpuwatchd_store_late_results_total": _m("outcome", base=_NONE),
     # Prometheus' own per-target series
     "up": _NONE,
 }
@@ -126,6 +128,8 @@ SOURCE: dict[str, str] = {
             "gpuwatchd_store_up",
             "gpuwatchd_store_writable",
             "gpuwatchd_store_schema_skew",
+            "gpuwatchd_store_pending_results",
+            "gpuwatchd_store_late_results_total",
         }
         else "exporter"
     )

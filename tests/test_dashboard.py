@@ -114,6 +114,8 @@ NOT_ON_DASHBOARD: dict[str, str] = {
     "up": "Prometheus' own; the GpuwatchdDown alert watches it",
     "gpuwatchd_store_schema_skew": "the GpuwatchdStoreSchemaSkew alert watches it; the store"
     " panel shows whether writes go on",
+    "gpuwatchd_store_late_results_total": "the session ends waiting are drawn beside store up;"
+    " this counts how they ended (recorded late, dropped)",
 }
 
 
