@@ -14,6 +14,7 @@ from pg_server import PostgresServer
 from gpuwatchd.cli.main import main
 from gpuwatchd.config import STORE_NAME
 from gpuwatchd.store import SqlStore, StoreError, sqlite_store
+from gpuwatchd.store.owner import Holder
 from gpuwatchd.store.postgres import postgres_store
 from gpuwatchd.store.retention import (
     LEASE_S,
@@ -151,7 +152,8 @@ def test_stale_running_sessions_of_a_host_gone_are_ended_failed_and_counted(
         session_meta(host="node-gone", gpu_uuid="GPU-y", started_at=T0 + DAY)
     )
     clock.t += STALE_RUNNING_S + DAY
-    assert store.claim_host("node-alive", "m-alive", 60) is None  # still renewing its name
+    alive_host = Holder("m-alive", "boot-1", "nonce-1")
+    assert store.claim_host("node-alive", alive_host, 60).held  # still renewing its name
     kw = {"keep_sessions_s": 7 * DAY, "keep_clocks_s": 7 * DAY, "interval_s": DAY}
     done = Pruner(store, host="node-0", machine="m-0", **kw)()  # type: ignore[arg-type]
     assert done is not None and done.stale == 1

@@ -34,9 +34,11 @@ class Engine(ABC):
         """Another connection to a database :meth:`open` has already checked."""
 
     @abstractmethod
-    def begin(self, conn: Conn, *, write: bool) -> None:
+    def begin(self, conn: Conn, *, write: bool) -> int | None:
         """Start a transaction (a write one where the database's writers take turns, or
-        at row level: see :meth:`lock_winners`)."""
+        at row level: see :meth:`lock_winners`). Returns the schema version when it was
+        read in the same round trip (a write's check costs no statement of its own),
+        else None (the caller asks :meth:`version`)."""
 
     def median_sql(self, column: str) -> str | None:
         """The SQL aggregate of ``column``'s median, or None where the database has none

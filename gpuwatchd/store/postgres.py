@@ -268,18 +268,22 @@ class PostgresEngine(Engine):
             if WATCHDOG.disarm(alarm):
                 conn.broken = True  # the store logs the outage once (transactions.Transactions)
 
-    def begin(self, conn: Conn, *, write: bool) -> None:
+    def begin(self, conn: Conn, *, write: bool) -> int | None:
         conn.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        # settings local to the transaction: a pooler hands the next one another server
-        conn.execute(
+        # settings local to the transaction: a pooler hands the next one another server;
+        # a write reads the schema version in the same statement (its check: no round trip;
+        # the table exists once the database is opened, :meth:`open`)
+        version = f", (SELECT MAX(version) FROM {VERSION_TABLE}) AS version" if write else ""
+        row = conn.execute(
             "SELECT set_config('lock_timeout', ?, true), set_config('statement_timeout', ?, true),"
-            " set_config('idle_in_transaction_session_timeout', ?, true)",
+            f" set_config('idle_in_transaction_session_timeout', ?, true){version}",
             (
                 _milliseconds(self.lock_timeout_s),
                 _milliseconds(self._statement_s),
                 _milliseconds(IDLE_IN_TRANSACTION_TIMEOUT_S),
             ),
-        )
+        ).fetchone()
+        return int(row["version"] or 0) if write else None
 
     def median_sql(self, column: str) -> str | None:
         return f"percentile_cont(0.5) WITHIN GROUP (ORDER BY {column})"

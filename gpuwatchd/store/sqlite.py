@@ -69,8 +69,9 @@ class SqliteEngine(Engine):
         migrate(self, conn, migrations)
         return conn
 
-    def begin(self, conn: Conn, *, write: bool) -> None:
+    def begin(self, conn: Conn, *, write: bool) -> int | None:
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        return None  # the version is a pragma on the local file: read when asked
 
     def lock_winners(self, conn: Conn, groups: Sequence[tuple[str, str]]) -> None:
         """Nothing to do: SQLite's writers take turns on the file lock already."""
