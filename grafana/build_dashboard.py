@@ -548,6 +548,7 @@ def tuning_panels() -> list[tuple[Panel, int, int]]:
                 ],
                 "short",
                 [("red", None), ("green", 1)],
+                steps_of={"C": [("green", None), ("orange", 1)]},  # none waiting is good
             ),
             6,
             8,
