@@ -5,22 +5,29 @@ connection to PgBouncer, as a daemon has) and drives the fleet's real code: the
 :class:`~gpuwatchd.sessions.fleet.FleetPolicy` (plan, claim, plan again, renew, release,
 in the order the scheduler's ``_choose`` runs them; a completed session answers the
 host's other GPUs, as its ``_drop_answered_here`` does), session commits (start, one result
-per workload and regime, finish), the daemon's fleet tick (``HostIdentity.claim``,
+per workload and regime, finish), the daemon's listeners after each session and each
+skip (a real :class:`~gpuwatchd.sessions.scheduler.TuneScheduler`'s, which read the store
+again, and the winners cache's), the daemon's fleet tick (``HostIdentity.claim``,
 :class:`~gpuwatchd.daemon.fleet_sync.FleetSync`, :class:`~gpuwatchd.api.winners_cache.
-WinnersCache` refresh) and the :class:`~gpuwatchd.store.retention.Pruner`. Tuning itself
-is simulated: a session holds its GPU for ``--session-s`` simulated seconds per workload
-and yields results. Time is one simulated clock given to every ``now`` parameter; it
-advances by the scheduler's tick (``check_interval_s``) once every host has done that
-tick's work, in a thread pool, against the real server.
+WinnersCache` refresh) and the :class:`~gpuwatchd.store.retention.Pruner` on its check
+schedule. Tuning itself is simulated: a session holds its GPU for ``--session-s``
+simulated seconds per workload and yields results. Time is one simulated clock given to
+every ``now`` parameter; it advances by the scheduler's tick (``check_interval_s``) once
+every host has done that tick's work, in a thread pool, against the real server. The
+server is durable (fsync on: bench/durable_pg.py) and holds ``--history-days`` of history
+(sessions, results, host winners and disagreements of an older stack) before the run.
 
-Two phases: a rollout (a new software stack: every host wants every key at once, until
-every GPU's pending work is measured or skipped) and a steady state (keys measured,
-hosts syncing every ``sync_interval_s``, a share of hosts restarting and asking for
-their workloads again, which they skip or verify). Per phase it reports transactions and
-statements per simulated second (PgBouncer's SHOW STATS, pg_stat_statements), client-side
-statement latency, lock waits (pg_stat_activity sampled, and ``log_lock_waits``), server
-connections (SHOW POOLS, pg_stat_activity), rows and bytes written per simulated day, and
-each key's measurements. Then it times ``gpuwatchd report --fleet`` on the store.
+Two phases: a steady state (keys measured, hosts syncing every ``sync_interval_s``, a
+share of hosts restarting and asking for their workloads again, which they skip or
+verify) and a rollout (a new software stack: every host wants every key at once, until
+every GPU's pending work is measured or skipped). Per phase it reports transactions per
+simulated second (PgBouncer's SHOW STATS and PostgreSQL's pg_stat_database), statements
+(pg_stat_statements), client-side statement latency, each fleet sync's transaction time,
+lock waits (pg_stat_activity sampled, and ``log_lock_waits``), server connections
+(SHOW POOLS; busy ones from pg_stat_activity, and at the real pace by Little's law),
+rows and bytes written per simulated day, each key's measurements, and the rollout as
+PostgreSQL holds it (completed sessions, results, fleet winners of the new stack). Then
+it times ``gpuwatchd report --fleet`` on the store.
 
 Run: ``python3 bench/fleet_sim.py [--hosts 1000] [--steady-s 900]`` (needs PostgreSQL
 and Debian's ``pgbouncer``; starts both in a scratch directory).
@@ -49,12 +56,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 import psycopg  # noqa: E402
 from builders import candidate  # noqa: E402
+from durable_pg import start_durable_server  # noqa: E402
 from pg_bouncer import Bouncer, find_pgbouncer  # noqa: E402
-from pg_server import PostgresServer, start_server  # noqa: E402
+from pg_server import PostgresServer  # noqa: E402
 
 from gpuwatchd.api.winners_cache import WinnersCache  # noqa: E402
 from gpuwatchd.config.loader import Config  # noqa: E402
@@ -63,8 +71,10 @@ from gpuwatchd.daemon.host_identity import HostIdentity, lease_s  # noqa: E402
 from gpuwatchd.drift.detector import GpuDriftView  # noqa: E402
 from gpuwatchd.drift.fleet import clock_max_age_s  # noqa: E402
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard  # noqa: E402
-from gpuwatchd.sessions.fleet import FleetPolicy  # noqa: E402
+from gpuwatchd.sessions.events import SessionFinished, WorkSkipped  # noqa: E402
+from gpuwatchd.sessions.fleet import SKIP_REASON, FleetPolicy  # noqa: E402
 from gpuwatchd.sessions.fleet_settings import FleetConfig  # noqa: E402
+from gpuwatchd.sessions.scheduler import TuneScheduler  # noqa: E402
 from gpuwatchd.store import SessionMeta, StoreError  # noqa: E402
 from gpuwatchd.store.conn import Conn  # noqa: E402
 from gpuwatchd.store.postgres import postgres_store  # noqa: E402
@@ -144,8 +154,9 @@ class StatementTimes:
 
 
 def start_postgres() -> PostgresServer:
-    """tests/pg_server.py's server with pg_stat_statements loaded and lock waits logged."""
-    server = start_server()
+    """A durable server (fsync on: bench/durable_pg.py) with pg_stat_statements loaded
+    and lock waits logged."""
+    server = start_durable_server()
     conf = server.data / "postgresql.conf"
     with conf.open("a", encoding="utf-8") as f:
         f.write(
@@ -237,7 +248,18 @@ class VirtualHost:
         self.identity = HostIdentity(
             self.store, self.name, f"machine-{index:04d}", lease_s(cfg.fleet.sync_interval_s)
         )
-        self.cache = WinnersCache(self.store, host=self.name, now=clock)
+        self.cache = WinnersCache(
+            self.store, host=self.name, now=clock, models=lambda: {self.model}
+        )
+        # The daemon's scheduler, for what it reads after each session and skip (its
+        # listeners, registered as the daemon registers them); the sessions themselves
+        # are chosen below, as its ``_choose`` chooses them.
+        self.tuner = TuneScheduler(
+            cfg.tuning_setup(), self.board, self.store, "nvml", now=clock,
+            fleet=self.policy, host=self.name,
+        )  # fmt: skip
+        self.tuner.events.add_listener(lambda _event: self.cache.refresh())
+        self.tuner.events.add_skip_listener(lambda _event: self.cache.refresh())
         self.pruner = Pruner(
             self.store, host=self.name, machine=f"machine-{index:04d}",
             keep_sessions_s=cfg.store.keep_sessions_s, keep_clocks_s=cfg.store.keep_clocks_s,
@@ -245,7 +267,7 @@ class VirtualHost:
         )  # fmt: skip
         rng = random.Random(index)
         self.next_sync = clock() + rng.uniform(0, cfg.fleet.sync_interval_s)
-        self.next_prune = clock() + rng.uniform(0, cfg.store.prune_interval_s)
+        self.next_prune = clock() + rng.uniform(0, self.pruner.check_every_s)
         self.pending: dict[int, Pending] = {}
         self.running: Session | None = None
         self.restart_at: float | None = None
@@ -279,7 +301,7 @@ class VirtualHost:
             self.next_sync += self.cfg.fleet.sync_interval_s
             self.fleet_tick()
         if now >= self.next_prune:
-            self.next_prune += self.cfg.store.prune_interval_s
+            self.next_prune += self.pruner.check_every_s  # the daemon's schedule
             self.pruner()
         self.tuning_tick()
 
@@ -288,9 +310,11 @@ class VirtualHost:
         fleet synced and the winners read again in one (its ``refresh_stored`` step reads
         nothing while a host's GPUs stay the same, so it is left out here)."""
         self._hold_host_name()
+        t0 = time.perf_counter()
         in_one_transaction(
             self.store, [self.sync, self.cache.refresh], on_rollback=[self.sync.rolled_back]
         )
+        self.stats.synced(time.perf_counter() - t0)
 
     def _hold_host_name(self) -> None:
         try:
@@ -373,19 +397,28 @@ class VirtualHost:
         self.policy.release(info.uuid, s.keys.values())
         self.running = None
         self.stats.measured(self, s)
+        # The daemon's listeners: the scheduler reads the store again, the winners cache too.
+        self.tuner.events.notify(
+            SessionFinished(s.session_id, info.index, info.uuid, info.name,
+                            SessionStatus.COMPLETED, None, tuple(s.keys))
+        )  # fmt: skip
         for gpu in list(self.pending):  # the scheduler's _drop_answered_here: every GPU
             self._drop(gpu, set(s.keys), skipped=gpu != s.gpu)  # of the host is answered
-        self.cache.refresh()  # after every session of this host
 
     def _drop(self, gpu: int, names: set[str], *, skipped: bool) -> None:
         p = self.pending.get(gpu)
         if p is None or not names:
             return
+        dropped = tuple(w.name for w in p.workloads if w.name in names)
         p.workloads = [w for w in p.workloads if w.name not in names]
-        if skipped:
-            self.stats.skipped += len(names)
         if not p.workloads:
             del self.pending[gpu]
+        if skipped and dropped:
+            self.stats.skipped += len(dropped)
+            info = self.gpus[gpu]  # the scheduler's _skip: its skip listeners read again
+            self.tuner.events.notify_skipped(
+                WorkSkipped(gpu, info.uuid, info.name, dropped, SKIP_REASON)
+            )
 
     @property
     def busy(self) -> bool:
@@ -400,6 +433,10 @@ class SimStats:
     skipped: int = 0
     lost_claims: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    sync_s: list[float] = field(default_factory=list)  # each fleet sync's transaction
+
+    def synced(self, seconds: float) -> None:
+        self.sync_s.append(seconds)  # list.append is atomic
 
     def measured(self, host: VirtualHost, s: Session) -> None:
         with self.lock:
@@ -524,6 +561,9 @@ class Phase:
     client_wait_us: int = 0  # clients' time waiting for a server connection
     wal_bytes: int = 0  # what the server wrote to its log: the real write volume
     by_statement: dict[str, int] = field(default_factory=dict)
+    #: The statements that took the server the longest: calls, mean and total ms.
+    costliest: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    server_ms: float = 0.0  # every statement's execution time on the server, summed
     latency_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     lock_samples: int = 0
     lock_waiting_max: int = 0
@@ -533,6 +573,10 @@ class Phase:
     server_conns_max: int = 0
     server_conns_p50: float = 0.0
     active_conns_max: int = 0
+    active_conns_mean: float = 0.0
+    pg_xacts: int = 0  # PostgreSQL's own count (pg_stat_database: commits and rollbacks)
+    sync_ms: tuple[float, float, float, int] = (0.0, 0.0, 0.0, 0)  # p50, p99, mean, n
+    pg_measured: dict[str, int] = field(default_factory=dict)
     cl_waiting_max: int = 0
     growth: dict[str, tuple[int, int]] = field(default_factory=dict)
     sessions: int = 0
@@ -591,6 +635,8 @@ class Fleet:
         log0 = lock_wait_log_lines(server)
         wal0 = server.sql(db, "SELECT pg_current_wal_lsn()")[0][0]
         n0, skipped0 = len(self.stats.sessions), self.stats.skipped
+        pg0 = self.pg_xacts()
+        self.stats.sync_s[:] = []
         errors0 = Counter(self.stats.errors)
         self.times.take()
         t_sim, t_wall = self.clock(), time.monotonic()
@@ -608,6 +654,11 @@ class Fleet:
             sorted(((" ".join(q.split())[:110], c) for q, (c, _, _) in stmts.items()),
                    key=lambda kv: -kv[1])[:25]
         )  # fmt: skip
+        phase.server_ms = sum(c * m for c, m, _ in stmts.values())
+        phase.costliest = dict(
+            sorted(((" ".join(q.split())[:110], (c, round(m, 3), round(c * m)))
+                    for q, (c, m, _) in stmts.items()), key=lambda kv: -kv[1][2])[:12]
+        )  # fmt: skip
         lat = self.times.take()
         phase.latency_ms = (pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, len(lat))
         phase.lock_samples = sampler.samples
@@ -618,6 +669,13 @@ class Fleet:
         phase.server_conns_max = max(sampler.server_conns, default=0)
         phase.server_conns_p50 = statistics.median(sampler.server_conns or [0])
         phase.active_conns_max = max(sampler.active_conns, default=0)
+        phase.active_conns_mean = statistics.fmean(sampler.active_conns or [0])
+        phase.pg_xacts = self.pg_xacts() - pg0
+        syncs = list(self.stats.sync_s)
+        phase.sync_ms = (
+            pct(syncs, 0.5) * 1e3, pct(syncs, 0.99) * 1e3,
+            statistics.fmean(syncs or [0.0]) * 1e3, len(syncs),
+        )  # fmt: skip
         phase.cl_waiting_max = max(sampler.cl_waiting, default=0)
         sizes = table_sizes(server, db)
         phase.wal_bytes = int(
@@ -630,6 +688,109 @@ class Fleet:
         phase.sessions = len(self.stats.sessions) - n0
         phase.skipped = self.stats.skipped - skipped0
         phase.errors = dict(Counter(self.stats.errors) - errors0)
+
+    def pg_xacts(self) -> int:
+        """Transactions PostgreSQL committed or rolled back in the store's database (the
+        sampler's and these queries' own included: a handful per second)."""
+        row = self.server.sql(
+            self.db,
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            (self.db,),
+        )
+        return int(row[0][0])  # type: ignore[call-overload]
+
+    def measured_in_postgres(self, stack: Versions) -> dict[str, int]:
+        """The rollout as PostgreSQL holds it: completed sessions and results of
+        ``stack``, the keys with a fleet winner of it, and the hosts that hold one."""
+        key = stack.key()
+        q = {
+            "sessions_completed": "SELECT COUNT(*) FROM sessions WHERE versions_json = %s"
+            " AND status = 'completed'",
+            "results": "SELECT COUNT(*) FROM results r JOIN sessions s ON s.id = r.session_id"
+            " WHERE s.versions_json = %s AND s.status = 'completed'",
+            "fleet_winners": "SELECT COUNT(*) FROM winners WHERE versions_key = %s",
+            "hosts_measuring": "SELECT COUNT(DISTINCT host) FROM sessions WHERE versions_json"
+            " = %s AND status = 'completed'",
+        }
+        return {k: int(self.server.sql(self.db, v, (key,))[0][0]) for k, v in q.items()}  # type: ignore[call-overload]
+
+    def seed_history(self, days: float, sessions: int, disagreements: int) -> None:
+        """``days`` of history before the run, written by SQL on the server: ``sessions``
+        finished sessions of an older stack (two results of two candidates each) spread
+        over the fleet's GPUs, each host's own winners of that stack, and
+        ``disagreements`` recorded disagreements spread over the models and keys."""
+        hosts, span, t_end = len(self.hosts), days * DAY_S, self.clock() - 60.0
+        old = replace(STACK, torch="2.8.0").key()
+        names = [w.name for w in GPU_WORKLOADS]
+        t0 = time.monotonic()
+        with psycopg.connect(self.server.url(self.db), autocommit=True) as c:
+            c.execute(
+                """INSERT INTO sessions (gpu_uuid, gpu_index, gpu_model, host, backend,
+                       versions_json, workloads_json, regimes_json, started_at, ended_at,
+                       status, extra_json)
+                   SELECT format('GPU-%%s-%%s', lpad(h::text, 4, '0'), g), g, m.models[1 + h %% 2],
+                       format('gpu-node-%%s', lpad(h::text, 4, '0')), 'nvml', %(old)s, '[]',
+                       '["unthrottled","sustained"]', %(t0)s + i * %(step)s,
+                       %(t0)s + i * %(step)s + 600,
+                       CASE WHEN i %% 10 < 8 THEN 'completed' ELSE 'failed' END, '{}'
+                   FROM generate_series(1, %(n)s) AS i,
+                       LATERAL (SELECT i %% %(hosts)s AS h, (i / %(hosts)s) %% 8 AS g) AS hg,
+                       (SELECT %(models)s::text[] AS models) AS m""",
+                {"old": old, "t0": t_end - span, "step": span / sessions, "n": sessions,
+                 "hosts": hosts, "models": list(MODELS)},
+            )  # fmt: skip
+            c.execute(
+                """INSERT INTO results (session_id, workload, regime, winner, tie, margin,
+                       noise, recorded_at)
+                   SELECT s.id, (%(names)s::text[])[1 + (s.id / 3) %% %(k)s], r.regime, 'a',
+                       0, 0.1, 0.01, s.started_at + 300
+                   FROM sessions s CROSS JOIN (VALUES ('unthrottled'), ('sustained')) AS r(regime)
+                   WHERE s.versions_json = %(old)s""",
+                {"names": names, "k": len(names), "old": old},
+            )
+            c.execute(
+                """INSERT INTO candidate_stats (result_id, candidate, family, median_s, spread,
+                       samples, rejected, reasons, meta_json)
+                   SELECT r.id, c.name, 'fam', c.t, 0.01, 7, 0, 0, '{}'
+                   FROM results r CROSS JOIN (VALUES ('a', 1e-3), ('b', 2e-3)) AS c(name, t)"""
+            )
+            c.execute(
+                """INSERT INTO host_winners (host, gpu_model, versions_key, workload, regime,
+                       candidate, family, median_s, tie, session_id, result_id, gpu_uuid,
+                       measured_at)
+                   SELECT DISTINCT ON (s.host, r.workload, r.regime) s.host, s.gpu_model,
+                       s.versions_json, r.workload, r.regime, 'a', 'fam', 1e-3, 0, s.id, r.id,
+                       s.gpu_uuid, r.recorded_at
+                   FROM results r JOIN sessions s ON s.id = r.session_id
+                   WHERE s.status = 'completed' AND s.versions_json = %(old)s
+                   ORDER BY s.host, r.workload, r.regime, r.recorded_at DESC""",
+                {"old": old},
+            )
+            c.execute(
+                """INSERT INTO disagreements (gpu_model, versions_key, workload, regime,
+                       kept_candidate, kept_host, kept_gpu_uuid, kept_median_s, new_candidate,
+                       new_host, new_gpu_uuid, new_median_s, gap, noise, recorded_at)
+                   SELECT (%(models)s::text[])[1 + i %% 2], %(old)s,
+                       (%(names)s::text[])[1 + (i / 2) %% %(k)s],
+                       CASE WHEN i %% 3 = 0 THEN 'unthrottled' ELSE 'sustained' END,
+                       'a', 'gpu-node-0000', 'GPU-0000-0', 1e-3, 'b',
+                       format('gpu-node-%%s', lpad((i %% %(hosts)s)::text, 4, '0')), 'GPU-x',
+                       9e-4, 0.1, 0.01, %(t0)s + i * %(step)s
+                   FROM generate_series(1, %(n)s) AS i""",
+                {"models": list(MODELS), "old": old, "names": names, "k": len(names),
+                 "hosts": hosts, "t0": t_end - span, "step": span / disagreements,
+                 "n": disagreements},
+            )  # fmt: skip
+            c.execute(
+                """INSERT INTO disagreement_totals (gpu_model, workload, regime, n)
+                   SELECT gpu_model, workload, regime, COUNT(*) FROM disagreements
+                   GROUP BY gpu_model, workload, regime
+                   ON CONFLICT (gpu_model, workload, regime)
+                   DO UPDATE SET n = disagreement_totals.n + excluded.n"""
+            )  # the counts the store keeps beside them
+            c.execute("ANALYZE")
+        print(f"seeded {days:g} days of history in {time.monotonic() - t0:.0f} s:"
+              f" {sessions} sessions, {disagreements} disagreements", flush=True)  # fmt: skip
 
     def rollout(self, stack: Versions, name: str) -> Phase:
         """Every host gets ``stack`` and wants every key at once; runs until no host has
@@ -652,6 +813,7 @@ class Fleet:
                     print(f"  {name}: stopped at --max-rollout-s", flush=True)
                     break
         phase.keys = self.key_counts(self.stats.sessions[n0:], stack)
+        phase.pg_measured = self.measured_in_postgres(stack)
         return phase
 
     def warm_up(self) -> None:
@@ -755,6 +917,13 @@ def show(phase: Phase, hosts: int) -> dict[str, Any]:
         "server_connections_max": phase.server_conns_max,
         "server_connections_p50": phase.server_conns_p50,
         "server_connections_active_max": phase.active_conns_max,
+        "server_connections_active_mean": round(phase.active_conns_mean, 2),
+        "transactions_per_s_postgres": round(phase.per_s(phase.pg_xacts), 2),
+        "fleet_sync_ms_p50_p99_mean_n": [round(v, 2) for v in phase.sync_ms],
+        # the server's own time, all statements of the phase over its syncs (in steady
+        # state nearly every statement is a sync's): what a sync costs the database
+        "server_statement_ms_per_sync": round(phase.server_ms / max(1, phase.sync_ms[3]), 3),
+        "measured_in_postgres": phase.pg_measured,
         "clients_waiting_max": phase.cl_waiting_max,
         "hosts_per_server_connection": round(hosts / max(1, phase.server_conns_max), 1),
         # Little's law: server connections busy at once at the fleet's real pace (the
@@ -773,6 +942,7 @@ def show(phase: Phase, hosts: int) -> dict[str, Any]:
         "errors": phase.errors,
         "keys": phase.keys,
         "top_statements": phase.by_statement,
+        "costliest_statements_calls_mean_total_ms": phase.costliest,
     }
     print(json.dumps(summary, indent=1), flush=True)
     return summary
@@ -794,12 +964,16 @@ def main() -> None:
         help="simulated seconds a session takes per workload (default 120)",
     )
     ap.add_argument("--max-rollout-s", type=float, default=4 * 3600.0)
+    ap.add_argument("--no-rollout", action="store_true", help="the steady state only")
     ap.add_argument("--verify-fraction", type=float, default=FleetConfig().verify_fraction)
     ap.add_argument("--pool-size", type=int, default=20, help="PgBouncer default_pool_size")
     ap.add_argument("--reserve", type=int, default=5, help="PgBouncer reserve_pool_size")
     ap.add_argument("--threads", type=int, default=32)
     ap.add_argument("--sample-s", type=float, default=0.05, help="wall seconds between samples")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--history-days", type=float, default=30.0, help="history seeded (days)")
+    ap.add_argument("--history-sessions", type=int, default=100_000)
+    ap.add_argument("--history-disagreements", type=int, default=100_000)
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # servers stopped on the way out
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -813,13 +987,18 @@ def main() -> None:
     try:
         with fleet.times.installed():
             fleet.open_hosts()
+            if args.history_days > 0:
+                fleet.seed_history(
+                    args.history_days, args.history_sessions, args.history_disagreements
+                )
             for h in fleet.hosts[: len(MODELS)]:  # one host per model answered every key
                 h.seed()
             fleet.warm_up()
             steady = fleet.steady(args.steady_s)
             out["steady"] = show(steady, args.hosts)
-            roll = fleet.rollout(NEW_STACK, "new-stack rollout")
-            out["rollout"] = show(roll, args.hosts)
+            if not args.no_rollout:
+                roll = fleet.rollout(NEW_STACK, "new-stack rollout")
+                out["rollout"] = show(roll, args.hosts)
         out["report_fleet_s"] = fleet.time_report()
         out["report_head"] = getattr(fleet, "report_head", "")
         out["store_rows_bytes"] = table_sizes(fleet.server, fleet.db)

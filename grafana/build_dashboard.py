@@ -534,13 +534,21 @@ def tuning_panels() -> list[tuple[Panel, int, int]]:
                 "the daemon may write it. At 0 monitoring goes on and tuning waits; "
                 "/api/v1/winners serves its last known winners, marked stale. Not writable: "
                 "the store's schema is newer than this gpuwatchd and not compatible, or another "
-                "machine holds this host name and machine id (the log says which).",
+                "machine holds this host name and machine id (the log says which). Session ends "
+                "waiting: sessions whose end the store could not take yet (an outage, a lock "
+                "held past every retry), kept in the state directory and recorded when it can.",
                 [
                     target(inst("gpuwatchd_store_up"), "{{instance}}", instant=True),
                     target(inst("gpuwatchd_store_writable"), "{{instance}} writable", instant=True),
+                    target(
+                        inst("gpuwatchd_store_pending_results"),
+                        "{{instance}} session ends waiting",
+                        instant=True,
+                    ),
                 ],
                 "short",
                 [("red", None), ("green", 1)],
+                steps_of={"C": [("green", None), ("orange", 1)]},  # none waiting is good
             ),
             6,
             8,

@@ -206,8 +206,10 @@ def stat(
     targets: Sequence[dict[str, Any]],
     unit: str,
     steps: Sequence[tuple[str, float | None]],
+    steps_of: Mapping[str, Sequence[tuple[str, float | None]]] | None = None,
 ) -> Panel:
-    """Big numbers, coloured by ``steps`` (colour from value)."""
+    """Big numbers, coloured by ``steps`` (colour from value); ``steps_of`` maps a refId
+    to steps of its own (a count beside flags)."""
     defaults = {"unit": unit, "color": {"mode": "thresholds"}, "thresholds": thresholds(*steps)}
     options = {
         "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
@@ -219,7 +221,14 @@ def stat(
         "wideLayout": True,
         "showPercentChange": False,
     }
-    return panel("stat", title, description, targets, defaults, options)
+    overrides = [
+        {
+            "matcher": {"id": "byFrameRefID", "options": ref},
+            "properties": [{"id": "thresholds", "value": thresholds(*own)}],
+        }
+        for ref, own in (steps_of or {}).items()
+    ]
+    return panel("stat", title, description, targets, defaults, options, overrides)
 
 
 def row(title: str) -> Panel:

@@ -121,6 +121,8 @@ KNOWN_METRICS: dict[str, frozenset[str]] = {
     "gpuwatchd_tls_certificate_expiry_timestamp_seconds": _m(
         "cert", "subject_cn", "serial_number", base=_NONE
     ),
+    "gpuwatchd_store_pending_results": _NONE,
+    "gpuwatchd_store_late_results_total": _m("outcome", base=_NONE),
     # Prometheus' own per-target series
     "up": _NONE,
 }
@@ -150,6 +152,8 @@ SOURCE: dict[str, str] = {
             "gpuwatchd_store_schema_skew",
             "gpuwatchd_periodic_overdue_total",
             "gpuwatchd_control_turned_away_total",
+            "gpuwatchd_store_pending_results",
+            "gpuwatchd_store_late_results_total",
         }
         else "mig"
         if name.startswith("gpuwatchd_mig_")

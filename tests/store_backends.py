@@ -13,8 +13,16 @@ from gpuwatchd.store import SqlStore, sqlite_store
 
 KINDS = ("sqlite", "postgres")
 
-#: What schema migration 3 (the fleet) added, undone to make a version-2 store.
+#: What schema migrations 3 (the fleet) and later added, undone to make a version-2
+#: store; migration 7's per-GPU session counts folded back into version 2's table.
 FLEET_OBJECTS = (
+    """INSERT INTO session_totals (status, n)
+       SELECT status, SUM(n) FROM gpu_session_totals WHERE true GROUP BY status
+       ON CONFLICT (status) DO UPDATE SET n = session_totals.n + excluded.n""",
+    "DROP TABLE gpu_session_totals",
+    "DROP TABLE clock_medians",
+    "DROP TABLE disagreement_totals",
+    "DROP INDEX sessions_running_since",
     "DROP INDEX sessions_by_gpu",  # migration 4's on version 2's tables
     "DROP INDEX sessions_by_host",
     "DROP TABLE host_winners",

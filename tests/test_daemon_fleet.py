@@ -181,12 +181,16 @@ def test_winners_api_serves_this_hosts_own_winner_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A peer's winner stays the fleet's (this host disagreed beyond noise), yet this
-    host's jobs get the winner this host measured; keys it never measured: the fleet's."""
-    gemm = session_meta(host="peer", workloads=session_meta().workloads, regimes=(U,))
+    host's jobs get the winner this host measured; keys it never measured: the fleet's.
+    Only its own GPU model's: another model's winners are not its to serve (nor read)."""
+    model = "Fake GPU"  # the fake backend's
+    gemm = session_meta(host="peer", gpu_model=model, regimes=(U,))
     with sqlite_store(tmp_path / STORE_NAME) as store:
         seed_session(store, gemm, [_result("gemm", fast="tile-a", slow="tile-b")])
         seed_session(store, gemm, [_result("conv", fast="algo-1", slow="algo-2")])
-        mine = session_meta(host=HOST, gpu_uuid="GPU-mine", regimes=(U,))
+        other = session_meta(host="peer", gpu_uuid="GPU-other", regimes=(U,))  # an H200
+        seed_session(store, other, [_result("attn", fast="flash", slow="math")])
+        mine = session_meta(host=HOST, gpu_uuid="GPU-mine", gpu_model=model, regimes=(U,))
         seed_session(store, mine, [_result("gemm", fast="tile-b", slow="tile-a")])
         fleet = {w.workload: (w.candidate, w.host) for w in store.winners(latest=True)}
     assert fleet["gemm"] == ("tile-a", "peer"), "the peer's winner should stay the fleet's"

@@ -128,6 +128,8 @@ NOT_ON_DASHBOARD: dict[str, str] = {
     "gpuwatchd_user_kernel_keys": "users' own kernels: `gpuwatchd workloads list` shows them",
     "gpuwatchd_user_kernel_regime_winners_differ_keys": "as above",
     "gpuwatchd_added_workloads": "`gpuwatchd workloads list` shows them",
+    "gpuwatchd_store_late_results_total": "the session ends waiting are drawn beside store up;"
+    " this counts how they ended (recorded late, dropped)",
 }
 
 

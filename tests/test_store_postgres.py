@@ -151,6 +151,27 @@ def test_a_host_older_than_an_incompatible_schema_refuses_to_write_in_one_line(
         postgres_store(url, readonly=True)
 
 
+def test_a_write_checks_the_schema_in_the_statement_that_begins_it(
+    postgres_server: PostgresServer, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = postgres_server.url(db)
+    store = postgres_store(url)
+    asked: list[int] = []
+    version = PostgresEngine.version
+    monkeypatch.setattr(
+        PostgresEngine, "version", lambda self, conn: asked.append(1) or version(self, conn)
+    )
+    sid = store.start_session(session_meta())
+    store.finish_session(sid, SessionStatus.COMPLETED)
+    assert asked == [], "a write's schema check read the version in statements of its own"
+    # still read at every write: a newer, incompatible schema stops the next one
+    newer = sql_migration(LATEST + 1, "newer", "CREATE TABLE t (x INTEGER)", min_writer=LATEST + 1)
+    postgres_store(url, migrations=(*MIGRATIONS, newer)).close()
+    with pytest.raises(WritesRefused, match=f"schema version {LATEST + 1}, newer"):
+        store.start_session(session_meta())
+    store.close()
+
+
 def test_a_foreign_database_is_refused_untouched(postgres_server: PostgresServer, db: str) -> None:
     postgres_server.sql(db, "CREATE TABLE sessions (id INTEGER)")
     with pytest.raises(StoreError, match="no gpuwatchd schema version"):

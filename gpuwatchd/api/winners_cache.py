@@ -1,7 +1,9 @@
 """The daemon's ``/api/v1/winners``: the winners this host serves, kept in memory.
 
-The whole document is read from the store once per fleet sync and after every session
-(or fleet skip) of this host, and each request is answered by filtering it in memory:
+The whole document (of this host's GPU models, when it knows them: a host serves
+winners for its own GPUs, and its read does not grow with the fleet's models) is read
+from the store once per fleet sync and after every session (or fleet skip) of this
+host, and each request is answered by filtering it in memory:
 a request costs no query, and while the store is down the last known winners are still
 served, marked ``stale`` with their ``age_s``. Before the first read has worked there
 is nothing to serve: :meth:`WinnersCache.document` raises :class:`StoreUnavailable`
@@ -11,7 +13,7 @@ is nothing to serve: :meth:`WinnersCache.document` raises :class:`StoreUnavailab
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,34 +29,50 @@ class _Read:
 
     winners: tuple[JsonDict, ...]
     at: float
+    models: tuple[str, ...]  # the GPU models it was read for (none: every model)
 
 
 class WinnersCache:
     """Every winner ``host`` serves (its own per key, else the fleet's), read per
-    :meth:`refresh`."""
+    :meth:`refresh`; only those of the GPU models ``models()`` names, when it names any."""
 
-    def __init__(self, store: SqlStore, *, host: str, now: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: SqlStore,
+        *,
+        host: str,
+        now: Callable[[], float] = time.time,
+        models: Callable[[], Collection[str]] = frozenset,
+    ) -> None:
         self._store = store
         self._host = host
+        self._models = models
         self._now = now
         self._read: _Read | None = None
         self._stale = False
 
     def refresh(self) -> None:
         """Read the document again; a store error keeps the last one, marked stale."""
+        mine = tuple(sorted(self._models()))
         try:
-            doc = winners_json(self._store, prefer_host=self._host, now=self._now)
+            winners = [
+                w
+                for model in mine or (None,)
+                for w in winners_json(
+                    self._store, gpu_model=model, prefer_host=self._host, now=self._now
+                )["winners"]
+            ]
         except StoreError:
             self._stale = True
             return
-        self._read, self._stale = _Read(tuple(doc["winners"]), self._now()), False
+        self._read, self._stale = _Read(tuple(winners), self._now(), mine), False
 
     def document(self, target: str) -> JsonDict:
         """The document for a request target (its query filters it); ValueError for a
         bad query, StoreUnavailable when no read has worked yet."""
         query = parse_winners_query(target)
-        if self._read is None:
-            self.refresh()
+        if self._read is None or self._read.models != tuple(sorted(self._models())):
+            self.refresh()  # never read, or this host's GPUs became known since
         read = self._read
         if read is None:
             raise StoreUnavailable(

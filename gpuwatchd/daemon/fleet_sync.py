@@ -2,7 +2,8 @@
 
 Every ``interval_s`` (a periodic task) it writes this host's learned sustained clock
 of each GPU (the drift detector's view; the model and power limit from the state board)
-and reads back the fleet's fresh clocks, its disagreement counts and its tuning coverage.
+and reads back, for this host's GPU models only, the fleet's clock medians, its
+disagreement counts and its tuning coverage.
 The result is published as one immutable :class:`FleetSnapshot` that the ``fleet``
 collector reads without a lock or I/O. A store that fails is logged once per distinct
 message and leaves the last good snapshot in place, marked stale; nothing raises into
@@ -162,18 +163,22 @@ class FleetSync:
                 self._store.report_host_clock(row)
                 self._this_sync.setdefault(row.gpu_uuid, self._written.get(row.gpu_uuid))
                 self._written[row.gpu_uuid] = row
-        # One row per group from the store, not every host's clocks (O(hosts) per host).
-        medians = self._store.clock_medians(self.max_age_s)
+        # Only this host's GPU models, and the medians the fleet keeps (one host
+        # recomputes them per interval): a sync costs the same in a fleet of any size.
+        models = sorted({s.info.name for s in self._board.all() if s.info is not None})
+        medians = self._store.clock_medians(
+            self.max_age_s, gpu_models=models, kept_for_s=self.interval_s
+        )
         groups = groups_from_medians(medians)
-        disagreements = self._store.disagreement_counts()
-        recent = self._store.disagreement_counts(since=self._now() - RECENT_DISAGREEMENTS_S)
-        models = {s.info.name for s in self._board.all() if s.info is not None}
-        models |= {m.gpu_model for m in medians}
+        disagreements = self._store.disagreement_counts(gpu_models=models)
+        recent = self._store.disagreement_counts(
+            since=self._now() - RECENT_DISAGREEMENTS_S, gpu_models=models
+        )
         return FleetSnapshot(
             own=tuple(clock for clock, _ in own),
             groups=groups,
             disagreements=dict(disagreements),
-            coverage=coverage(self._fresh_winners(sorted(models))),
+            coverage=coverage(self._fresh_winners(models)),
             synced_at=self._now(),
             recent_disagreements=dict(recent),
         )

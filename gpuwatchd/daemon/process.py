@@ -57,6 +57,7 @@ from gpuwatchd.drift import (
 )
 from gpuwatchd.drift.fleet import FleetSnapshot, clock_max_age_s
 from gpuwatchd.exporter import DaemonInfo, build_registry, build_state_json
+from gpuwatchd.exporter.collectors.store import PendingCounts
 from gpuwatchd.exporter.registry import Sources
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.monitor.poller import Poller
@@ -65,6 +66,7 @@ from gpuwatchd.serve import HttpServer
 from gpuwatchd.serve.control import ControlServer, default_socket_path
 from gpuwatchd.serve.loop import ServeLoop
 from gpuwatchd.sessions.fleet import fleet_policy
+from gpuwatchd.sessions.pending_ends import PENDING_FILE, PendingEnds, record_waiting
 from gpuwatchd.sessions.plan import DEVICES_FOR_BACKEND, runnable_workloads
 from gpuwatchd.sessions.readiness import WorkerProbe
 from gpuwatchd.sessions.scheduler import RunnerFactory, TuneScheduler
@@ -102,14 +104,17 @@ SPOOL_RESCAN_S = 60.0
 #: The first pruning waits this long after start (at most an interval): a fleet that
 #: restarts at once does not ask for the pruning lease all in its first seconds.
 FIRST_PRUNE_S = 300.0
+#: How often session ends the store could not take (a lock, an outage) are tried again.
+RECORD_PENDING_S = 30.0
 #: The main loop's longest sleep: a config reload (SIGHUP) waits at most this long, and
 #: so does the next look at a store that is down (``StoreLink.poke``).
 MAX_TICK_S = 1.0
 
 
-def runner_factory(cfg: Config) -> RunnerFactory:
+def runner_factory(cfg: Config, pending: PendingEnds | None = None) -> RunnerFactory:
     """Each GPU's session runner: the configured worker interpreter and resume age (the
-    runner's module loads with the first session)."""
+    runner's module loads with the first session); all keep the session ends the store
+    cannot take yet in ``pending``."""
 
     def runner(store: SqlStore, *, on_finished: SessionListener) -> TuneRunner:
         from gpuwatchd.sessions.runner import TuneRunner
@@ -121,6 +126,7 @@ def runner_factory(cfg: Config) -> RunnerFactory:
             worker_user=cfg.tuning.worker_user,
             resume_max_age_s=cfg.tuning.resume_max_age_s,
             versions_now=current_versions,  # a session resumed whole: is its stack still installed?
+            pending=pending,
         )
 
     return runner
@@ -218,6 +224,11 @@ class Daemon:
         if self.identity is not None and self.store.up:
             with contextlib.suppress(StoreUnavailable):  # taken when the store is back
                 self.identity.claim()
+        # Session ends the store could not take (kept on disk): recorded before the
+        # scheduler marks this host's sessions left running as abandoned.
+        state_dir = resolve_state_dir(cfg.daemon.state_dir)
+        self.pending_ends = PendingEnds(state_dir / PENDING_FILE)
+        self.record_pending()
         self.tuner = TuneScheduler(
             cfg.tuning_setup(),
             self.board,
@@ -225,7 +236,7 @@ class Daemon:
             self.backend.name,
             sim_time=self.backend.clock.now,
             # the worker imports users' kernels: it runs in their Python environment
-            runner_factory=runner_factory(cfg),
+            runner_factory=runner_factory(cfg, self.pending_ends),
             session_load=self.backend if isinstance(self.backend, FeelsSessionLoad) else None,
             # a shared store: skip what identical hosts tuned, claim the rest (else None)
             fleet=fleet_policy(
@@ -251,7 +262,7 @@ class Daemon:
             tuned=self.tuned_workloads,
         )
         # What /api/v1/winners serves: read per sync and after this host's sessions.
-        self.winners = WinnersCache(self.store, host=self.host)
+        self.winners = WinnersCache(self.store, host=self.host, models=self._gpu_models)
         self.tuner.events.add_listener(lambda _event: self.winners.refresh())
         self.tuner.events.add_skip_listener(lambda _event: self.winners.refresh())
         # The store reconnects in the background; its return releases what waited on it.
@@ -339,6 +350,7 @@ class Daemon:
                 added=self.user_work.added_names,
                 drift=self.drift.view,
                 store=self.store,
+                pending=self.pending_counts,
                 fleet=self.fleet_snapshot,
                 periodic=self.scheduler.overdue_counts,
                 # Read at scrape time: scrapes begin once the control server exists.
@@ -458,7 +470,8 @@ class Daemon:
         self.scheduler.add("spool", self.user_work.rescan, SPOOL_RESCAN_S)
         if self.pruner.interval_s > 0:
             first = min(self.pruner.interval_s, FIRST_PRUNE_S)
-            self.scheduler.add("prune", self.pruner, self.pruner.interval_s, first_in_s=first)
+            self.scheduler.add("prune", self.pruner, self.pruner.check_every_s, first_in_s=first)
+        self.scheduler.add("pending-ends", self.record_pending, RECORD_PENDING_S)
         # first looks once the GPUs have been polled, not a whole interval later
         self.scheduler.add("drift", self.drift_tick, self.cfg.drift.check_interval_s, first_in_s=2)
         sync_s = self.cfg.fleet.sync_interval_s
@@ -563,6 +576,27 @@ class Daemon:
         self._fatal = str(exc)
         self.request_stop()
 
+    def _gpu_models(self) -> set[str]:
+        """The models of this host's GPUs known so far (the winners it serves)."""
+        return {s.info.name for s in self.board.all() if s.info is not None}
+
+    def record_pending(self) -> None:
+        """Periodic task (and at start, and when the store is back): record the session
+        ends the store could not take when they happened; never raises."""
+        if len(self.pending_ends) == 0 or self._fatal is not None:
+            return
+        tuner = getattr(self, "tuner", None)
+        notify = None if tuner is None else lambda end: tuner.events.notify(end.finished())
+        try:
+            record_waiting(self.store, self.pending_ends, notify)
+        except Exception:  # a bug here must not stop the other periodic tasks
+            log.exception("recording the session ends waiting for the store failed")
+
+    def pending_counts(self) -> PendingCounts:
+        """What the store collector exports about the ends waiting for the store."""
+        p = self.pending_ends
+        return PendingCounts(len(p), p.recorded_late, p.dropped)
+
     def _store_back(self) -> None:
         """The store answers (again): hold the host name first, then let the scheduler
         record and resume what waited for the store. Raises StoreUnavailable when the
@@ -575,6 +609,7 @@ class Daemon:
             except HostNameTaken as exc:
                 self._refuse(exc)
                 return
+        self.record_pending()
         self.tuner.store_back()
 
     def drift_tick(self) -> None:

@@ -26,7 +26,7 @@ from gpuwatchd.exporter.collectors.health import HealthCollector
 from gpuwatchd.exporter.collectors.mig import MigCollector
 from gpuwatchd.exporter.collectors.periodic import PeriodicCollector
 from gpuwatchd.exporter.collectors.pods import PodsCollector
-from gpuwatchd.exporter.collectors.store import StoreCollector, StoreView
+from gpuwatchd.exporter.collectors.store import PendingCounts, StoreCollector, StoreView
 from gpuwatchd.exporter.collectors.tls import ServedCertificate, TlsCertificateCollector
 from gpuwatchd.exporter.collectors.tuning import TuningCollector
 from gpuwatchd.monitor.board import StateBoard
@@ -67,6 +67,7 @@ class Sources:
     added: Callable[[], Collection[str]] = frozenset
     drift: Callable[[], dict[int, GpuDriftView]] | None = None
     store: StoreView | None = None
+    pending: Callable[[], PendingCounts] = PendingCounts
     fleet: Callable[[], FleetSnapshot] | None = None
     periodic: Callable[[], Mapping[str, int]] | None = None
     control: Callable[[], int] | None = None
@@ -92,7 +93,7 @@ COLLECTORS: tuple[tuple[str, Callable[[Sources], SubCollector | None]], ...] = (
         lambda s: None if s.tuning is None else TuningCollector(s.board, s.tuning, s.added),
     ),
     ("drift", lambda s: None if s.drift is None else DriftCollector(s.drift)),
-    ("store", lambda s: None if s.store is None else StoreCollector(s.store)),
+    ("store", lambda s: None if s.store is None else StoreCollector(s.store, s.pending)),
     ("fleet", _fleet),
     ("periodic", lambda s: None if s.periodic is None else PeriodicCollector(s.periodic)),
     ("control", lambda s: None if s.control is None else ControlCollector(s.control)),

@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 import gpuwatchd
 from gpuwatchd.exporter.render import MetricsRenderer, Rendered
-from gpuwatchd.store.errors import StoreUnavailable
+from gpuwatchd.store.errors import StoreBusy, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,8 @@ class Routes:
                 return error_response(400, "bad request", detail=str(exc)[:300])
             except StoreUnavailable as exc:  # the store logs its outage once, not per request
                 return error_response(503, "store unavailable", detail=str(exc)[:300])
+            except StoreBusy as exc:  # up, but a statement ran over its timeout: try again
+                return error_response(503, "store busy", detail=str(exc)[:300])
 
         return serve
 

@@ -23,7 +23,7 @@ from gpuwatchd.sessions.claim_renewal import ClaimRenewer
 from gpuwatchd.sessions.events import SessionEvents, SessionFinished, WorkSkipped
 from gpuwatchd.sessions.fleet import SKIP_REASON, FleetAnswer, FleetPolicy
 from gpuwatchd.sessions.pending import Pending
-from gpuwatchd.store.errors import StoreUnavailable
+from gpuwatchd.store.errors import StoreBusy, StoreUnavailable
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.settings import TuningSetup
 from gpuwatchd.tuning.types import Regime, Versions, Workload
@@ -88,8 +88,8 @@ class FleetChoice:
         failed session and nothing runs."""
         try:
             return self._choose(gpu, info, work, why, sim_t)
-        except StoreUnavailable as exc:  # the store logs the outage once
-            log.debug("GPU %d: the fleet's store is unreachable: %s", gpu, exc)
+        except (StoreUnavailable, StoreBusy) as exc:  # an outage (logged once), a held lock
+            log.debug("GPU %d: the fleet's store is unreachable or busy: %s", gpu, exc)
             self._wait_for_store(gpu)
             return None
         except Exception as exc:

@@ -8,7 +8,10 @@ its ``hello`` and each ``result`` as it arrives, and ends the session ``complete
 (``should_preempt`` gave a reason, or :meth:`TuneRunner.cancel`), then tells
 ``on_finished`` with a :class:`~gpuwatchd.sessions.events.SessionFinished`. The worker
 runs in its own process group so a kill also reaches its children (Triton's compilers);
-every wait is bounded, every child is reaped, and nothing here imports torch.
+every wait is bounded, every child is reaped, and nothing here imports torch. A session's
+end is tried again while the store is busy (a lock another host holds); one the store
+cannot take waits in :class:`~gpuwatchd.sessions.pending_ends.PendingEnds` (with any result
+it was too busy to take) until :meth:`TuneRunner.record_endings` records it.
 
 Sessions resume: results that preempted sessions of the same GPU recorded recently, under
 the same conditions and stack (:mod:`gpuwatchd.sessions.resume` has the rule), are
@@ -25,20 +28,18 @@ import logging
 import math
 import os
 import queue
-import signal
-import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import gpuwatchd
-from gpuwatchd.sessions.events import SessionFinished, SessionListener
+from gpuwatchd.sessions.events import SessionListener
+from gpuwatchd.sessions.pending_ends import PendingEnd, PendingEnds, record, record_waiting
 from gpuwatchd.sessions.resume import (
     Pair,
     check_max_age,
@@ -47,27 +48,23 @@ from gpuwatchd.sessions.resume import (
     remaining_spec,
     reusable_results,
 )
+from gpuwatchd.sessions.worker_process import Eof, Invalid, WorkerProcess, exit_text
 from gpuwatchd.store import SessionMeta, SqlStore, StoredResult, StoreError
-from gpuwatchd.store.errors import StoreUnavailable
+from gpuwatchd.store.errors import StoreBusy, StoreUnavailable
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
 from gpuwatchd.tuning.session_spec import (
-    MAX_LINE_BYTES,
     ErrorMessage,
     Hello,
     Message,
     Progress,
     ResultMessage,
     SessionSpec,
-    SessionSpecError,
-    decode_message,
 )
 from gpuwatchd.tuning.settings import DEFAULT_RESUME_MAX_AGE_S
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
 from gpuwatchd.tuning.versions import VersionsNow, changed_versions
 from gpuwatchd.tuning.worker_isolation import (
     PYTHON_FLAGS,
-    WORKER_CWD,
-    WorkerUser,
     resolve_worker_user,
     switch_user,
     worker_environment,
@@ -102,176 +99,6 @@ class SessionOutcome:
 
 class RunnerBusy(RuntimeError):
     """A session is already running on this runner (one at a time per instance)."""
-
-
-# -- the worker process ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Invalid:
-    """A line from the worker that is not a valid message."""
-
-    why: str
-
-
-class _Eof:
-    """The worker's stdout closed."""
-
-
-_Event = Message | _Invalid | _Eof
-
-
-def _exit_text(rc: int) -> str:
-    """``-11`` -> ``exit 139 (SIGSEGV)``, ``3`` -> ``exit 3``: what a shell would say."""
-    signum = -rc if rc < 0 else rc - 128 if rc > 128 else 0
-    code = 128 - rc if rc < 0 else rc
-    try:
-        name = signal.Signals(signum).name if signum else ""
-    except ValueError:
-        name = ""
-    return f"exit {code} ({name})" if name else f"exit {code}"
-
-
-class WorkerProcess:
-    """One worker subprocess in its own process group, with its pipes drained by threads.
-
-    Messages parsed from stdout arrive on :attr:`events`; stderr is logged at debug
-    level and its last lines kept for the failure message.
-    """
-
-    def __init__(
-        self,
-        cmd: Sequence[str],
-        env: dict[str, str],
-        stdin_data: bytes,
-        cwd: str = WORKER_CWD,
-        user: WorkerUser | None = None,
-    ) -> None:
-        self.proc = subprocess.Popen(
-            list(cmd),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,  # own process group: killpg reaches grandchildren
-            close_fds=True,
-            user=None if user is None else user.uid,
-            group=None if user is None else user.gid,
-            extra_groups=None if user is None else list(user.groups),
-        )
-        self.pid = self.proc.pid
-        self.events: queue.Queue[_Event] = queue.Queue()
-        self.stderr_tail: deque[str] = deque(maxlen=50)
-        assert self.proc.stdin and self.proc.stdout and self.proc.stderr
-        self._threads = [
-            _thread(f"gpuwatchd-worker-{self.pid}-stdin", _feed, self.proc.stdin, stdin_data),
-            _thread(f"gpuwatchd-worker-{self.pid}-stdout", self._read_stdout, self.proc.stdout),
-            _thread(f"gpuwatchd-worker-{self.pid}-stderr", self._read_stderr, self.proc.stderr),
-        ]
-
-    def _read_stdout(self, stream: IO[bytes]) -> None:
-        try:
-            while line := stream.readline(MAX_LINE_BYTES + 1):
-                if len(line) > MAX_LINE_BYTES:
-                    self.events.put(_Invalid(f"a line longer than {MAX_LINE_BYTES} bytes"))
-                    return
-                if not line.strip():
-                    continue
-                try:
-                    self.events.put(decode_message(line))
-                except SessionSpecError as e:
-                    self.events.put(_Invalid(str(e)))
-                    return
-        except (OSError, ValueError) as e:
-            self.events.put(_Invalid(f"cannot read its stdout: {e}"))
-        finally:
-            self.events.put(_Eof())
-
-    def _read_stderr(self, stream: IO[bytes]) -> None:
-        with suppress(OSError, ValueError):
-            for raw in stream:
-                line = raw.decode("utf-8", "replace").rstrip()
-                if line.strip():
-                    self.stderr_tail.append(line)
-                    log.debug("worker %d: %s", self.pid, line)
-
-    def last_stderr_line(self) -> str | None:
-        """The line that best says why it died: a fatal-error banner, else the last line."""
-        for line in reversed(self.stderr_tail):
-            if line.startswith("Fatal Python error"):
-                return line.strip()
-        return self.stderr_tail[-1].strip() if self.stderr_tail else None
-
-    def exited(self) -> bool:
-        """True once the worker has exited, without reaping it: while it is a zombie its
-        PID, and so its process group ID, cannot be reused by another process."""
-        if self.proc.returncode is not None:
-            return True
-        try:
-            return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-        except ChildProcessError:
-            return True
-
-    def signal_group(self, sig: signal.Signals) -> None:
-        if self.proc.returncode is not None:
-            return  # reaped: its group ID may belong to someone else now
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
-
-    def wait_exit(self, timeout_s: float) -> bool:
-        """Poll until the worker exits or ``timeout_s`` passes; True if it exited."""
-        deadline = time.monotonic() + timeout_s
-        while not self.exited():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-        return True
-
-    def stop(self, grace_s: float) -> None:
-        """SIGTERM the group, SIGKILL it after ``grace_s`` if the worker is still there."""
-        if not self.exited():
-            self.signal_group(signal.SIGTERM)
-            if grace_s > 0:
-                self.wait_exit(grace_s)
-        self.signal_group(signal.SIGKILL)
-
-    def reap(self, timeout_s: float) -> int | None:
-        """Kill whatever is left of the group, reap the worker and join the pipe threads.
-
-        Returns the exit status, or None if the worker would not die in time (stuck in
-        the kernel): a background thread then reaps it whenever it does.
-        """
-        self.signal_group(signal.SIGKILL)  # leftover grandchildren, the worker if alive
-        try:
-            rc: int | None = self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            log.error("worker %d did not die within %.1f s of SIGKILL", self.pid, timeout_s)
-            _thread(f"gpuwatchd-reap-{self.pid}", self.proc.wait)
-            rc = None
-        for t in self._threads:
-            t.join(timeout=0.5)
-        # A pipe still held open by an escaped grandchild is left to its reader thread:
-        # closing a stream another thread is blocked reading would block here too.
-        for t, stream in zip(self._threads[1:], (self.proc.stdout, self.proc.stderr), strict=True):
-            if stream is not None and not t.is_alive():
-                with suppress(OSError):
-                    stream.close()
-        return rc
-
-
-def _thread(name: str, target: Callable[..., object], *args: object) -> threading.Thread:
-    t = threading.Thread(target=target, args=args, name=name, daemon=True)
-    t.start()
-    return t
-
-
-def _feed(stream: IO[bytes], data: bytes) -> None:
-    """Write the spec and close stdin; a worker that died early just breaks the pipe."""
-    with suppress(OSError, ValueError):
-        stream.write(data)
-    with suppress(OSError, ValueError):
-        stream.close()
 
 
 # -- the runner ------------------------------------------------------------------------------
@@ -314,6 +141,8 @@ class TuneRunner:
         now: Callable[[], float] = time.time,
         versions_now: VersionsNow | None = None,
         worker_user: str = "",
+        pending: PendingEnds | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.resume_max_age_s = check_max_age(resume_max_age_s)
         self._user = switch_user(resolve_worker_user(worker_user))
@@ -346,8 +175,9 @@ class TuneRunner:
         self._worker: WorkerProcess | None = None
         self._hello_pid: int | None = None
         self._cancel: str | None = None
-        #: Sessions that ended while the store was unreachable: recorded once it is back.
-        self._unrecorded: list[_Ending] = []
+        #: Session ends the store could not take yet (the daemon's: one file for all).
+        self.pending = pending if pending is not None else PendingEnds()
+        self._sleep = sleep  # between tries while the store is busy
 
     # -- public ----------------------------------------------------------------------
 
@@ -448,9 +278,9 @@ class TuneRunner:
             except BaseException as e:  # KeyboardInterrupt, a bug: never leave it running
                 session.kill()
                 why = f"runner interrupted: {describe(e)}"
-                self._finish(sid, info, SessionStatus.FAILED, why, spec)
+                self._finish(sid, info, SessionStatus.FAILED, why, spec, session.unrecorded)
                 raise
-            self._finish(sid, info, status, why, spec)
+            self._finish(sid, info, status, why, spec, session.unrecorded)
             log.info("tuning session %d ended %s%s", sid, status.value, f": {why}" if why else "")
             reused = {p: s.session_id for p, s in session.carried.items()}
             return SessionOutcome(
@@ -458,14 +288,9 @@ class TuneRunner:
             )
 
     def record_endings(self) -> int:
-        """Record the sessions that ended while the store was unreachable (their rows
-        still say running); returns how many are still waiting for the store."""
-        with self._lock:
-            waiting, self._unrecorded = self._unrecorded, []
-        for e in waiting:
-            self._finish(e.sid, e.info, e.status, e.why, e.spec, again=True)
-        with self._lock:
-            return len(self._unrecorded)
+        """Record the session ends the store could not take when they happened (their
+        rows still say running); returns how many still wait for the store."""
+        return record_waiting(self.store, self.pending, self._notify)
 
     # -- internals -------------------------------------------------------------------
 
@@ -488,29 +313,32 @@ class TuneRunner:
         status: SessionStatus,
         why: str | None,
         spec: SessionSpec,
-        *,
-        again: bool = False,
+        unrecorded: Sequence[RegimeResult] = (),
     ) -> None:
-        try:
-            self.store.finish_session(sid, status, why)
-        except StoreUnavailable:
-            with self._lock:
-                self._unrecorded.append(_Ending(sid, info, status, why, spec))
-            if again:
-                return
-            log.warning("tuning session %d ended %s; the store is unreachable, so it is"
-                        " recorded when the store is back", sid, status.value)  # fmt: skip
+        """Record the session's end, its ``unrecorded`` results first; what the store
+        cannot take now (after a few tries while busy) waits in :attr:`pending`."""
+        names = tuple(w.name for w in spec.workloads)
+        end = PendingEnd(
+            sid, info.index, info.uuid, info.name, status, why, self._now(), names,
+            tuple(unrecorded),
+        )  # fmt: skip
+        got = record(self.store, end, sleep=self._sleep)
+        if got is False:
+            self.pending.add(end)
+            log.warning("tuning session %d ended %s; the store cannot take it now, so it is"
+                        " kept in the state directory and recorded when it can", sid,
+                        status.value)  # fmt: skip
+        elif got:
+            self._notify(end)
+
+    def _notify(self, end: PendingEnd) -> None:
+        """Tell ``on_finished`` that the store holds ``end``."""
+        if self._on_finished is None:
             return
-        except StoreError as e:
-            log.error("cannot end tuning session %d as %s (%s): %s", sid, status.value, why, e)
-            return  # the store still says running: nothing new to tell
-        if self._on_finished is not None:
-            names = tuple(w.name for w in spec.workloads)
-            event = SessionFinished(sid, info.index, info.uuid, info.name, status, why, names)
-            try:
-                self._on_finished(event)
-            except Exception:  # a listener's bug must not fail the session that ended fine
-                log.exception("on_finished failed for tuning session %d", sid)
+        try:
+            self._on_finished(end.finished())
+        except Exception:  # a listener's bug must not fail the session that ended fine
+            log.exception("on_finished failed for tuning session %d", end.session_id)
 
     def _command_env(self, spec: SessionSpec) -> dict[str, str]:
         if self._env is None:
@@ -544,15 +372,9 @@ class _Failed(Exception):
     """Ends the watch loop: the session failed for the reason given."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Ending:
-    """A session's end the store could not record yet."""
-
-    sid: int
-    info: DeviceInfo
-    status: SessionStatus
-    why: str | None
-    spec: SessionSpec
+class _Busy(_Failed):
+    """A write the store was too busy to take (a lock held past its timeout): the
+    session fails unless the caller keeps what was to be written for later."""
 
 
 class _Session:
@@ -592,6 +414,8 @@ class _Session:
         #: Workloads requested for a fresh measurement, and when (see run_session).
         self.fresh_after = fresh_after
         self.store_cut = False  # a write found the store unreachable
+        #: Results the store was too busy to take: recorded with the session's end.
+        self.unrecorded: list[RegimeResult] = []
 
     def run(self) -> tuple[SessionStatus, str | None]:
         self.deadline = time.monotonic() + self.timeout_s
@@ -710,9 +534,9 @@ class _Session:
                 event = worker.events.get(timeout=min(self.r.poll_s, deadline - now))
             except queue.Empty:
                 event = None
-            if isinstance(event, _Eof):
+            if isinstance(event, Eof):
                 eof = True
-            elif isinstance(event, _Invalid):
+            elif isinstance(event, Invalid):
                 raise _Failed(f"worker sent invalid output: {event.why}")
             elif event is not None:
                 self._handle(event)
@@ -737,9 +561,9 @@ class _Session:
                 event = worker.events.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(event, _Invalid) and self.error is None:
+            if isinstance(event, Invalid) and self.error is None:
                 self.error = f"invalid output: {event.why}"
-            elif not isinstance(event, _Invalid | _Eof):
+            elif not isinstance(event, Invalid | Eof):
                 try:
                     self._handle(event)
                 except _Failed as e:
@@ -789,7 +613,10 @@ class _Session:
             self._check_pair(res.workload, res.regime, "result")
             if key in self.results:
                 raise _Failed(f"worker sent invalid output: a second result for {pair_text(key)}")
-            self._store(lambda: self.r.store.record_result(self.sid, res))
+            try:
+                self._store(lambda: self.r.store.record_result(self.sid, res))
+            except _Busy:
+                self.unrecorded.append(res)  # the session goes on; its end records it
             self.results[key] = res
 
     def _check_pair(self, workload: str, regime: Regime, what: str) -> None:
@@ -802,6 +629,8 @@ class _Session:
     def _store(self, write: Callable[[], _T]) -> _T:
         try:
             return write()
+        except StoreBusy as e:
+            raise _Busy(f"store error: {e}") from None
         except StoreError as e:
             self.store_cut = self.store_cut or isinstance(e, StoreUnavailable)
             raise _Failed(f"store error: {e}") from None
@@ -813,7 +642,7 @@ class _Session:
         if rc is None:
             return SessionStatus.FAILED, "worker would not exit"
         if rc != 0:
-            why = f"worker crashed: {_exit_text(rc)}"
+            why = f"worker crashed: {exit_text(rc)}"
             last = worker.last_stderr_line()
             return SessionStatus.FAILED, f"{why}: {last}" if last else why
         if self.hello is None:

@@ -55,7 +55,7 @@ from gpuwatchd.sessions.readiness import (
 )
 from gpuwatchd.sessions.tuning_view import TuningView
 from gpuwatchd.store import FINAL_STATUSES, SqlStore
-from gpuwatchd.store.errors import StoreError, StoreUnavailable
+from gpuwatchd.store.errors import StoreBusy, StoreError, StoreUnavailable
 from gpuwatchd.telemetry.backend import FeelsSessionLoad
 from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.settings import TuningSetup
@@ -163,7 +163,7 @@ class TuneScheduler(FleetChoice, TuningView):
             return
         try:
             n = self.store.abandon_running()
-        except StoreUnavailable:
+        except (StoreUnavailable, StoreBusy):  # tried again once the store is back
             return
         with self._lock:
             self._abandoned = True
@@ -402,7 +402,7 @@ class TuneScheduler(FleetChoice, TuningView):
                 fresh_after=fresh_after or {},
             )
             status, why, outcome_cut = outcome.status, outcome.why, outcome.store_cut
-        except StoreUnavailable as exc:  # no session was started: nothing to record
+        except (StoreUnavailable, StoreBusy) as exc:  # no session started: nothing to record
             log.info("GPU %d: tuning waits for the store: %s", gpu, exc)
             self._wait_for_store(gpu)
             return

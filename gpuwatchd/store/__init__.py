@@ -3,6 +3,13 @@
 SQLite (one file, WAL) is the embedded default; PostgreSQL is the fleet's shared store,
 imported only when a connection string (a ``postgresql://`` URL or a libpq key=value
 string) asks for it (:func:`open_store`).
+
+One SQL rule: :class:`SqlStore` (``store.py``) is the transaction facade, checking each
+call's arguments and running it as one transaction; the SQL of each table lives in its
+query module (``session_sql``, ``result_rows`` and ``result_sql``, ``winner_sql`` and
+``commit``, ``claims``, ``clocks``, ``prune_sql``), written once in SQLite's spelling
+with ``?`` placeholders; what differs between databases is the engine's
+(``sqlite.py``, ``postgres.py``). Nothing outside this package writes SQL.
 """
 
 from gpuwatchd.store.errors import StoreError

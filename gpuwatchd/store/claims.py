@@ -8,6 +8,8 @@ writers are serialised on both engines, so of two hosts racing exactly one wins.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuwatchd.store.columns import CLAIM_COLUMNS, insert
 from gpuwatchd.store.conn import Conn
 
@@ -55,3 +57,10 @@ def release(conn: Conn, key: str, host: str, gpu_uuid: str) -> None:
 def drop_expired(conn: Conn, now: float) -> int:
     """Delete leases that ran out: their holders are gone. Returns how many."""
     return int(conn.execute("DELETE FROM claims WHERE expires_at <= ?", (now,)).rowcount)
+
+
+def live(conn: Conn, now: float, key: str | None = None) -> list[Any]:
+    """The rows of the leases not expired at ``now`` (only ``key``'s when given), by key."""
+    where, args = ("AND claim_key = ?", (now, key)) if key is not None else ("", (now,))
+    sql = f"SELECT * FROM claims WHERE expires_at > ? {where} ORDER BY claim_key"
+    return list(conn.execute(sql, args).fetchall())

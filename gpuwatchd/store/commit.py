@@ -10,6 +10,7 @@ or later, so a session finishing late does not overwrite a newer pick.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -29,6 +30,8 @@ from gpuwatchd.store.disagreement import Incumbent, disagreement_gap, keeps_incu
 from gpuwatchd.store.rows import Disagreement, StoredResult
 from gpuwatchd.tuning.types import CandidateStats
 from gpuwatchd.tuning.winners import pick_winner
+
+log = logging.getLogger("gpuwatchd.store")
 
 #: What a newer pick replaces; the key and the versions it implies stay.
 _REPLACED = tuple(c for c in WINNER_COLUMNS if c not in WINNER_KEY and c not in VERSION_COLUMNS)
@@ -60,6 +63,10 @@ _INCUMBENT = """SELECT w.candidate, w.median_s, w.gpu_uuid, w.measured_at, s.hos
     FROM winners w JOIN sessions s ON s.id = w.session_id
     WHERE w.gpu_model = ? AND w.versions_key = ? AND w.workload = ? AND w.regime = ?"""
 _RECORD_DISAGREEMENT = insert("disagreements", DISAGREEMENT_COLUMNS)
+#: Its count per (GPU model, workload, regime), kept beside it (what a sync reads).
+COUNT_DISAGREEMENTS = """INSERT INTO disagreement_totals (gpu_model, workload, regime, n)
+    VALUES (?, ?, ?, ?) ON CONFLICT (gpu_model, workload, regime)
+    DO UPDATE SET n = disagreement_totals.n + excluded.n"""
 #: A disagreement's columns after the winner's key: :class:`Disagreement`'s fields.
 _DISAGREEMENT_TAIL = DISAGREEMENT_COLUMNS[len(WINNER_KEY) :]
 
@@ -135,6 +142,7 @@ def commit_winners(
         d = _disagreement(stored, incumbent, host, pick, gap, now)
         found.append(Found(d, replaced=stale))
         conn.execute(_RECORD_DISAGREEMENT, (*key, *_disagreement_tail(d)))
+        conn.execute(COUNT_DISAGREEMENTS, (key[0], key[2], key[3], 1))
     return found
 
 
@@ -169,3 +177,24 @@ def _disagreement(
 
 def _disagreement_tail(d: Disagreement) -> tuple[object, ...]:
     return tuple(getattr(d, c) for c in _DISAGREEMENT_TAIL)
+
+
+def log_found(where: str, found: Found) -> None:
+    """One WARNING for a disagreement a session's commit recorded in store ``where``."""
+    d = found.disagreement
+    log.warning(
+        "store %s: host %s measured the fleet's %s winner for %s on %s (%s, from %s)"
+        " %.1f%% slower than its own pick %s; %s, recorded the disagreement",
+        where,
+        d.new_host,
+        d.regime.value,
+        d.workload,
+        d.gpu_model,
+        d.kept_candidate,
+        d.kept_host,
+        100 * d.gap,
+        d.new_candidate,
+        "replaced the fleet's, older than the fleet's max winner age"
+        if found.replaced
+        else "kept the fleet's",
+    )

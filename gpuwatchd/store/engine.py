@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from gpuwatchd.store.conn import Conn
-from gpuwatchd.store.errors import StoreError, StoreUnavailable
+from gpuwatchd.store.errors import StoreBusy, StoreError, StoreUnavailable
 from gpuwatchd.store.schema import Migration, check_migrations, latest_version, record_min_writer
 
 
@@ -34,9 +34,11 @@ class Engine(ABC):
         """Another connection to a database :meth:`open` has already checked."""
 
     @abstractmethod
-    def begin(self, conn: Conn, *, write: bool) -> None:
+    def begin(self, conn: Conn, *, write: bool) -> int | None:
         """Start a transaction (a write one where the database's writers take turns, or
-        at row level: see :meth:`lock_winners`)."""
+        at row level: see :meth:`lock_winners`). Returns the schema version when it was
+        read in the same round trip (a write's check costs no statement of its own),
+        else None (the caller asks :meth:`version`)."""
 
     def median_sql(self, column: str) -> str | None:
         """The SQL aggregate of ``column``'s median, or None where the database has none
@@ -80,8 +82,16 @@ class Engine(ABC):
         timeout on a server that answers): the store is down until a call reaches it."""
         return False
 
+    def busy(self, e: Exception) -> bool:
+        """``e`` says the database answered but a lock wait, the statement timeout or a
+        serialization conflict cut the operation off: retried after a backoff, and the
+        store is not down (:class:`StoreBusy`)."""
+        return False
+
     def fail(self, what: str, e: Exception) -> StoreError:
-        kind = StoreUnavailable if self.transient(e) else StoreError
+        kind: type[StoreError] = (
+            StoreBusy if self.busy(e) else StoreUnavailable if self.transient(e) else StoreError
+        )
         return kind(f"store {self.where}: cannot {what}: {self.describe(e)}")
 
 

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpuwatchd.store import claims
 from gpuwatchd.store.columns import HOST_LEASE_COLUMNS, insert
 from gpuwatchd.store.conn import Conn
 
@@ -97,9 +98,19 @@ _TAKE_HOST = insert(
 )
 
 
-def take_host(conn: Conn, key: str, host: str, me: Holder, now: float, ttl_s: float) -> HostLease:
-    """Take or renew the lease on host name ``host`` (claim ``key``) for ``ttl_s``."""
-    args = (key, host, me.machine, os.getpid(), now, now + ttl_s, me.boot_id, me.nonce)
+def take_host(
+    conn: Conn, key: str, host: str, me: Holder, now: float, ttl_s: float, *, names_boot: bool
+) -> HostLease:
+    """Take or renew the lease on host name ``host`` (claim ``key``) for ``ttl_s``;
+    ``names_boot``: this gpuwatchd's schema has the lease's boot and nonce columns (else
+    it is taken as a work claim, by machine id alone)."""
+    pid = os.getpid()
+    if not names_boot:
+        if claims.take(conn, key, host, me.machine, pid, now, ttl_s):
+            return HostLease(True)
+        row = conn.execute("SELECT gpu_uuid FROM claims WHERE claim_key = ?", (key,))
+        return HostLease(False, Holder(str(row.fetchone()["gpu_uuid"]), "", ""))
+    args = (key, host, me.machine, pid, now, now + ttl_s, me.boot_id, me.nonce)
     if conn.execute(_TAKE_HOST, args).fetchone() is not None:
         return HostLease(True)
     row = conn.execute(

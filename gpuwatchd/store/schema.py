@@ -291,6 +291,55 @@ _LEASE_HOLDER = sql_migration(
     "ALTER TABLE claims ADD COLUMN nonce TEXT",
 )
 
+# A grown fleet store: pruning deletes in batches through indexed foreign-key checks
+# (host_winners' result_id was scanned once per deleted result), the session totals are
+# counted per GPU (one fleet-wide row per status made every finishing host queue behind
+# a stalled one), and a host's sync reads only its own GPU models' disagreements. Only
+# additions: a daemon one version older runs beside it on the same database.
+_FLEET_SCALE = sql_migration(
+    7,
+    "fleet at scale: batch pruning, per-GPU session totals, per-model reads, kept medians",
+    "CREATE INDEX host_winners_by_result ON host_winners (result_id)",
+    """
+    CREATE TABLE gpu_session_totals (
+        gpu_uuid TEXT NOT NULL,
+        status TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (gpu_uuid, status)
+    )
+    """,
+    "CREATE INDEX disagreements_by_model ON disagreements (gpu_model, recorded_at)",
+    "CREATE INDEX sessions_running_since ON sessions (status, started_at)",
+    # The fleet's clock medians per group, recomputed by one host per sync interval
+    # instead of by every host at every sync over every host's clocks.
+    """
+    CREATE TABLE clock_medians (
+        gpu_model TEXT NOT NULL,
+        watts INTEGER,
+        median_hz REAL NOT NULL,
+        peers INTEGER NOT NULL,
+        computed_at REAL NOT NULL
+    )
+    """,
+    "CREATE INDEX clock_medians_by_model ON clock_medians (gpu_model)",
+    # Disagreements counted per key as they are recorded (and pruned), so a sync reads a
+    # row per key instead of counting a month of them.
+    """
+    CREATE TABLE disagreement_totals (
+        gpu_model TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        regime TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (gpu_model, workload, regime)
+    )
+    """,
+    """
+    INSERT INTO disagreement_totals (gpu_model, workload, regime, n)
+    SELECT gpu_model, workload, regime, COUNT(*) FROM disagreements
+    GROUP BY gpu_model, workload, regime
+    """,
+)
+
 #: Every migration, in order. Append only (one line each).
 MIGRATIONS: tuple[Migration, ...] = (
     _INITIAL,
@@ -299,6 +348,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _INDEXES,
     _COMPAT,
     _LEASE_HOLDER,
+    _FLEET_SCALE,
 )
 #: The first version that records which daemons may write (:data:`COMPAT_TABLE`).
 COMPAT_VERSION = _COMPAT.version

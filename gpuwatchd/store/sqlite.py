@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.engine import Engine, migrate
-from gpuwatchd.store.errors import StoreError
+from gpuwatchd.store.errors import StoreBusy, StoreError
 from gpuwatchd.store.files import (
     check_writable,
     connect,
@@ -69,8 +69,9 @@ class SqliteEngine(Engine):
         migrate(self, conn, migrations)
         return conn
 
-    def begin(self, conn: Conn, *, write: bool) -> None:
+    def begin(self, conn: Conn, *, write: bool) -> int | None:
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        return None  # the version is a pragma on the local file: read when asked
 
     def lock_winners(self, conn: Conn, groups: Sequence[tuple[str, str]]) -> None:
         """Nothing to do: SQLite's writers take turns on the file lock already."""
@@ -153,8 +154,13 @@ class SqliteEngine(Engine):
             raise
         return conn
 
+    def busy(self, e: Exception) -> bool:
+        """Another writer held the file's lock past the busy timeout."""
+        return isinstance(e, sqlite3.OperationalError) and "locked" in str(e)
+
     def fail(self, what: str, e: Exception) -> StoreError:
-        return StoreError(f"store {self.path}: cannot {what}: {e}")
+        kind = StoreBusy if self.busy(e) else StoreError
+        return kind(f"store {self.path}: cannot {what}: {e}")
 
 
 def _holds_nothing(conn: Conn, version: int, latest: int) -> bool:

@@ -1,11 +1,11 @@
-"""The tuning store: sessions, per-candidate statistics, results, winners and the fleet.
-
-One class, :class:`SqlStore`, holds every query, written once in SQLite's spelling; it
-is composed with an :class:`~gpuwatchd.store.engine.Engine` (SQLite, the embedded
-default, or PostgreSQL, the fleet's shared store) for what differs between databases,
-and runs each call in a :class:`~gpuwatchd.store.transactions.Transactions` on it.
-Every write is one transaction; a failure mid-write rolls back and loses nothing
-already stored. Reads skip rows they cannot parse, with a warning.
+"""The tuning store's facade: :class:`SqlStore` checks each call's arguments and runs it
+as one transaction (:class:`~gpuwatchd.store.transactions.Transactions`) on an
+:class:`~gpuwatchd.store.engine.Engine` (SQLite, the embedded default, or PostgreSQL,
+the fleet's shared store). Its SQL is written once, in SQLite's spelling, here for the
+small reads and in one query module per table for the rest (``session_sql``,
+``result_rows``/``result_sql``, ``winner_sql``/``commit``, ``claims``, ``clocks``,
+``prune_sql``). A failure mid-write rolls back and loses nothing already stored; reads
+skip rows they cannot parse, with a warning.
 
 The SQL layer is hand-written, not SQLAlchemy Core: Core alone takes several times
 this whole store's memory, in a daemon held to 32 MiB of RSS (bench/RESULTS.md, "The store's
@@ -22,9 +22,9 @@ from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from gpuwatchd.store import claims as claim_sql
-from gpuwatchd.store import clocks, codec, columns
+from gpuwatchd.store import clocks, codec, columns, prune_sql, result_sql, session_sql
 from gpuwatchd.store.claims import HOST_CLAIM_PREFIX
-from gpuwatchd.store.commit import Found, commit_winners
+from gpuwatchd.store.commit import Found, commit_winners, log_found
 from gpuwatchd.store.conn import Conn
 from gpuwatchd.store.disagreement import DEFAULT_KEEP_INCUMBENT_S
 from gpuwatchd.store.engine import Engine
@@ -49,8 +49,15 @@ from gpuwatchd.store.rows import (
     host_name,
 )
 from gpuwatchd.store.schema import LEASE_HOLDER_VERSION, MIGRATIONS, Migration, SchemaState
+from gpuwatchd.store.sql_args import (
+    checked_models,
+    checked_pairs,
+    enum_value,
+    filters,
+    models_clause,
+)
 from gpuwatchd.store.transactions import Transactions, log
-from gpuwatchd.store.winner_sql import FLEET, PREFERRING_HOST
+from gpuwatchd.store.winner_sql import FLEET, PREFERRING_HOST, newest_first
 from gpuwatchd.tuning.types import Regime, RegimeResult, SessionStatus, Versions
 from gpuwatchd.tuning.winners import clear_winner, winners_differ
 from gpuwatchd.validate import need_int, need_number
@@ -58,13 +65,12 @@ from gpuwatchd.validate import need_int, need_number
 #: Statuses a session can end in; ``gpuwatchd_tune_sessions_total`` has one series each.
 FINAL_STATUSES = tuple(s for s in SessionStatus if s is not SessionStatus.RUNNING)
 
-_INSERT_SESSION = columns.insert("sessions", columns.SESSION_COLUMNS, "RETURNING id")
-_SET_VERSIONS = "UPDATE sessions SET versions_json = ?, {} WHERE id = ?".format(
-    ", ".join(f"{c} = ?" for c in columns.VERSION_COLUMNS)
-)
-
 #: Why :meth:`SqlStore.abandon_running` fails a session whose process is gone.
 ABANDONED_WHY = "abandoned: the process running it ended without finishing it"
+#: Why :meth:`SqlStore.sweep_stale_running` fails a session whose host is gone.
+STALE_WHY = "abandoned: its host stopped renewing its name and never ended it"
+#: Sessions one pruning transaction deletes at most: well under a call's bound.
+PRUNE_BATCH = 1000
 #: :meth:`SqlStore.prune` keeps disagreements at most this long (30 days): the fleet's
 #: alert looks at the last day, and a person comparing hosts at the last few weeks.
 DISAGREEMENT_RETENTION_S = 30 * 86400.0
@@ -130,8 +136,7 @@ class SqlStore:
 
     @property
     def writable(self) -> bool:
-        """Whether writes are tried now (:attr:`Transactions.writable
-        <gpuwatchd.store.transactions.Transactions.writable>`)."""
+        """Whether writes are tried now (not read-only, refused, nor a newer schema's)."""
         return self._tx.writable
 
     def refuse_writes(self, why: str | None) -> None:
@@ -222,7 +227,7 @@ class SqlStore:
             "owner_pid": os.getpid(),
         }
         with self._tx.write("start a session") as conn:
-            cur = conn.execute(_INSERT_SESSION, [row[c] for c in columns.SESSION_COLUMNS])
+            cur = conn.execute(session_sql.INSERT, [row[c] for c in columns.SESSION_COLUMNS])
             return int(cur.fetchone()["id"])
 
     def set_session_versions(self, session_id: int, versions: Versions) -> None:
@@ -230,9 +235,9 @@ class SqlStore:
         if not isinstance(versions, Versions):
             raise StoreError(f"versions must be Versions, got {type(versions).__name__}")
         with self._tx.write("set session versions") as conn:
-            self._require_running(conn, session_id, "set its versions")
+            session_sql.require_running(conn, session_id, "set its versions")
             conn.execute(
-                _SET_VERSIONS,
+                session_sql.SET_VERSIONS,
                 (versions.key(), *columns.version_values(versions).values(), session_id),
             )
 
@@ -262,33 +267,13 @@ class SqlStore:
             codec.check_number(ended_at, "ended_at")
         end = ended_at if ended_at is not None else self._now()
         with self._tx.write("finish a session") as conn:
-            self._require_running(conn, session_id, "finish it")
-            conn.execute(
-                "UPDATE sessions SET status = ?, why = ?, ended_at = ? WHERE id = ?",
-                (status.value, why, end, session_id),
-            )
-            _bump_total(conn, status)
+            gpu_uuid = session_sql.require_running(conn, session_id, "finish it")
+            session_sql.end(conn, [(session_id, gpu_uuid)], status, why, end)
             found = []
             if status is SessionStatus.COMPLETED:
                 found = self._commit_winners(conn, session_id)
         for f in found:
-            d = f.disagreement
-            log.warning(
-                "store %s: host %s measured the fleet's %s winner for %s on %s (%s, from %s)"
-                " %.1f%% slower than its own pick %s; %s, recorded the disagreement",
-                self.where,
-                d.new_host,
-                d.regime.value,
-                d.workload,
-                d.gpu_model,
-                d.kept_candidate,
-                d.kept_host,
-                100 * d.gap,
-                d.new_candidate,
-                "replaced the fleet's, older than the fleet's max winner age"
-                if f.replaced
-                else "kept the fleet's",
-            )
+            log_found(self.where, f)
 
     def abandon_running(self, why: str = ABANDONED_WHY, *, alive: Alive = pid_alive) -> int:
         """Mark failed every running session whose process is gone (killed, crashed).
@@ -301,20 +286,12 @@ class SqlStore:
         """
         codec.check_text(why, "why")
         # On a store shared by hosts only this host's sessions have PIDs it can ask about.
-        where, args = filters(
-            status=SessionStatus.RUNNING.value,
-            host=host_name() if self._engine.shared else None,
-        )
+        where, args = ("AND host = ?", (host_name(),)) if self._engine.shared else ("", ())
         with self._tx.write("abandon running sessions") as conn:
-            rows = conn.execute(f"SELECT id, owner_pid FROM sessions {where}", args).fetchall()
-            gone = [int(r["id"]) for r in rows if orphaned(_pid(r["owner_pid"]), alive)]
-            now = self._now()
-            conn.executemany(
-                "UPDATE sessions SET status = ?, why = ?, ended_at = ? WHERE id = ?",
-                [(SessionStatus.FAILED.value, why, now, sid) for sid in gone],
-            )
-            if gone:
-                _bump_total(conn, SessionStatus.FAILED, len(gone))
+            rows = session_sql.running(conn, where, args)
+            ended = [(sid, gpu) for sid, gpu, pid in rows if orphaned(_pid(pid), alive)]
+            session_sql.end(conn, ended, SessionStatus.FAILED, why, self._now())
+        gone = [sid for sid, _ in ended]
         if gone:
             shown = ", ".join(map(str, gone[:10])) + (", ..." if len(gone) > 10 else "")
             log.warning(
@@ -324,15 +301,6 @@ class SqlStore:
                 shown,
             )
         return len(gone)
-
-    def _require_running(self, conn: Conn, session_id: int, what: str) -> None:
-        if isinstance(session_id, bool) or not isinstance(session_id, int):
-            raise StoreError(f"session_id must be an integer, got {session_id!r}")
-        row = conn.execute("SELECT status FROM sessions WHERE id = ?", (session_id,)).fetchone()
-        if row is None:
-            raise StoreError(f"session {session_id} does not exist")
-        if row["status"] != SessionStatus.RUNNING.value:
-            raise StoreError(f"session {session_id} is {row['status']}, not running; cannot {what}")
 
     def session(self, session_id: int) -> SessionRow | None:
         """One session, or None if it does not exist (or cannot be parsed)."""
@@ -365,24 +333,11 @@ class SqlStore:
             return None
 
     def session_totals(self) -> dict[SessionStatus, int]:
-        """Finished sessions per final status since the store was created.
-
-        Kept in its own table so the count survives restarts and :meth:`prune`.
-        """
-        totals: dict[SessionStatus, int] = dict.fromkeys(FINAL_STATUSES, 0)
+        """Finished sessions per final status since the store was created (every
+        host's, counted per GPU: :mod:`gpuwatchd.store.session_sql`); the counts survive
+        restarts and :meth:`prune`."""
         with self._tx.read("count sessions") as conn:
-            rows = conn.execute("SELECT status, n FROM session_totals").fetchall()
-        for row in rows:
-            try:
-                status = SessionStatus(row["status"])
-                n = row["n"]
-                if status is SessionStatus.RUNNING or not isinstance(n, int) or n < 0:
-                    raise ValueError(f"bad count {n!r}")
-            except ValueError as e:
-                self._tx.skip("session_totals", row["status"], e)
-                continue
-            totals[status] = n
-        return totals
+            return session_sql.totals(conn, FINAL_STATUSES, self._tx.skip)
 
     def running_count(self) -> int:
         """Sessions currently marked running."""
@@ -413,7 +368,7 @@ class SqlStore:
         """
         codec.check_result(result)
         with self._tx.write("record a result") as conn:
-            self._require_running(conn, session_id, "record a result")
+            session_sql.require_running(conn, session_id, "record a result")
             insert_result(conn, session_id, result, self._now())
 
     def session_results(self, session_ids: Sequence[int]) -> dict[int, list[StoredResult]]:
@@ -459,16 +414,7 @@ class SqlStore:
         where = f"{where} {'AND' if where else 'WHERE'} s.status IN ({marks})"
         args = (*args, *(enum_value(s) for s in statuses))
         with self._tx.read("read the latest results") as conn:
-            rows = conn.execute(
-                f"""SELECT * FROM (
-                        SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json,
-                            ROW_NUMBER() OVER (
-                                PARTITION BY s.gpu_model, r.workload, r.regime
-                                ORDER BY r.recorded_at DESC, r.id DESC) AS rn
-                        FROM results r JOIN sessions s ON s.id = r.session_id {where}) AS latest
-                    WHERE rn = 1 ORDER BY gpu_model, workload, regime""",
-                args,
-            ).fetchall()
+            rows = conn.execute(result_sql.latest(where), args).fetchall()
             return load_results(conn, rows, self._tx.skip)
 
     # -- resuming a preempted session ------------------------------------------------------
@@ -489,7 +435,7 @@ class SqlStore:
         """
         codec.check_text(gpu_uuid, "gpu_uuid")
         need_number(since, "since", error=StoreError)
-        wanted = _pairs(pairs)
+        wanted = checked_pairs(pairs)
         if versions is not None and not isinstance(versions, Versions):
             raise StoreError(f"versions must be Versions, got {type(versions).__name__}")
         if not wanted:
@@ -502,18 +448,9 @@ class SqlStore:
             }
         )
         names = sorted({w for w, _ in wanted})
-        marks = ", ".join("?" for _ in names)
         with self._tx.read("read resumable results") as conn:
             rows = conn.execute(
-                f"""SELECT * FROM (
-                        SELECT r.*, s.gpu_model, s.gpu_uuid, s.versions_json,
-                            ROW_NUMBER() OVER (
-                                PARTITION BY r.workload, r.regime
-                                ORDER BY r.recorded_at DESC, r.id DESC) AS rn
-                        FROM results r JOIN sessions s ON s.id = r.session_id {where}
-                            AND r.recorded_at >= ? AND r.workload IN ({marks})) AS newest
-                    WHERE rn = 1""",
-                (*args, since, *names),
+                result_sql.resumable(where, len(names)), (*args, since, *names)
             ).fetchall()
             found = load_results(conn, rows, self._tx.skip)
         return {
@@ -537,7 +474,7 @@ class SqlStore:
                 raise StoreError(f"results[{i}]: {key[0]}/{key[1].value} appears twice")
             seen.add(key)
         with self._tx.write("carry results into a session") as conn:
-            self._require_running(conn, to_session_id, "carry results into it")
+            session_sql.require_running(conn, to_session_id, "carry results into it")
             row = conn.execute(
                 "SELECT gpu_uuid FROM sessions WHERE id = ?", (to_session_id,)
             ).fetchone()
@@ -593,14 +530,7 @@ class SqlStore:
         )
         with self._tx.read("read winners") as conn:
             rows = conn.execute(
-                f"""SELECT * FROM (
-                        SELECT *, ROW_NUMBER() OVER (
-                            PARTITION BY gpu_model, workload, regime
-                            ORDER BY measured_at DESC, session_id DESC) AS rn
-                        FROM ({source}) AS src {where}) AS picks
-                    {"WHERE rn = 1" if latest else ""}
-                    ORDER BY gpu_model, workload, regime, measured_at DESC""",
-                (*source_args, *args),
+                newest_first(source, where, latest=latest), (*source_args, *args)
             ).fetchall()
         return self._winners(rows)
 
@@ -694,25 +624,25 @@ class SqlStore:
         need_number(ttl_s, "ttl_s", minimum=0, error=StoreError)
         key = HOST_CLAIM_PREFIX + host
         with self._tx.write("claim the host name", lease=True) as conn:
-            now = self._now()
-            schema = self._tx.schema
-            if schema is not None and schema.own >= LEASE_HOLDER_VERSION:
-                return take_host(conn, key, host, me, now, ttl_s)
-            if claim_sql.take(conn, key, host, me.machine, os.getpid(), now, ttl_s):
-                return HostLease(True)
-            row = conn.execute("SELECT gpu_uuid FROM claims WHERE claim_key = ?", (key,))
-            return HostLease(False, Holder(str(row.fetchone()["gpu_uuid"]), "", ""))
+            boot = self._tx.schema is not None and self._tx.schema.own >= LEASE_HOLDER_VERSION
+            return take_host(conn, key, host, me, self._now(), ttl_s, names_boot=boot)
 
     def release_host(self, host: str, machine: str) -> None:
         """Give the name back (a clean stop): another machine may take it at once."""
         self.release(HOST_CLAIM_PREFIX + host, host, machine)
 
+    def claim_holder(self, key: str) -> Claim | None:
+        """Who holds the lease on ``key`` now, or None when it is free (or expired)."""
+        codec.check_text(key, "key")
+        with self._tx.read("read a claim") as conn:
+            rows = claim_sql.live(conn, self._now(), key)
+        found = self._parsed("claims", rows, codec.claim_from_row, lambda row: row["claim_key"])
+        return found[0] if found else None
+
     def claims(self) -> list[Claim]:
         """The leases not yet expired, by key."""
         with self._tx.read("read claims") as conn:
-            rows = conn.execute(
-                "SELECT * FROM claims WHERE expires_at > ? ORDER BY claim_key", (self._now(),)
-            ).fetchall()
+            rows = claim_sql.live(conn, self._now())
         return self._parsed("claims", rows, codec.claim_from_row, lambda row: row["claim_key"])
 
     # -- disagreements ---------------------------------------------------------------------
@@ -729,17 +659,24 @@ class SqlStore:
             "disagreements", rows, codec.disagreement_from_row, lambda row: row["id"]
         )
 
-    def disagreement_counts(self, since: float | None = None) -> dict[tuple[str, str, str], int]:
-        """Disagreements per (GPU model, workload, regime): every one kept, or only those
-        recorded at or after ``since`` (unix seconds, the store's clock)."""
-        where = ""
-        args: tuple[float, ...] = ()
+    def disagreement_counts(
+        self, since: float | None = None, *, gpu_models: Sequence[str] | None = None
+    ) -> dict[tuple[str, str, str], int]:
+        """Disagreements per (GPU model, workload, regime): every one kept (the counts
+        kept beside them: one row per key), or only those recorded at or after ``since``
+        (unix seconds, the store's clock); only those of ``gpu_models`` when given (a
+        host's own: its sync costs the same in any fleet)."""
+        where, models = models_clause(gpu_models)
+        args: tuple[object, ...] = models
+        table, count = "disagreement_totals", "SUM(n)"
         if since is not None:
             need_number(since, "since", error=StoreError)
-            where, args = "WHERE recorded_at >= ?", (since,)
+            where, args = f"{where} AND recorded_at >= ?", (*args, since)
+            table, count = "disagreements", "COUNT(*)"
         with self._tx.read("count disagreements") as conn:
             rows = conn.execute(
-                f"""SELECT gpu_model, workload, regime, COUNT(*) AS n FROM disagreements {where}
+                f"""SELECT gpu_model, workload, regime, CAST({count} AS BIGINT) AS n
+                    FROM {table} WHERE 1 = 1 {where}
                     GROUP BY gpu_model, workload, regime ORDER BY gpu_model, workload, regime""",
                 args,
             ).fetchall()
@@ -753,16 +690,32 @@ class SqlStore:
         with self._tx.write("report a host clock") as conn:
             clocks.report(conn, clock)
 
-    def clock_medians(self, max_age_s: float) -> list[ClockMedian]:
-        """Per group of GPUs (model, whole watts) the median of the clocks reported in the
-        last ``max_age_s`` and how many there are: one row per group, computed by the
-        database where it can (PostgreSQL), so a host never reads every host's clocks."""
+    def clock_medians(
+        self,
+        max_age_s: float,
+        *,
+        gpu_models: Sequence[str] | None = None,
+        kept_for_s: float | None = None,
+    ) -> list[ClockMedian]:
+        """Per group of GPUs (model, whole watts; only ``gpu_models``' when given) the
+        median of the clocks reported in the last ``max_age_s`` and how many there are:
+        one row per group, computed by the database where it can (PostgreSQL), so a host
+        never reads every host's clocks. ``kept_for_s`` (a fleet's sync) reads the medians
+        the fleet keeps, recomputed by one host once they are that old
+        (:func:`~gpuwatchd.store.clocks.kept_medians`), instead of computing them."""
         need_number(max_age_s, "max_age_s", minimum=0, error=StoreError)
+        models = None if gpu_models is None else sorted(set(checked_models(gpu_models)))
         median = self._engine.median_sql("sustained_clock_hz")
         if median is None:  # SQLite: one host's own clocks, medians in Python
-            return clocks.medians_in_python(self.host_clocks(max_age_s=max_age_s))
+            found = clocks.medians_in_python(self.host_clocks(max_age_s=max_age_s))
+            return [m for m in found if models is None or m.gpu_model in models]
+        if kept_for_s is not None and models is not None and self.writable:
+            need_number(kept_for_s, "kept_for_s", minimum=0, error=StoreError)
+            with self._tx.write("read the fleet's kept clock medians") as conn:
+                now = self._now()
+                return clocks.kept_medians(conn, now, now - max_age_s, median, models, kept_for_s)
         with self._tx.read("read the fleet's clock medians") as conn:
-            return clocks.medians_in_sql(conn, self._now() - max_age_s, median)
+            return clocks.medians_in_sql(conn, self._now() - max_age_s, median, models)
 
     def prune_clocks(self, older_than_s: float) -> int:
         """Delete GPUs' clocks not reported for ``older_than_s`` (their hosts left the
@@ -790,60 +743,52 @@ class SqlStore:
 
     # -- retention -------------------------------------------------------------------------
 
-    def prune(self, older_than_s: float) -> int:
-        """Delete finished sessions (with their results and statistics) older than this.
+    def prune(self, older_than_s: float, *, batch: int = PRUNE_BATCH) -> int:
+        """Delete finished sessions (with their results and statistics) older than this,
+        ``batch`` at a time (:meth:`prune_batch`), then :meth:`prune_rest`. Returns how
+        many sessions were deleted."""
+        pruned = 0
+        while (n := self.prune_batch(older_than_s, batch)) == batch:
+            pruned += n
+        self.prune_rest(older_than_s)
+        return pruned + n
+
+    def prune_batch(self, older_than_s: float, limit: int = PRUNE_BATCH) -> int:
+        """Delete up to ``limit`` finished sessions older than ``older_than_s``, in one
+        transaction of bounded size (:mod:`gpuwatchd.store.prune_sql`).
 
         Never deletes a session a winner (the fleet's or a host's) points at, nor the
-        latest completed session of each GPU; session totals are kept. Expired claims
-        go too, and disagreements older than this or :data:`DISAGREEMENT_RETENTION_S`,
-        whichever is shorter. Returns how many sessions were deleted.
+        latest completed session of each GPU; session totals are kept. Returns how many
+        were deleted: fewer than ``limit`` when no more may go.
         """
         codec.check_number(older_than_s, "older_than_s")
-        cutoff = self._now() - older_than_s
-        disagreements_cutoff = self._now() - min(older_than_s, DISAGREEMENT_RETENTION_S)
+        need_int(limit, "limit", minimum=1, error=StoreError)
         with self._tx.write("prune old sessions") as conn:
-            cur = conn.execute(
-                """DELETE FROM sessions
-                   WHERE status != ? AND COALESCE(ended_at, started_at) < ?
-                     AND id NOT IN (SELECT session_id FROM winners)
-                     AND id NOT IN (SELECT session_id FROM host_winners)
-                     AND id NOT IN (
-                         SELECT id FROM (
-                             SELECT id, ROW_NUMBER() OVER (
-                                 PARTITION BY gpu_uuid ORDER BY ended_at DESC, id DESC) AS rn
-                             FROM sessions WHERE status = ?) AS newest
-                         WHERE rn = 1)""",
-                (SessionStatus.RUNNING.value, cutoff, SessionStatus.COMPLETED.value),
-            )
-            pruned = int(cur.rowcount)
-            claim_sql.drop_expired(conn, self._now())
-            conn.execute("DELETE FROM disagreements WHERE recorded_at < ?", (disagreements_cutoff,))
-            return pruned
+            return prune_sql.delete_batch(conn, self._now() - older_than_s, limit)
 
+    def prune_rest(self, older_than_s: float) -> None:
+        """Delete expired claims, and disagreements older than this or
+        :data:`DISAGREEMENT_RETENTION_S`, whichever is shorter."""
+        codec.check_number(older_than_s, "older_than_s")
+        with self._tx.write("prune old claims and disagreements") as conn:
+            now = self._now()
+            claim_sql.drop_expired(conn, now)
+            prune_sql.drop_disagreements(conn, now - min(older_than_s, DISAGREEMENT_RETENTION_S))
 
-def _bump_total(conn: Conn, status: SessionStatus, by: int = 1) -> None:
-    conn.execute(
-        """INSERT INTO session_totals (status, n) VALUES (?, ?)
-           ON CONFLICT (status) DO UPDATE SET n = session_totals.n + excluded.n""",
-        (status.value, by),
-    )
-
-
-def _pairs(pairs: Sequence[tuple[str, Regime]]) -> set[tuple[str, Regime]]:
-    """(workload, regime) pairs, checked; StoreError naming the first bad one."""
-    out = set()
-    for i, pair in enumerate(pairs):
-        ok = (
-            isinstance(pair, tuple)
-            and len(pair) == 2
-            and isinstance(pair[0], str)
-            and bool(pair[0])
-            and isinstance(pair[1], Regime)
-        )
-        if not ok:
-            raise StoreError(f"pairs[{i}]: expected a (workload, Regime) tuple, got {pair!r}")
-        out.add(pair)
-    return out
+    def sweep_stale_running(self, older_than_s: float, why: str = STALE_WHY) -> int:
+        """Mark failed the sessions still running that started over ``older_than_s`` ago
+        on a host that holds no live lease on its name (its daemon never came back to
+        end them); they count in :meth:`session_totals`. Returns how many."""
+        need_number(older_than_s, "older_than_s", minimum=0, error=StoreError)
+        codec.check_text(why, "why")
+        with self._tx.write("end stale running sessions") as conn:
+            now = self._now()
+            stale = prune_sql.stale_running(conn, now - older_than_s, now)
+            n = session_sql.end(conn, stale, SessionStatus.FAILED, why, now)
+        if n:
+            log.warning("store %s: %d session(s) left running over %g h by a host that is"
+                        " gone marked failed", self.where, n, older_than_s / 3600)  # fmt: skip
+        return n
 
 
 def _pid(value: object) -> int | None:
@@ -851,20 +796,3 @@ def _pid(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
-
-
-def enum_value(v: Regime | SessionStatus | None) -> str | None:
-    """An enum filter's stored text; anything but the enum is refused with a clear error."""
-    if v is None:
-        return None
-    if not isinstance(v, Regime | SessionStatus):
-        raise StoreError(f"expected a Regime or SessionStatus, got {v!r}")
-    return v.value
-
-
-def filters(**where: object) -> tuple[str, tuple[object, ...]]:
-    """``WHERE a = ? AND b = ?`` for the columns whose value is not None."""
-    used = {k: v for k, v in where.items() if v is not None}
-    if not used:
-        return "", ()
-    return "WHERE " + " AND ".join(f"{k} = ?" for k in used), tuple(used.values())

@@ -182,15 +182,15 @@ class Transactions:
             with suppress(Exception):
                 conn.close()
 
-    def _begin(self, write: bool) -> Conn:
-        """A connection inside a new transaction. A pooled one that fails to begin with a
+    def _begin(self, write: bool) -> tuple[Conn, int | None]:
+        """A connection inside a new transaction, and the schema version if beginning it
+        read that (:meth:`Engine.begin`). A pooled one that fails to begin with a
         transient error (killed by a server restart) is replaced, once, by a fresh one."""
         engine = self._engine
         conn, pooled = self._lend()
         try:
             with engine.bounded(conn):
-                engine.begin(conn, write=write)
-            return conn
+                return conn, engine.begin(conn, write=write)
         except engine.error as e:
             self._give_back(conn, broken=True)
             if not (pooled and engine.transient(e)):
@@ -199,11 +199,10 @@ class Transactions:
         conn, _ = self._lend()
         try:
             with engine.bounded(conn):
-                engine.begin(conn, write=write)
+                return conn, engine.begin(conn, write=write)
         except BaseException:
             self._give_back(conn, broken=True)
             raise
-        return conn
 
     def _may_try(self, probe: bool) -> None:
         """While the store is down, fail at once unless a retry is due (or ``probe``)."""
@@ -294,7 +293,7 @@ class Transactions:
         engine = self._engine
         self._may_try(probe)
         try:
-            conn = self._begin(write)
+            conn, version = self._begin(write)
         except StoreError as e:
             self._note(e)
             raise
@@ -312,7 +311,7 @@ class Transactions:
             with nullcontext() if each_call_bounded else engine.bounded(conn):
                 if write:
                     with bounded_alone():
-                        self._check_schema(conn, what)
+                        self._check_schema(conn, what, version)
                 yield conn
                 with bounded_alone():
                     conn.execute("COMMIT")
@@ -334,10 +333,12 @@ class Transactions:
             self._give_back(conn, broken)
         self._reached()
 
-    def _check_schema(self, conn: Conn, what: str) -> None:
+    def _check_schema(self, conn: Conn, what: str, version: int | None) -> None:
         """Inside a write: refuse it when a newer gpuwatchd migrated the database to a
-        schema this one may not write (the version is read again: it may have changed)."""
-        version = self._engine.version(conn)
+        schema this one may not write. The version is read in every write (it may have
+        changed; ``version``: read as the transaction began), the rest only when it did."""
+        if version is None:
+            version = self._engine.version(conn)
         state = self.schema
         if state is None or state.database != version:
             state = read_state(conn, version, self._migrations)

@@ -26,3 +26,16 @@ PREFERRING_HOST = f"""SELECT {_columns("h")}, h.host FROM host_winners h WHERE h
         WHERE mine.host = ? AND mine.gpu_model = w.gpu_model
           AND mine.versions_key = w.versions_key AND mine.workload = w.workload
           AND mine.regime = w.regime)"""
+
+
+def newest_first(source: str, where: str, *, latest: bool) -> str:
+    """The winner rows of ``source`` matching ``where``, by GPU model, workload, regime,
+    newest first; ``latest`` keeps only the newest row of each (GPU model, workload,
+    regime), whatever its versions."""
+    return f"""SELECT * FROM (
+            SELECT *, ROW_NUMBER() OVER (
+                PARTITION BY gpu_model, workload, regime
+                ORDER BY measured_at DESC, session_id DESC) AS rn
+            FROM ({source}) AS src {where}) AS picks
+        {"WHERE rn = 1" if latest else ""}
+        ORDER BY gpu_model, workload, regime, measured_at DESC"""
