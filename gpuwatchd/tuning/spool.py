@@ -483,7 +483,7 @@ def _mkdir_at(top: int, name: str) -> bool:
 def _adopt(fd: int, spool: os.stat_result, private: bool) -> None:
     """A folder the daemon just made takes the spool's group and permissions; a private
     one is not writable by others than the daemon."""
-    mode = stat.S_IMODE(spool.st_mode) & (0o750 if private else 0o3770) | 0o700
+    mode = stat.S_IMODE(spool.st_mode) & (0o750 if private else 0o3777) | 0o700
     with contextlib.suppress(OSError):  # not a group of the daemon's: its own stays
         os.fchown(fd, -1, spool.st_gid)
     with contextlib.suppress(OSError):  # not the daemon's (a writer swapped it): checked next
@@ -491,8 +491,6 @@ def _adopt(fd: int, spool: os.stat_result, private: bool) -> None:
 
 
 def _why(e: OSError) -> str:
-    if e.errno == errno.ELOOP:
-        return "a symbolic link, not used"
-    if e.errno == errno.ENOTDIR:
-        return "not a directory, not used"
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        return "not a directory (a link or a file), not used"
     return e.strerror or one_line(e)
