@@ -119,11 +119,12 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
     from gpuwatchd.telemetry.nvml import NvmlBackend
     from gpuwatchd.tuning.session_spec import SessionSpec
     from gpuwatchd.tuning.settings import ProtocolConfig
-    from gpuwatchd.tuning.spool import read_spool, remove_entry
+    from gpuwatchd.tuning.spool import KERNEL, Spool, SpoolEntry
     from gpuwatchd.tuning.types import Regime
 
-    scan = read_spool(spool)
-    workloads = tuple(e.request.to_workload() for e in scan.entries)
+    reader = Spool(spool)
+    entries = [e for e in reader.scan(KERNEL) if isinstance(e, SpoolEntry)]
+    workloads = tuple(e.request.to_workload() for e in entries)
     nvml = NvmlBackend()
     info = nvml.device_info(0)
     sample = nvml.read(0)
@@ -149,8 +150,9 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
         outcome = runner.run_session(
             spec, info, "nvml", should_preempt=lambda: None, timeout_s=600, sample=sample
         )
-    for e in scan.entries:
-        remove_entry(e)
+    for e in entries:
+        reader.remove(e)
+    reader.close()
     results = []
     for r in outcome.results:
         results.append({

@@ -227,11 +227,12 @@ def many_workloads(tag: str, n: int = 512) -> list[Workload]:
     return [gemm(f"{tag}.gemm.{i}") for i in range(n)]
 
 
+@pytest.mark.slow
 def test_a_scan_holds_one_file_at_a_time(tmp_path: Path) -> None:
-    """Fails on main: every file was parsed before any was taken (12 files: ~12x)."""
+    """Fails on main: every file was parsed before any was taken (30 files: 3x one)."""
 
-    def peak(files: int) -> int:
-        root = tmp_path / f"n{files}"
+    def peak(files: int, tag: str) -> int:
+        root = tmp_path / tag
         for f in range(files):
             write_workload_request(root / "spool", add_request(many_workloads(f"m{f}")))
         work = user_work(root, devices=("cpu",))  # refused: CUDA workloads, nothing kept
@@ -243,8 +244,9 @@ def test_a_scan_holds_one_file_at_a_time(tmp_path: Path) -> None:
             tracemalloc.stop()
             work.close()
 
-    one, twelve = peak(1), peak(12)
-    assert twelve < 3 * one, (one, twelve)
+    peak(1, "warm-up")  # first-time imports and caches out of the way
+    one, many = peak(1, "one"), peak(30, "many")
+    assert many < 2 * one, (one, many)
 
 
 def test_refused_spooled_workloads_are_set_aside_not_read_at_every_scan(tmp_path: Path) -> None:
