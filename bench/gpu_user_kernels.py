@@ -119,11 +119,13 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
     from gpuwatchd.telemetry.nvml import NvmlBackend
     from gpuwatchd.tuning.session_spec import SessionSpec
     from gpuwatchd.tuning.settings import ProtocolConfig
-    from gpuwatchd.tuning.spool import KERNEL, Spool, SpoolEntry
+    from gpuwatchd.tuning.spool import KERNEL, Rejected, Spool, SpoolEntry
     from gpuwatchd.tuning.types import Regime
 
     reader = Spool(spool)
-    entries = [e for e in reader.scan(KERNEL) if isinstance(e, SpoolEntry)]
+    items = list(reader.scan(KERNEL))
+    entries = [e for e in items if isinstance(e, SpoolEntry)]
+    rejected = [e for e in items if isinstance(e, Rejected)]
     workloads = tuple(e.request.to_workload() for e in entries)
     nvml = NvmlBackend()
     info = nvml.device_info(0)
@@ -175,8 +177,8 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
             ],
         })  # fmt: skip
     return {
-        "requests": len(scan.entries),
-        "rejected_files": [(r.name, r.reason) for r in scan.rejected],
+        "requests": len(entries),
+        "rejected_files": [(r.name, r.reason) for r in rejected],
         "status": outcome.status.value,
         "why": outcome.why,
         "session_s": time.perf_counter() - t0,
