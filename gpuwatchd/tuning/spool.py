@@ -32,10 +32,12 @@ import errno
 import hashlib
 import heapq
 import json
+import logging
 import os
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +48,7 @@ from gpuwatchd.tuning.regular_file import NotReadable, read_regular
 from gpuwatchd.tuning.workload_requests import MAX_FILE_BYTES, AddRequest, parse_add_request
 from gpuwatchd.validate import load_json, one_line
 
+log = logging.getLogger(__name__)
 R = TypeVar("R")
 
 REJECTED_DIR = "rejected"
@@ -221,15 +224,16 @@ class Spool:
         self.max_bytes = max_bytes
         self._clock = clock
         self._fd: int | None = None
+        self._closer: weakref.finalize[[int], Spool] | None = None  # closes a dropped one
         self._lock = threading.Lock()
         #: Files the daemon keeps, by (folder, name): (inode, mtime_ns). Not read again.
         self._held: dict[tuple[str, str], tuple[int, int]] = {}
 
     def close(self) -> None:
         with self._lock:
-            fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+            closer, self._fd, self._closer = self._closer, None, None
+        if closer is not None:
+            closer()
 
     # -- folders ---------------------------------------------------------------------
 
@@ -241,6 +245,7 @@ class Spool:
                     self._fd = os.open(self.path, _DIR_FLAGS)
                 except OSError as e:
                     raise SpoolError(f"{self.path}: {_why(e)}") from None
+                self._closer = weakref.finalize(self, os.close, self._fd)
                 for name in _FOLDERS:  # the daemon's before a writer makes one
                     with contextlib.suppress(OSError):
                         os.close(self._subfolder(self._fd, name))
@@ -298,6 +303,8 @@ class Spool:
             return
         except OSError as e:
             raise SpoolError(f"{self.path / name}: cannot move it aside: {_why(e)}") from None
+        log.warning("%s was not the daemon's folder: moved aside to %s, a new one made",
+                    self.path / name, aside)  # fmt: skip
 
     # -- scanning and reading ----------------------------------------------------------
 
@@ -374,8 +381,9 @@ class Spool:
                     return self._reject_at(fd, name, st.st_ino, "a hard link, not read")
                 try:
                     request = kind.parse(data)
-                except ValueError as e:
-                    return self._reject_at(fd, name, st.st_ino, one_line(e))
+                except Exception as e:  # any bad file is set aside; start-up goes on
+                    why = one_line(e) if isinstance(e, ValueError) else type(e).__name__
+                    return self._reject_at(fd, name, st.st_ino, why)
                 finally:
                     del data
                 return SpoolEntry(kind, name, request, st.st_ino, st.st_mtime_ns)
