@@ -207,8 +207,9 @@ class Spool:
     """The daemon's handle on the spool directory ``path``. Thread-safe.
 
     The directory is created (0o770 less the umask) and opened at first use, then held
-    until :meth:`close`; a failure is a :class:`SpoolError` (one line), tried again at
-    the next use.
+    until :meth:`close` (each use works on a duplicate, so closing never pulls it from
+    under a scan); a failure is a :class:`SpoolError` (one line), tried again at the
+    next use.
     """
 
     def __init__(
@@ -224,6 +225,7 @@ class Spool:
         self.max_bytes = max_bytes
         self._clock = clock
         self._fd: int | None = None
+        self._closed = False
         self._closer: weakref.finalize[[int], Spool] | None = None  # closes a dropped one
         self._lock = threading.Lock()
         #: Files the daemon keeps, by (folder, name): (inode, mtime_ns). Not read again.
@@ -232,13 +234,17 @@ class Spool:
     def close(self) -> None:
         with self._lock:
             closer, self._fd, self._closer = self._closer, None, None
+            self._closed = True
         if closer is not None:
             closer()
 
     # -- folders ---------------------------------------------------------------------
 
     def _spool_fd(self) -> int:
+        """A duplicate of the held spool descriptor (the caller closes it)."""
         with self._lock:
+            if self._closed:
+                raise SpoolError(f"{self.path}: closed")
             if self._fd is None:
                 try:
                     self.path.mkdir(mode=0o770, parents=True, exist_ok=True)
@@ -249,20 +255,21 @@ class Spool:
                 for name in _FOLDERS:  # the daemon's before a writer makes one
                     with contextlib.suppress(OSError):
                         os.close(self._subfolder(self._fd, name))
-            return self._fd
+            return os.dup(self._fd)
 
     @contextlib.contextmanager
     def _folder(self, folder: str) -> Iterator[int]:
         """An open descriptor of a folder of the spool ("" is the spool itself)."""
         top = self._spool_fd()
-        if not folder:
-            yield top
-            return
-        fd = self._subfolder(top, folder)
         try:
-            yield fd
+            fd = self._subfolder(top, folder) if folder else top
+            try:
+                yield fd
+            finally:
+                if fd != top:
+                    os.close(fd)
         finally:
-            os.close(fd)
+            os.close(top)
 
     def _subfolder(self, top: int, name: str) -> int:
         """Open (creating it) the sub-folder ``name`` relative to the spool's descriptor.
