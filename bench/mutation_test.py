@@ -112,6 +112,20 @@ TARGETS = {
             "tests/test_store.py",
         ),
     ),
+    "spool": Target(
+        "spool",
+        (("gpuwatchd/tuning/spool.py", "gpuwatchd.tuning.spool", None),),
+        (
+            "tests/test_spool_fds.py",
+            "tests/test_user_kernels_spool.py",
+            "tests/test_faults_input.py",
+            "tests/test_capture_wire.py",
+            "-m",
+            "not slow",  # the 10 s race and the 30-file memory test: covered by the rest
+            "-k",
+            "not daemon_starts",  # a daemon subprocess never sees a mutant
+        ),
+    ),
 }
 
 # Survivors no test can kill, by (file, enclosing function, the node's first source line

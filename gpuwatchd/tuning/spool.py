@@ -20,9 +20,9 @@ spool. ``rejected/`` is the daemon's own (checked: owned by it, writable by nobo
 
 A scan picks the oldest files within a per-scan file and byte budget and parses one at a
 time, so memory holds one file; the rest wait for the next scan. A file is read (open,
-``fstat``: a regular file of one link within its kind's size cap) and parsed once into
-its typed request; a bad one is moved into ``rejected/`` then and there. A file the
-daemon keeps (:meth:`Spool.hold`) is not read again until it changes.
+``fstat``: a regular file of at most one link within its kind's size cap) and parsed
+once into its typed request; a bad one is moved into ``rejected/`` then and there. A
+file the daemon keeps (:meth:`Spool.hold`) is not read again until it changes.
 """
 
 from __future__ import annotations
@@ -373,8 +373,9 @@ class Spool:
 
     def read(self, kind: Kind[R], name: str) -> SpoolEntry[R] | Rejected | None:
         """Read and parse one file: its entry, or where it was set aside and why (None:
-        gone meanwhile). A file that is not a regular file of one link within the kind's
-        cap, or does not parse, is moved into ``rejected/``."""
+        gone meanwhile). A file that is not a regular file of at most one link (none:
+        replaced since it was opened, read whole all the same) within the kind's cap, or
+        does not parse, is moved into ``rejected/``."""
         try:
             with self._folder(kind.folder) as fd:
                 try:
@@ -384,7 +385,7 @@ class Spool:
                     return None  # taken by another reader
                 except NotReadable as e:
                     return self._reject_at(fd, name, None, e.reason)
-                if st.st_nlink != 1:  # a link to a file elsewhere: never echo its content
+                if st.st_nlink > 1:  # a link to a file elsewhere: never echo its content
                     return self._reject_at(fd, name, st.st_ino, "a hard link, not read")
                 try:
                     request = kind.parse(data)
