@@ -1,0 +1,176 @@
+"""The spool's housekeeping: what the daemon writes and how, its defaults, its descriptors.
+
+Written files are durable (file and folder fsynced) with the modes the docs give; the
+daemon's own requests are held, not read back; the per-scan defaults are the documented
+256 files and 32 MiB; no descriptor outlives a call, nor a closed spool.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from spool_helpers import scan_all
+from user_kernels_fakes import sample_request
+
+from gpuwatchd.tuning.spool import (
+    KERNEL,
+    REJECTED_DIR,
+    STALE_TMP_S,
+    SUBDIR,
+    TMP_PREFIX,
+    WORKLOADS,
+    Spool,
+    SpoolEntry,
+    spool_file_name,
+    write_request,
+)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_no_descriptor_outlives_a_call_or_a_closed_spool(tmp_path: Path) -> None:
+    before = open_fds()
+    write_request(tmp_path, sample_request())
+    (tmp_path / "bad.json").write_text("{")
+    s = Spool(tmp_path)
+    (entry,) = [e for e in s.scan(KERNEL) if isinstance(e, SpoolEntry)]
+    assert s.remove(entry)
+    s.keep(sample_request())
+    assert open_fds() == before + 1  # the held spool directory
+    s.close()
+    assert open_fds() == before
+    assert [e.request for e in scan_all(tmp_path).entries] == [sample_request()]  # kept
+    (problem,) = list(s.scan(KERNEL))
+    assert problem.reason.endswith(": closed") and s.scan(KERNEL).left == 0
+
+
+def test_the_daemons_own_request_is_written_durably_and_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask_022: None
+) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    s = Spool(tmp_path)
+    req = sample_request()
+    entry = s.keep(req)
+    assert synced == ["file", "dir"]
+    path = tmp_path / spool_file_name(req)
+    st = path.stat()
+    assert entry == SpoolEntry(KERNEL, path.name, req, st.st_ino, st.st_mtime_ns)
+    assert stat.S_IMODE(st.st_mode) == 0o640  # 0o660 less the umask
+    assert s.scan(KERNEL).names == []  # held: not read back
+    assert [e.request for e in scan_all(tmp_path).entries] == [req]
+    s.close()
+
+
+def test_a_job_makes_a_missing_spool_for_its_group(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        write_request(tmp_path / "spool", sample_request())
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "spool").stat().st_mode) == 0o770
+
+
+def test_a_write_that_cannot_land_leaves_no_temporary(tmp_path: Path) -> None:
+    (tmp_path / spool_file_name(sample_request())).mkdir()  # renaming onto it fails
+    with pytest.raises(OSError):
+        write_request(tmp_path, sample_request())
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(TMP_PREFIX)] == []
+
+
+def test_the_per_scan_file_budget_is_256(tmp_path: Path) -> None:
+    for n in range(257):
+        (tmp_path / f"{n:04d}.json").write_text("{")
+    assert scan_all(tmp_path).left == 1
+
+
+def test_the_per_scan_byte_budget_is_32_mib(tmp_path: Path) -> None:
+    folder = tmp_path / SUBDIR
+    folder.mkdir()
+    for n in range(8):  # 8 x 4 MiB (the workloads cap) = 32 MiB, oldest first
+        with open(folder / f"{n}.json", "wb") as f:
+            f.truncate(WORKLOADS.max_bytes)
+        os.utime(folder / f"{n}.json", ns=(n, n))
+    (folder / "last.json").write_text("{")
+    scan = scan_all(tmp_path, WORKLOADS)
+    assert len(scan.rejected) == 8 and scan.left == 1
+
+
+def test_writers_temporaries_go_after_an_hour(tmp_path: Path) -> None:
+    tmp = tmp_path / f"{TMP_PREFIX}1-x.json"
+    tmp.write_text("{")
+    mtime = tmp.stat().st_mtime
+    assert STALE_TMP_S == 3600
+    Spool(tmp_path, clock=lambda: mtime + 3599.5).scan(KERNEL)
+    assert tmp.exists()
+    Spool(tmp_path, clock=lambda: mtime + 3600.5).scan(KERNEL)
+    assert not tmp.exists()
+
+
+def test_a_file_where_a_folder_belongs_is_moved_aside_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / SUBDIR).write_text("not a folder")
+    with caplog.at_level(logging.WARNING, "gpuwatchd.tuning.spool"):
+        scan = scan_all(tmp_path, WORKLOADS)
+    assert scan.rejected == [] and (tmp_path / SUBDIR).is_dir()
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith(f".{SUBDIR}-foreign-")]
+    assert aside.read_text() == "not a folder"
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "gpuwatchd.tuning.spool"]
+    assert "was not the daemon's folder" in said and aside.name in said
+
+
+def test_a_spool_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    scan = scan_all(tmp_path / ("x" * 300))
+    (problem,) = scan.rejected
+    assert problem.reason.endswith(": File name too long") and "[Errno" not in problem.reason
+    assert scan.left == 0
+
+
+def test_sub_folders_take_the_spools_group(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        gid = 4242
+    else:
+        gid = next((g for g in os.getgroups() if g != os.getegid()), -1)
+        if gid < 0:
+            pytest.skip("needs a second group")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    os.chown(spool, -1, gid)
+    scan_all(spool)
+    assert (spool / SUBDIR).stat().st_gid == gid == (spool / REJECTED_DIR).stat().st_gid
+
+
+def test_sub_folders_are_made_when_their_group_or_mode_cannot_be_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*_args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "fchown", refuse)
+    monkeypatch.setattr(os, "fchmod", refuse)
+    (tmp_path / "bad.json").write_text("{")
+    (bad,) = scan_all(tmp_path).rejected
+    assert bad.moved_to == tmp_path / REJECTED_DIR / "bad.json"  # 0o700: private all the same
