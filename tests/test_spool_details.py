@@ -24,6 +24,7 @@ from gpuwatchd.tuning.spool import (
     SUBDIR,
     TMP_PREFIX,
     WORKLOADS,
+    Rejected,
     Spool,
     SpoolEntry,
     spool_file_name,
@@ -164,7 +165,7 @@ def test_sub_folders_take_the_spools_group(tmp_path: Path) -> None:
 
 
 def test_sub_folders_are_made_when_their_group_or_mode_cannot_be_set(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask_022: None
 ) -> None:
     def refuse(*_args: object) -> None:
         raise PermissionError(1, "Operation not permitted")
@@ -173,4 +174,65 @@ def test_sub_folders_are_made_when_their_group_or_mode_cannot_be_set(
     monkeypatch.setattr(os, "fchmod", refuse)
     (tmp_path / "bad.json").write_text("{")
     (bad,) = scan_all(tmp_path).rejected
-    assert bad.moved_to == tmp_path / REJECTED_DIR / "bad.json"  # 0o700: private all the same
+    assert bad.moved_to == tmp_path / REJECTED_DIR / "bad.json"
+    assert stat.S_IMODE((tmp_path / REJECTED_DIR).stat().st_mode) == 0o700  # private anyway
+
+
+def test_a_rejected_folder_others_may_write_costs_no_descriptor(tmp_path: Path) -> None:
+    (tmp_path / REJECTED_DIR).mkdir()
+    os.chmod(tmp_path / REJECTED_DIR, 0o777)
+    (tmp_path / "bad.json").write_text("{")
+    before = open_fds()
+    s = Spool(tmp_path)
+    (bad,) = s.scan(KERNEL)
+    s.close()
+    assert open_fds() == before and isinstance(bad, Rejected) and bad.moved_to is not None
+
+
+def test_a_spool_closed_mid_scan_answers_in_one_line(tmp_path: Path) -> None:
+    write_request(tmp_path, sample_request())
+    s = Spool(tmp_path)
+    scan = s.scan(KERNEL)
+    (entry,) = [e for e in Spool(tmp_path).scan(KERNEL) if isinstance(e, SpoolEntry)]
+    s.close()
+    (item,) = list(scan)
+    assert item == Rejected(entry.name, f"{tmp_path}: closed", None)
+    assert s.remove(entry) is False
+    assert s.reject(entry, "why") == Rejected(entry.name, "why", None)
+    assert (tmp_path / entry.name).exists()
+
+
+def test_rejecting_a_file_gone_meanwhile_says_so(tmp_path: Path) -> None:
+    s = Spool(tmp_path)
+    gone = SpoolEntry(KERNEL, "gone.json", sample_request(), 1, 0)
+    assert s.reject(gone, "why") == Rejected("gone.json", "why", None)
+    assert s.remove(gone) is False
+    s.close()
+
+
+def test_a_private_folder_that_stays_foreign_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 12345)  # every rejected/ is someone else's
+    (tmp_path / "bad.json").write_text("{")
+    (bad,) = scan_all(tmp_path).rejected
+    assert bad.moved_to is None and (tmp_path / "bad.json").exists()
+    assert bad.reason.startswith("request: not valid JSON")
+
+
+def test_a_sub_folder_that_cannot_be_opened_is_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def no_rejected(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if path == REJECTED_DIR and kwargs.get("dir_fd") is not None:
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    (tmp_path / REJECTED_DIR).mkdir()
+    (tmp_path / "bad.json").write_text("{")
+    monkeypatch.setattr(os, "open", no_rejected)
+    (bad,) = scan_all(tmp_path).rejected
+    assert bad.moved_to is None and (tmp_path / "bad.json").exists()
+    assert not [p for p in tmp_path.iterdir() if "foreign" in p.name]  # nothing moved aside
