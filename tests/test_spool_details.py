@@ -17,6 +17,7 @@ import pytest
 from spool_helpers import scan_all
 from user_kernels_fakes import sample_request
 
+from gpuwatchd.tuning import spool as spool_module
 from gpuwatchd.tuning.spool import (
     KERNEL,
     REJECTED_DIR,
@@ -24,6 +25,7 @@ from gpuwatchd.tuning.spool import (
     SUBDIR,
     TMP_PREFIX,
     WORKLOADS,
+    Kind,
     Rejected,
     Spool,
     SpoolEntry,
@@ -236,3 +238,128 @@ def test_a_sub_folder_that_cannot_be_opened_is_left_alone(
     (bad,) = scan_all(tmp_path).rejected
     assert bad.moved_to is None and (tmp_path / "bad.json").exists()
     assert not [p for p in tmp_path.iterdir() if "foreign" in p.name]  # nothing moved aside
+
+
+def test_a_spool_is_made_with_its_missing_parents(tmp_path: Path) -> None:
+    write_request(tmp_path / "job", sample_request())
+    assert scan_all(tmp_path / "a" / "b" / "spool").rejected == []
+    assert (tmp_path / "a" / "b" / "spool" / REJECTED_DIR).is_dir()
+
+
+def test_dangling_links_are_set_aside_and_never_replace_an_earlier_rejection(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "x.json").symlink_to(tmp_path / "nowhere")
+    (first,) = scan_all(tmp_path).rejected
+    assert first.moved_to == tmp_path / REJECTED_DIR / "x.json"
+    (tmp_path / "x.json").write_text("{")
+    (second,) = scan_all(tmp_path).rejected
+    assert second.moved_to is not None and second.moved_to.name.startswith("x.json.")
+    assert os.path.islink(tmp_path / REJECTED_DIR / "x.json")
+
+
+def test_a_file_swapped_for_a_dangling_link_before_its_rejection_is_put_back(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "x.json").write_text("{}")
+    s = Spool(tmp_path)
+    stale = SpoolEntry(KERNEL, "x.json", sample_request(), (tmp_path / "x.json").stat().st_ino, 0)
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    os.replace(tmp_path / "link", tmp_path / "x.json")  # a new inode, not a reused one
+    bad = s.reject(stale, "why")
+    s.close()
+    assert bad == Rejected("x.json", "why (a newer write was kept)", None)
+    assert os.path.islink(tmp_path / "x.json")
+    assert not os.path.lexists(tmp_path / REJECTED_DIR / "x.json")
+
+
+def test_set_aside_without_its_reason_file_when_that_cannot_be_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = spool_module._write_at
+
+    def no_reason(dir_fd: int, name: str, data: bytes) -> os.stat_result:
+        if name.endswith(".reason"):
+            raise OSError(28, "No space left on device")
+        return real(dir_fd, name, data)
+
+    monkeypatch.setattr(spool_module, "_write_at", no_reason)
+    (tmp_path / "bad.json").write_text("{")
+    (bad,) = scan_all(tmp_path).rejected
+    assert bad.moved_to == tmp_path / REJECTED_DIR / "bad.json"
+    assert not (tmp_path / REJECTED_DIR / "bad.json.reason").exists()
+
+
+def test_a_newer_write_is_kept_when_putting_it_back_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_request(tmp_path, sample_request())
+    (entry,) = scan_all(tmp_path).entries
+    write_request(tmp_path, sample_request())  # newer
+    (tmp_path / "bad.json").write_text("{")
+    (stale_bad,) = [SpoolEntry(KERNEL, "bad.json", sample_request(), 1, 0)]
+
+    def link_fails(*_args: object, **_kwargs: object) -> None:
+        raise FileExistsError(17, "File exists")  # an even newer write got there first
+
+    monkeypatch.setattr(os, "link", link_fails)
+    s = Spool(tmp_path)
+    assert s.remove(entry) is False
+    assert s.reject(stale_bad, "why").moved_to is None
+    s.close()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(TMP_PREFIX)] == []
+    assert [p.name for p in (tmp_path / REJECTED_DIR).iterdir()] == []
+
+
+def test_a_temporary_gone_before_its_cleanup_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tmp = tmp_path / f"{TMP_PREFIX}1-x.json"
+    tmp.write_text("{")
+    old = tmp.stat().st_mtime - STALE_TMP_S - 10
+    os.utime(tmp, (old, old))
+    real_unlink = os.unlink
+
+    def raced(path: object, *args: object, **kwargs: object) -> None:
+        if str(path).startswith(TMP_PREFIX):
+            raise FileNotFoundError(2, "No such file or directory")
+        real_unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", raced)
+    assert scan_all(tmp_path).rejected == []
+
+
+def test_files_held_for_one_kind_stay_held_when_another_kind_is_scanned(tmp_path: Path) -> None:
+    s = Spool(tmp_path)
+    s.keep(sample_request())
+    s.scan(WORKLOADS)
+    assert s.scan(KERNEL).names == []
+    s.close()
+
+
+def test_a_request_swapped_for_a_link_before_its_removal_is_put_back(tmp_path: Path) -> None:
+    write_request(tmp_path, sample_request())
+    (entry,) = scan_all(tmp_path).entries
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    os.replace(tmp_path / "link", tmp_path / entry.name)
+    s = Spool(tmp_path)
+    assert s.remove(entry) is False
+    s.close()
+    assert os.path.islink(tmp_path / entry.name)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(TMP_PREFIX)] == []
+
+
+def test_a_parser_that_fails_oddly_sets_the_file_aside_naming_the_error(tmp_path: Path) -> None:
+    odd = Kind("", 100, lambda data: 1 // 0, "odd")
+    (tmp_path / "x.json").write_text("{}")
+    (bad,) = scan_all(tmp_path, odd).rejected
+    assert bad.reason == "ZeroDivisionError" and bad.moved_to is not None
+
+
+def test_held_files_that_are_gone_are_forgotten(tmp_path: Path) -> None:
+    s = Spool(tmp_path)
+    entry = s.keep(sample_request())
+    (tmp_path / entry.name).unlink()
+    s.scan(KERNEL)
+    assert s._held == {}
+    s.close()
