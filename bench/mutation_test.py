@@ -117,6 +117,7 @@ TARGETS = {
         (("gpuwatchd/tuning/spool.py", "gpuwatchd.tuning.spool", None),),
         (
             "tests/test_spool_fds.py",
+            "tests/test_spool_details.py",
             "tests/test_user_kernels_spool.py",
             "tests/test_faults_input.py",
             "tests/test_capture_wire.py",

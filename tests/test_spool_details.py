@@ -240,10 +240,19 @@ def test_a_sub_folder_that_cannot_be_opened_is_left_alone(
     assert not [p for p in tmp_path.iterdir() if "foreign" in p.name]  # nothing moved aside
 
 
-def test_a_spool_is_made_with_its_missing_parents(tmp_path: Path) -> None:
-    write_request(tmp_path / "job", sample_request())
+def test_a_spool_is_made_with_its_missing_parents(tmp_path: Path, umask_022: None) -> None:
     assert scan_all(tmp_path / "a" / "b" / "spool").rejected == []
+    assert stat.S_IMODE((tmp_path / "a" / "b" / "spool").stat().st_mode) == 0o750
     assert (tmp_path / "a" / "b" / "spool" / REJECTED_DIR).is_dir()
+
+
+def test_a_private_folder_only_the_daemon_writes_is_kept(tmp_path: Path) -> None:
+    (tmp_path / REJECTED_DIR).mkdir(mode=0o711)
+    os.chmod(tmp_path / REJECTED_DIR, 0o711)
+    (tmp_path / "bad.json").write_text("{")
+    (bad,) = scan_all(tmp_path).rejected
+    assert bad.moved_to == tmp_path / REJECTED_DIR / "bad.json"
+    assert not [p for p in tmp_path.iterdir() if "foreign" in p.name]
 
 
 def test_dangling_links_are_set_aside_and_never_replace_an_earlier_rejection(

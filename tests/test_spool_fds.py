@@ -212,11 +212,11 @@ def test_a_hard_link_is_never_read(tmp_path: Path, outside: Path) -> None:
 def test_sub_folders_are_made_by_the_daemon_with_the_spools_audience(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
-    os.chmod(spool, 0o2770)
+    os.chmod(spool, 0o2775)
     s = Spool(spool)
     s.scan(KERNEL)
     s.close()
-    assert (spool / SUBDIR).stat().st_mode & 0o7777 == 0o2770
+    assert (spool / SUBDIR).stat().st_mode & 0o7777 == 0o2775
     assert (spool / REJECTED_DIR).stat().st_mode & 0o777 == 0o750
 
 

@@ -76,7 +76,7 @@ class Kind(Generic[R]):
 
 
 def _parse_add(data: bytes) -> AddRequest:
-    return parse_add_request(load_json(data, "request", max_bytes=MAX_FILE_BYTES))
+    return parse_add_request(load_json(data, "request"))  # capped as read: MAX_FILE_BYTES
 
 
 KERNEL: Kind[KernelRequest] = Kind("", MAX_REQUEST_BYTES, KernelRequest.loads, "kernel request")
@@ -137,7 +137,7 @@ def write_workload_request(spool_dir: str | os.PathLike[str], doc: dict[str, Any
     """Validate ``doc`` (an ``add_workloads`` request) and write it into the spool's
     ``workloads/`` atomically; its path. ValueError for a bad request, OSError."""
     parse_add_request(doc)
-    data = (json.dumps(doc, sort_keys=True) + "\n").encode("utf-8")
+    data = (json.dumps(doc) + "\n").encode("utf-8")
     return write_atomically(Path(spool_dir) / SUBDIR, workloads_file_name(doc), data)
 
 
@@ -306,10 +306,8 @@ class Spool:
         aside = f".{name}-foreign-{os.urandom(4).hex()}"
         try:
             os.rename(name, aside, src_dir_fd=top, dst_dir_fd=top)
-        except FileNotFoundError:
+        except OSError:  # gone meanwhile, or cannot: the next attempt says why
             return
-        except OSError as e:
-            raise SpoolError(f"{self.path / name}: cannot move it aside: {_why(e)}") from None
         log.warning("%s was not the daemon's folder: moved aside to %s, a new one made",
                     self.path / name, aside)  # fmt: skip
 
@@ -325,7 +323,7 @@ class Spool:
                 picked, total = self._pick(fd, kind)
         except OSError as e:
             where = kind.folder or self.path.name
-            scan.problem = Rejected(where, e.strerror or one_line(e), None)
+            scan.problem = Rejected(where, _why(e), None)
             return scan
         budget = self.max_bytes
         for size, name in picked:
@@ -411,7 +409,7 @@ class Spool:
 
     def hold(self, entry: SpoolEntry[Any]) -> None:
         """The daemon keeps this file (queued, or refused for now): scans skip it until
-        it changes or :meth:`release_all`."""
+        it changes or :meth:`release_all` (forgotten once gone)."""
         with self._lock:
             self._held[(entry.kind.folder, entry.name)] = (entry.inode, entry.mtime_ns)
 
@@ -420,24 +418,16 @@ class Spool:
         with self._lock:
             self._held.clear()
 
-    def _release(self, entry: SpoolEntry[Any]) -> None:
-        with self._lock:
-            self._held.pop((entry.kind.folder, entry.name), None)
-
     def remove(self, entry: SpoolEntry[Any]) -> bool:
         """Delete an entry's file once the daemon is done with it; whether one was removed.
 
         Only when the file is still the one that was read (same inode): a newer write of
         the same request stays for the next scan.
         """
-        self._release(entry)
         try:
             with self._folder(entry.kind.folder) as fd:
                 taken = f"{TMP_PREFIX}taken-{os.getpid()}-{os.urandom(4).hex()}"
-                try:
-                    os.rename(entry.name, taken, src_dir_fd=fd, dst_dir_fd=fd)
-                except FileNotFoundError:
-                    return False
+                os.rename(entry.name, taken, src_dir_fd=fd, dst_dir_fd=fd)
                 same = os.stat(taken, dir_fd=fd, follow_symlinks=False).st_ino == entry.inode
                 if not same:  # a newer write: put it back unless newer still
                     with contextlib.suppress(OSError):
@@ -445,12 +435,11 @@ class Spool:
                                 follow_symlinks=False)  # fmt: skip
                 os.unlink(taken, dir_fd=fd)
                 return same
-        except OSError:
+        except OSError:  # gone already (another reader took it), or no spool to work in
             return False
 
     def reject(self, entry: SpoolEntry[Any], reason: str) -> Rejected:
         """Move an entry's file into ``rejected/`` beside its reason (if still that file)."""
-        self._release(entry)
         try:
             with self._folder(entry.kind.folder) as fd:
                 return self._reject_at(fd, entry.name, entry.inode, reason)
@@ -486,13 +475,12 @@ class Spool:
 
 
 def _mkdir_at(top: int, name: str) -> bool:
-    """Create the folder ``name`` in the open folder ``top``: whether it was created."""
+    """Create the folder ``name`` in the open folder ``top``: whether it was created
+    (not: there already, or it cannot be; the open that follows says why)."""
     try:
         os.mkdir(name, 0o700, dir_fd=top)
-    except FileExistsError:
+    except OSError:
         return False
-    except OSError as e:
-        raise SpoolError(f"{name}: cannot create: {_why(e)}") from None
     return True
 
 
@@ -509,4 +497,4 @@ def _adopt(fd: int, spool: os.stat_result, private: bool) -> None:
 def _why(e: OSError) -> str:
     if e.errno in (errno.ELOOP, errno.ENOTDIR):
         return "not a directory (a link or a file), not used"
-    return e.strerror or one_line(e)
+    return e.strerror or str(e)
