@@ -125,7 +125,8 @@ def test_remove_entry_only_removes_the_file_that_was_read(tmp_path: Path) -> Non
     assert spool.remove(entry) is False
     (entry,) = scan_all(tmp_path).entries
     assert spool.remove(entry) is True
-    assert scan_all(tmp_path).entries == [] and sorted(os.listdir(tmp_path)) == [REJECTED_DIR, SUBDIR]
+    assert scan_all(tmp_path).entries == []
+    assert sorted(os.listdir(tmp_path)) == [REJECTED_DIR, SUBDIR]
     assert spool.remove(entry) is False
     spool.close()
 
