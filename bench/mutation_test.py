@@ -302,6 +302,54 @@ _equivalent(
 )
 
 
+_P = "gpuwatchd/tuning/spool.py"
+_JUST_MADE = "    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)"
+for _src in ("os.O_RDONLY | os.O_DIRECTORY", "os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC"):
+    _equivalent(
+        _P,
+        "write_atomically",
+        _JUST_MADE,
+        _src,
+        "BinOp | -> &",
+        "the folder was just made by mkdir(exist_ok=True), which raises for a file there, so "
+        "O_DIRECTORY checks nothing more; O_CLOEXEC matters only to a thread that execs while "
+        "the descriptor is open",
+    )
+_equivalent(
+    _P,
+    "_subfolder",
+    "        for attempt in range(2):",
+    "2",
+    "Constant + 1",
+    "a third try ends as the second (moved aside again, or SpoolError) unless a writer swaps "
+    "the folder back exactly twice between two system calls",
+)
+_equivalent(
+    _P,
+    "_subfolder",
+    '        raise AssertionError("unreachable")  # pragma: no cover',
+    'raise AssertionError("unreachable")',
+    "Statement delete",
+    "unreachable: the loop's second pass returns or raises",
+)
+_equivalent(
+    _P,
+    "_pick",
+    "                    if now - st.st_mtime > STALE_TMP_S and not stat.S_ISDIR(st.st_mode):",
+    "now - st.st_mtime > STALE_TMP_S",
+    "Compare > -> >=",
+    "differs only for a temporary exactly STALE_TMP_S old to the nanosecond",
+)
+_equivalent(
+    _P,
+    "_mkdir_at",
+    "        return False",
+    "return False",
+    "Return -> None",
+    "the answer is only tested for truth: None is false too",
+)
+
+
 # -- mutant generation -------------------------------------------------------------------
 
 _BINOPS: dict[type[ast.operator], type[ast.operator]] = {

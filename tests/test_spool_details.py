@@ -96,11 +96,34 @@ def test_a_job_makes_a_missing_spool_for_its_group(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "spool").stat().st_mode) == 0o770
 
 
-def test_a_write_that_cannot_land_leaves_no_temporary(tmp_path: Path) -> None:
+def test_a_write_that_cannot_land_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / spool_file_name(sample_request())).mkdir()  # renaming onto it fails
-    with pytest.raises(OSError):
+    with pytest.raises(IsADirectoryError):
         write_request(tmp_path, sample_request())
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(TMP_PREFIX)] == []
+
+    def unlink_fails(*_args: object, **_kwargs: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "unlink", unlink_fails)
+    with pytest.raises(IsADirectoryError):  # the write's own error, not the cleanup's
+        write_request(tmp_path, sample_request())
+
+
+def test_a_folder_that_cannot_be_fsynced_still_takes_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fsync = os.fsync
+
+    def no_dir_fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(22, "Invalid argument")  # some filesystems refuse it
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", no_dir_fsync)
+    assert write_request(tmp_path, sample_request()).is_file()
 
 
 def test_the_per_scan_file_budget_is_256(tmp_path: Path) -> None:
@@ -148,6 +171,7 @@ def test_a_file_where_a_folder_belongs_is_moved_aside_with_a_warning(
 def test_a_spool_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
     scan = scan_all(tmp_path / ("x" * 300))
     (problem,) = scan.rejected
+    assert problem.name == "x" * 300
     assert problem.reason.endswith(": File name too long") and "[Errno" not in problem.reason
     assert scan.left == 0
 
@@ -228,16 +252,19 @@ def test_a_sub_folder_that_cannot_be_opened_is_left_alone(
     real_open = os.open
 
     def no_rejected(path: object, flags: int, *args: object, **kwargs: object) -> int:
-        if path == REJECTED_DIR and kwargs.get("dir_fd") is not None:
+        if path in (REJECTED_DIR, SUBDIR) and kwargs.get("dir_fd") is not None:
             raise PermissionError(13, "Permission denied")
         return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
 
     (tmp_path / REJECTED_DIR).mkdir()
+    (tmp_path / SUBDIR).mkdir()
     (tmp_path / "bad.json").write_text("{")
     monkeypatch.setattr(os, "open", no_rejected)
     (bad,) = scan_all(tmp_path).rejected
     assert bad.moved_to is None and (tmp_path / "bad.json").exists()
     assert not [p for p in tmp_path.iterdir() if "foreign" in p.name]  # nothing moved aside
+    (problem,) = scan_all(tmp_path, WORKLOADS).rejected
+    assert problem == Rejected(SUBDIR, f"{tmp_path / SUBDIR}: Permission denied", None)
 
 
 def test_a_spool_is_made_with_its_missing_parents(tmp_path: Path, umask_022: None) -> None:
@@ -372,3 +399,15 @@ def test_held_files_that_are_gone_are_forgotten(tmp_path: Path) -> None:
     s.scan(KERNEL)
     assert s._held == {}
     s.close()
+
+
+def test_a_folder_swapped_in_before_a_rejection_is_left_in_rejected(tmp_path: Path) -> None:
+    (tmp_path / "x.json").write_text("{")
+    stale = SpoolEntry(KERNEL, "x.json", sample_request(), (tmp_path / "x.json").stat().st_ino, 0)
+    (tmp_path / "d").mkdir()  # made while the file still holds its inode: a new one
+    (tmp_path / "x.json").unlink()
+    (tmp_path / "d").rename(tmp_path / "x.json")
+    s = Spool(tmp_path)
+    assert s.reject(stale, "why") == Rejected("x.json", "why (a newer write was kept)", None)
+    s.close()
+    assert (tmp_path / REJECTED_DIR / "x.json").is_dir()  # a folder cannot be put back
