@@ -319,7 +319,7 @@ _equivalent(
     _P,
     "_subfolder",
     "        for attempt in range(2):",
-    "2",
+    "2@21",
     "Constant + 1",
     "a third try ends as the second (moved aside again, or SpoolError) unless a writer swaps "
     "the folder back exactly twice between two system calls",
