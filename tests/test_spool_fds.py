@@ -98,10 +98,10 @@ def outside(tmp_path: Path) -> Path:
     return d
 
 
-def swap_for_link(folder: Path, target: Path) -> None:
+def swap_for_link(folder: Path, target: Path, moved: str = ".moved") -> None:
     """What the attacker does: the folder moved away, a link to ``target`` in its place."""
     with contextlib.suppress(FileNotFoundError):
-        folder.rename(folder.with_name(folder.name + ".moved"))
+        folder.rename(folder.with_name(folder.name + moved))
     folder.symlink_to(target, target_is_directory=True)
 
 
@@ -354,17 +354,20 @@ def test_swapping_spool_folders_for_links_while_the_daemon_scans(
     stop = threading.Event()
     errors: list[BaseException] = []
 
+    swaps = [0]
+
     def swapper() -> None:
         while not stop.is_set():
             for sub in (SUBDIR, REJECTED_DIR):
-                folder, moved = spool / sub, spool / (sub + ".moved")
+                swaps[0] += 1
+                folder, moved = spool / sub, spool / f"{sub}.moved{swaps[0]}"
                 with contextlib.suppress(OSError):
-                    swap_for_link(folder, outside)
+                    swap_for_link(folder, outside, moved.name[len(sub) :])
                 time.sleep(0.0005)
                 with contextlib.suppress(OSError):
                     if folder.is_symlink():
                         folder.unlink()
-                        moved.rename(folder)
+                        moved.rename(folder)  # fails if the daemon made a new one meanwhile
 
     def put(folder: Path, name: str, data: bytes) -> None:
         """The attacker's own writes go into real spool folders only (the precious
@@ -412,7 +415,7 @@ def test_swapping_spool_folders_for_links_while_the_daemon_scans(
         for t in threads:
             t.join()
     assert errors == []
-    assert starts > 10
+    assert starts > 10 and swaps[0] > 100
     assert snapshot(outside) == before  # nothing outside deleted, changed or created
 
 
