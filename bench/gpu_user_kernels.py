@@ -119,11 +119,14 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
     from gpuwatchd.telemetry.nvml import NvmlBackend
     from gpuwatchd.tuning.session_spec import SessionSpec
     from gpuwatchd.tuning.settings import ProtocolConfig
-    from gpuwatchd.tuning.spool import read_spool, remove_entry
+    from gpuwatchd.tuning.spool import KERNEL, Rejected, Spool, SpoolEntry
     from gpuwatchd.tuning.types import Regime
 
-    scan = read_spool(spool)
-    workloads = tuple(e.request.to_workload() for e in scan.entries)
+    reader = Spool(spool)
+    items = list(reader.scan(KERNEL))
+    entries = [e for e in items if isinstance(e, SpoolEntry)]
+    rejected = [e for e in items if isinstance(e, Rejected)]
+    workloads = tuple(e.request.to_workload() for e in entries)
     nvml = NvmlBackend()
     info = nvml.device_info(0)
     sample = nvml.read(0)
@@ -149,8 +152,9 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
         outcome = runner.run_session(
             spec, info, "nvml", should_preempt=lambda: None, timeout_s=600, sample=sample
         )
-    for e in scan.entries:
-        remove_entry(e)
+    for e in entries:
+        reader.remove(e)
+    reader.close()
     results = []
     for r in outcome.results:
         results.append({
@@ -173,8 +177,8 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
             ],
         })  # fmt: skip
     return {
-        "requests": len(scan.entries),
-        "rejected_files": [(r.name, r.reason) for r in scan.rejected],
+        "requests": len(entries),
+        "rejected_files": [(r.name, r.reason) for r in rejected],
         "status": outcome.status.value,
         "why": outcome.why,
         "session_s": time.perf_counter() - t0,

@@ -122,6 +122,21 @@ TARGETS = {
             "not postgres",  # the same loaders on both back ends; a server per mutant is slow
         ),
     ),
+    "spool": Target(
+        "spool",
+        (("gpuwatchd/tuning/spool.py", "gpuwatchd.tuning.spool", None),),
+        (
+            "tests/test_spool_fds.py",
+            "tests/test_spool_details.py",
+            "tests/test_user_kernels_spool.py",
+            "tests/test_faults_input.py",
+            "tests/test_capture_wire.py",
+            "-m",
+            "not slow",  # the 10 s race and the 30-file memory test: covered by the rest
+            "-k",
+            "not daemon_starts",  # a daemon subprocess never sees a mutant
+        ),
+    ),
 }
 
 # Survivors no test can kill, by (file, enclosing function, the node's first source line
@@ -294,6 +309,54 @@ _equivalent(
     f"0.0@{_HELD.index('0.0')}",
     "Constant + 1",
     "held_s's default is never read: a track's dwell count starts when set_reference zeroes it",
+)
+
+
+_P = "gpuwatchd/tuning/spool.py"
+_JUST_MADE = "    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)"
+for _src in ("os.O_RDONLY | os.O_DIRECTORY", "os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC"):
+    _equivalent(
+        _P,
+        "write_atomically",
+        _JUST_MADE,
+        _src,
+        "BinOp | -> &",
+        "the folder was just made by mkdir(exist_ok=True), which raises for a file there, so "
+        "O_DIRECTORY checks nothing more; O_CLOEXEC matters only to a thread that execs while "
+        "the descriptor is open",
+    )
+_equivalent(
+    _P,
+    "_subfolder",
+    "        for attempt in range(2):",
+    "2@21",
+    "Constant + 1",
+    "a third try ends as the second (moved aside again, or SpoolError) unless a writer swaps "
+    "the folder back exactly twice between two system calls",
+)
+_equivalent(
+    _P,
+    "_subfolder",
+    '        raise AssertionError("unreachable")  # pragma: no cover',
+    'raise AssertionError("unreachable")',
+    "Statement delete",
+    "unreachable: the loop's second pass returns or raises",
+)
+_equivalent(
+    _P,
+    "_pick",
+    "                    if now - st.st_mtime > STALE_TMP_S and not stat.S_ISDIR(st.st_mode):",
+    "now - st.st_mtime > STALE_TMP_S",
+    "Compare > -> >=",
+    "differs only for a temporary exactly STALE_TMP_S old to the nanosecond",
+)
+_equivalent(
+    _P,
+    "_mkdir_at",
+    "        return False",
+    "return False",
+    "Return -> None",
+    "the answer is only tested for truth: None is false too",
 )
 
 

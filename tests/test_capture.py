@@ -14,13 +14,15 @@ from control_fakes import ControlServer
 
 torch = pytest.importorskip("torch")
 
+from spool_helpers import scan_all  # noqa: E402
+
 import gpuwatchd.torch as gt  # noqa: E402
 from gpuwatchd.config import load_config  # noqa: E402
 from gpuwatchd.control.wire import ADD_WORKLOADS as ADD_OP  # noqa: E402
 from gpuwatchd.jobside.capture import MODEL_ATTR  # noqa: E402
 from gpuwatchd.tuning.captured import parse_capture  # noqa: E402
+from gpuwatchd.tuning.spool import WORKLOADS  # noqa: E402
 from gpuwatchd.tuning.workload_requests import read_workloads_file  # noqa: E402
-from gpuwatchd.tuning.workload_spool import read_workload_spool  # noqa: E402
 
 STEPS = 2
 
@@ -208,8 +210,8 @@ def test_submit_spools_when_no_daemon_answers(
     _, cap = captured
     sub = cap.submit(socket_path=sock_path, spool_dir=tmp_path / "spool")
     assert sub.how == "spool" and "cannot reach gpuwatchd" in sub.detail
-    scan = read_workload_spool(tmp_path / "spool")
-    (entry,) = scan.requests
+    scan = scan_all(tmp_path / "spool", WORKLOADS)
+    (entry,) = scan.entries
     assert entry.request.workloads == cap.workloads() and scan.rejected == []
 
 

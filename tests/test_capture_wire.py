@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spool_helpers import scan_all
 
 from gpuwatchd.control.wire import ADD_WORKLOADS as ADD_OP
 from gpuwatchd.control.wire import REMOVE_WORKLOADS as REMOVE_OP
@@ -21,6 +22,13 @@ from gpuwatchd.tuning.captured import (
     to_workloads,
     workload_for,
 )
+from gpuwatchd.tuning.spool import (
+    REJECTED_DIR,
+    SUBDIR,
+    WORKLOADS,
+    Spool,
+    write_workload_request,
+)
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.workload_requests import (
     MAX_WORKLOADS,
@@ -32,13 +40,6 @@ from gpuwatchd.tuning.workload_requests import (
     read_workloads_file,
     remove_request,
     workloads_toml,
-)
-from gpuwatchd.tuning.workload_spool import (
-    REJECTED_DIR,
-    SUBDIR,
-    read_workload_spool,
-    remove_spooled,
-    write_workload_request,
 )
 
 GEMM = {"m": 64, "n": 32, "k": 16}
@@ -339,22 +340,24 @@ def test_spool_keeps_one_file_per_set_of_workloads(tmp_path: Path) -> None:
     assert first == again and other != first
     assert first.parent == tmp_path / SUBDIR
     assert sorted(p.name for p in (tmp_path / SUBDIR).iterdir()) == sorted({first.name, other.name})
-    scan = read_workload_spool(tmp_path)
-    found = sorted((r.request.workloads for r in scan.requests), key=len)
+    entries = scan_all(tmp_path, WORKLOADS).entries
+    found = sorted((r.request.workloads for r in entries), key=len)
     assert found == [workloads()[:1], workloads()]
-    remove_spooled(scan.requests[0])
-    assert len(read_workload_spool(tmp_path).requests) == 1
+    spool = Spool(tmp_path)
+    assert spool.remove(entries[0])
+    spool.close()
+    assert len(scan_all(tmp_path, WORKLOADS).entries) == 1
 
 
 def test_bad_spool_files_are_moved_aside_with_their_reason(tmp_path: Path) -> None:
     good = write_workload_request(tmp_path, add_request(workloads()))
     bad = tmp_path / SUBDIR / "bad.json"
     bad.write_text('{"op": "add_workloads", "workloads": []}')
-    scan = read_workload_spool(tmp_path)
-    assert [r.path for r in scan.requests] == [good]
+    scan = scan_all(tmp_path, WORKLOADS)
+    assert [tmp_path / SUBDIR / r.name for r in scan.entries] == [good]
     ((name, reason, _moved),) = [(r.name, r.reason, r.moved_to) for r in scan.rejected]
     assert name == "bad.json" and "workloads: expected a non-empty list" in reason
-    aside = tmp_path / SUBDIR / REJECTED_DIR
+    aside = tmp_path / REJECTED_DIR
     assert (aside / "bad.json").exists() and reason in (aside / "bad.json.reason").read_text()
     assert not bad.exists()
 
@@ -366,5 +369,5 @@ def test_spool_refuses_an_invalid_request_before_writing(tmp_path: Path) -> None
 
 
 def test_a_missing_spool_is_empty(tmp_path: Path) -> None:
-    scan = read_workload_spool(tmp_path / "none")
-    assert scan.requests == [] and scan.rejected == []
+    scan = scan_all(tmp_path / "none", WORKLOADS)
+    assert scan.entries == [] and scan.rejected == []

@@ -35,10 +35,9 @@ from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.telemetry.factory import open_backend
 from gpuwatchd.tuning.kernels import KernelRequest
 from gpuwatchd.tuning.settings import TuningConfig
-from gpuwatchd.tuning.spool import REJECTED_DIR, write_request
+from gpuwatchd.tuning.spool import REJECTED_DIR, SUBDIR, write_request, write_workload_request
 from gpuwatchd.tuning.types import SessionStatus, Workload
 from gpuwatchd.tuning.workload_requests import add_request, parse_add_request
-from gpuwatchd.tuning.workload_spool import SUBDIR, write_workload_request
 
 ME = PeerCred(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 SIM_MODEL = "NVIDIA H200 (simulated)"

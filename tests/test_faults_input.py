@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 from control_fakes import ask_line
 from daemon_helpers import start_daemon
+from spool_helpers import scan_all
 
 from gpuwatchd.cli.main import main
 from gpuwatchd.control import wire
 from gpuwatchd.daemon.ops import OpTable
 from gpuwatchd.serve.control import ControlServer
-from gpuwatchd.tuning.spool import REJECTED_DIR, read_spool
-from gpuwatchd.tuning.workload_spool import SUBDIR, read_workload_spool
+from gpuwatchd.tuning.spool import REJECTED_DIR, SUBDIR, WORKLOADS
 from gpuwatchd.validate import MAX_DEPTH, load_json, load_toml
 
 DEEP = 100_000
@@ -68,7 +68,7 @@ def _in_time(fn: Callable[[], Any], seconds: float = 10.0) -> Any:
 
 def test_bad_kernel_spool_entries_are_set_aside_without_blocking(tmp_path: Path) -> None:
     expected = _plant_bad_entries(tmp_path)
-    scan = _in_time(lambda: read_spool(tmp_path))
+    scan = _in_time(lambda: scan_all(tmp_path))
     reasons = {r.name: r.reason for r in scan.rejected}
     assert scan.entries == []
     for name, word in expected.items():
@@ -83,9 +83,9 @@ def test_bad_kernel_spool_entries_are_set_aside_without_blocking(tmp_path: Path)
 
 def test_bad_workload_spool_entries_are_set_aside_without_blocking(tmp_path: Path) -> None:
     expected = _plant_bad_entries(tmp_path / SUBDIR)
-    scan = _in_time(lambda: read_workload_spool(tmp_path))
+    scan = _in_time(lambda: scan_all(tmp_path, WORKLOADS))
     reasons = {r.name: r.reason for r in scan.rejected}
-    assert scan.requests == []
+    assert scan.entries == []
     for name, word in expected.items():
         assert word in reasons[name], (name, reasons[name])
         assert not os.path.lexists(tmp_path / SUBDIR / name)
@@ -93,9 +93,9 @@ def test_bad_workload_spool_entries_are_set_aside_without_blocking(tmp_path: Pat
 
 def test_a_second_rejection_of_the_same_name_is_kept_too(tmp_path: Path) -> None:
     (tmp_path / "x.json").mkdir()
-    read_spool(tmp_path)
+    scan_all(tmp_path)
     (tmp_path / "x.json").write_text("not json")
-    scan = read_spool(tmp_path)
+    scan = scan_all(tmp_path)
     assert [r.moved_to is not None for r in scan.rejected] == [True]
     assert len([p for p in (tmp_path / REJECTED_DIR).iterdir() if p.suffix == ".reason"]) == 2
 
@@ -107,11 +107,12 @@ def test_a_spool_folder_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
     (spool / SUBDIR).symlink_to(elsewhere)
-    scan = read_workload_spool(spool)
-    assert [r.name for r in scan.rejected] == [SUBDIR] and "not a directory" in scan.rejected[
-        0
-    ].reason
+    scan = scan_all(spool, WORKLOADS)
+    assert scan.entries == scan.rejected == []
     assert (elsewhere / "victim.json").exists()  # nothing moved out of the linked folder
+    assert (spool / SUBDIR).is_dir() and not (spool / SUBDIR).is_symlink()  # the daemon's own
+    (aside,) = [p for p in spool.iterdir() if p.name.startswith(f".{SUBDIR}-foreign-")]
+    assert aside.is_symlink()  # the link moved aside, never followed
 
 
 @pytest.fixture
@@ -156,9 +157,9 @@ def test_the_daemon_starts_serves_and_stops_with_bad_spool_entries(state_dir: Pa
 
 
 def test_a_fifo_spooled_while_running_is_set_aside(tmp_path: Path) -> None:
-    read_spool(tmp_path)
+    scan_all(tmp_path)
     os.mkfifo(tmp_path / "late.json")
-    scan = _in_time(lambda: read_spool(tmp_path))
+    scan = _in_time(lambda: scan_all(tmp_path))
     assert [r.name for r in scan.rejected] == ["late.json"]
 
 

@@ -38,12 +38,11 @@ from gpuwatchd.telemetry.types import DeviceInfo
 from gpuwatchd.tuning.kernels import ArgSpec, KernelRequest, config_spec, identity_of
 from gpuwatchd.tuning.session_spec import SessionSpec, SimSpec
 from gpuwatchd.tuning.settings import ProtocolConfig
-from gpuwatchd.tuning.spool import REJECTED_DIR, write_request
+from gpuwatchd.tuning.spool import REJECTED_DIR, write_request, write_workload_request
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.worker.devices import CpuSession
 from gpuwatchd.tuning.worker.families.triton_user import build
 from gpuwatchd.tuning.workload_requests import add_request, parse_add_request
-from gpuwatchd.tuning.workload_spool import SUBDIR, write_workload_request
 
 TESTS = Path(__file__).resolve().parent
 ALLOWED = ("ukt_trust",)
@@ -508,7 +507,7 @@ def test_spooled_workloads_outside_the_rule_are_set_aside_once(
         daemon.user_work.rescan()
     said = [r.getMessage() for r in caplog.records if path.name in r.getMessage()]
     assert len(said) == 1 and "params.allowed_modules: not accepted" in said[0]
-    aside = spool / SUBDIR / REJECTED_DIR
+    aside = spool / REJECTED_DIR
     assert not path.exists() and (aside / path.name).exists()
     assert "not accepted" in (aside / (path.name + ".reason")).read_text()
     _nothing_kept_or_queued(daemon)

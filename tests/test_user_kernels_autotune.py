@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import user_kernels_fakes as fakes
 from control_fakes import read_line
+from spool_helpers import scan_all
 
 from gpuwatchd.client import GpuwatchdUnavailable
 from gpuwatchd.jobside.call import triton_key
 from gpuwatchd.jobside.requests import Submitter
 from gpuwatchd.jobside.stack import Stack
 from gpuwatchd.tuning.kernels import KernelRequest, config_spec, identity_of
-from gpuwatchd.tuning.spool import read_spool
 from gpuwatchd.tuning.types import Regime, Versions
 from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, VS_DEFAULT
 
@@ -121,7 +121,7 @@ def test_miss_autotunes_like_triton_and_spools_a_request(
     assert client.asked == [(_name(k), "sustained", GPU)]
     assert "Triton autotuned" in caplog.text and "spooled to" in caplog.text
 
-    scan = read_spool(tmp_path / "spool")
+    scan = scan_all(tmp_path / "spool")
     assert scan.rejected == [] and len(scan.entries) == 1
     req: KernelRequest = scan.entries[0].request
     assert req.path == "ukfake_kernels:scale" and req.workload_name == _name(k)
@@ -152,7 +152,7 @@ def test_later_calls_of_a_key_neither_benchmark_nor_file_again(
     assert len(k._tuner.benchmarked) == 4 and len(client.asked) == 1
     _call(k, n=200)  # a new key: a new lookup, a new benchmark, a second request
     assert len(k._tuner.benchmarked) == 8 and len(client.asked) == 2
-    assert len(read_spool(tmp_path / "spool").entries) == 2
+    assert len(scan_all(tmp_path / "spool").entries) == 2
 
 
 def test_hit_runs_the_recorded_winner_without_benchmarking(

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 import user_kernels_fakes as fakes
+from spool_helpers import scan_all
 
 from gpuwatchd.jobside.requests import Submitter
 from gpuwatchd.jobside.stack import Stack
 from gpuwatchd.tuning.kernels import KernelRequest
 from gpuwatchd.tuning.settings import ProtocolConfig
-from gpuwatchd.tuning.spool import read_spool
 from gpuwatchd.tuning.types import Regime, Versions, Workload
 from gpuwatchd.tuning.winners import JOB_DEFAULT, job_default
 from gpuwatchd.tuning.worker.devices import CpuSession
@@ -64,7 +64,7 @@ def _request(kernel: Any, tmp_path: Path, n: int, factory: str | None = None) ->
     )
     x, y = torch.randn(4, n), torch.zeros(4, n)
     kernel[(4,)](x, y, n)
-    (entry,) = [e for e in read_spool(tmp_path / "spool").entries if e.request.key_values == {
+    (entry,) = [e for e in scan_all(tmp_path / "spool").entries if e.request.key_values == {
         "n": n}]  # fmt: skip
     return entry.request
 

@@ -8,16 +8,18 @@ import threading
 import time
 from pathlib import Path
 
+from spool_helpers import scan_all
 from user_kernels_fakes import sample_request
 
 from gpuwatchd.tuning.kernels import KernelRequest
 from gpuwatchd.tuning.spool import (
+    KERNEL,
     REJECTED_DIR,
     STALE_TMP_S,
+    SUBDIR,
     TMP_PREFIX,
-    read_spool,
-    reject_file,
-    remove_entry,
+    Spool,
+    SpoolEntry,
     spool_file_name,
     write_request,
 )
@@ -32,7 +34,8 @@ def test_write_then_read_round_trips_and_leaves_no_temporary(tmp_path: Path) -> 
     path = write_request(spool, _key(1))
     assert path.name == spool_file_name(_key(1)) and path.parent == spool
     assert sorted(os.listdir(spool)) == [path.name]
-    scan = read_spool(spool)
+    scan = scan_all(spool)
+    assert sorted(os.listdir(spool)) == [path.name, REJECTED_DIR, SUBDIR]  # the daemon's own
     assert [e.request for e in scan.entries] == [_key(1)] and scan.rejected == []
 
 
@@ -40,11 +43,11 @@ def test_the_same_request_twice_is_one_file(tmp_path: Path) -> None:
     write_request(tmp_path, _key(1))
     write_request(tmp_path, _key(1))
     write_request(tmp_path, _key(2))
-    assert len(read_spool(tmp_path).entries) == 2
+    assert len(scan_all(tmp_path).entries) == 2
 
 
 def test_a_missing_spool_is_empty(tmp_path: Path) -> None:
-    scan = read_spool(tmp_path / "never-made")
+    scan = scan_all(tmp_path / "never-made")
     assert scan.entries == [] and scan.rejected == []
 
 
@@ -61,7 +64,7 @@ def test_concurrent_writers_lose_nothing_and_readers_never_see_half_a_file(
 
     def reader() -> None:
         while not stop.is_set():
-            scan = read_spool(spool)
+            scan = scan_all(spool)
             errors.extend(r.reason for r in scan.rejected)
 
     threads = [threading.Thread(target=writer, args=(i * 20,)) for i in range(4)]
@@ -74,7 +77,7 @@ def test_concurrent_writers_lose_nothing_and_readers_never_see_half_a_file(
     stop.set()
     watcher.join()
     assert errors == []
-    scan = read_spool(spool)
+    scan = scan_all(spool)
     assert sorted(e.request.key_values["n_cols"] for e in scan.entries) == list(range(60))
     assert not [n for n in os.listdir(spool) if n.startswith(TMP_PREFIX)]
 
@@ -87,8 +90,8 @@ def test_bad_files_are_moved_aside_with_their_reason(tmp_path: Path) -> None:
     (tmp_path / "not-json.json").write_text("{")
     (tmp_path / "huge.json").write_bytes(b" " * 300_000)
     (tmp_path / "notes.txt").write_text("not a request: ignored")
-    scan = read_spool(tmp_path)
-    assert [e.path for e in scan.entries] == [good]
+    scan = scan_all(tmp_path)
+    assert [tmp_path / e.name for e in scan.entries] == [good]
     reasons = {r.name: r.reason for r in scan.rejected}
     assert set(reasons) == {"bad-field.json", "not-json.json", "huge.json"}
     assert "request.kernel.module" in reasons["bad-field.json"]
@@ -99,7 +102,7 @@ def test_bad_files_are_moved_aside_with_their_reason(tmp_path: Path) -> None:
     assert "request.kernel.module" in (aside / "bad-field.json.reason").read_text()
     assert all("\n" not in r for r in reasons.values())
     assert good.is_file() and (tmp_path / "notes.txt").is_file()
-    assert [e.path for e in read_spool(tmp_path).entries] == [good]  # rejected ones stay out
+    assert [e.name for e in scan_all(tmp_path).entries] == [good.name]  # rejected ones stay out
 
 
 def test_a_rejection_racing_a_new_write_keeps_the_new_request(tmp_path: Path) -> None:
@@ -107,20 +110,25 @@ def test_a_rejection_racing_a_new_write_keeps_the_new_request(tmp_path: Path) ->
     (tmp_path / name).write_text("{")
     stale_inode = os.stat(tmp_path / name).st_ino
     write_request(tmp_path, _key(1))  # a writer replaced the bad file after it was read
-    rejected = reject_file(tmp_path, name, stale_inode, "not valid JSON")
+    spool = Spool(tmp_path)
+    rejected = spool.reject(SpoolEntry(KERNEL, name, _key(1), stale_inode, 0), "not valid JSON")
+    spool.close()
     assert rejected.moved_to is None and "newer write was kept" in rejected.reason
-    assert [e.request for e in read_spool(tmp_path).entries] == [_key(1)]
+    assert [e.request for e in scan_all(tmp_path).entries] == [_key(1)]
 
 
 def test_remove_entry_only_removes_the_file_that_was_read(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
     write_request(tmp_path, _key(1))
-    (entry,) = read_spool(tmp_path).entries
+    (entry,) = scan_all(tmp_path).entries
     write_request(tmp_path, _key(1))  # a newer write of the same request
-    assert remove_entry(entry) is False
-    (entry,) = read_spool(tmp_path).entries
-    assert remove_entry(entry) is True
-    assert read_spool(tmp_path).entries == [] and os.listdir(tmp_path) == []
-    assert remove_entry(entry) is False
+    assert spool.remove(entry) is False
+    (entry,) = scan_all(tmp_path).entries
+    assert spool.remove(entry) is True
+    assert scan_all(tmp_path).entries == []
+    assert sorted(os.listdir(tmp_path)) == [REJECTED_DIR, SUBDIR]
+    assert spool.remove(entry) is False
+    spool.close()
 
 
 def test_stale_temporaries_are_cleaned_and_fresh_ones_left(tmp_path: Path) -> None:
@@ -130,7 +138,7 @@ def test_stale_temporaries_are_cleaned_and_fresh_ones_left(tmp_path: Path) -> No
     fresh.write_text("{")
     old = time.time() - STALE_TMP_S - 10
     os.utime(stale, (old, old))
-    scan = read_spool(tmp_path)
+    scan = scan_all(tmp_path)
     assert scan.entries == [] and scan.rejected == []
     assert not stale.exists() and fresh.exists()
 
@@ -138,5 +146,5 @@ def test_stale_temporaries_are_cleaned_and_fresh_ones_left(tmp_path: Path) -> No
 def test_max_files_leaves_the_rest_for_later(tmp_path: Path) -> None:
     for n in range(5):
         write_request(tmp_path, _key(n))
-    scan = read_spool(tmp_path, max_files=3)
+    scan = scan_all(tmp_path, max_files=3)
     assert len(scan.entries) == 3 and scan.left == 2

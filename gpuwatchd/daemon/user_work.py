@@ -11,7 +11,11 @@ serve them; the first GPU of a model to tune one takes it off the others of that
 - added workloads (``add_workloads``) are kept in :class:`AddedWorkloads` until removed,
   tuned like configured ones (drift re-tunes them, ``retune`` can name them); at start
   the ones with no winner yet on a GPU's model are queued, and requests that jobs
-  spooled for them are taken in.
+  spooled for them are taken in (their files removed; refused ones set aside).
+
+The spool (:class:`~gpuwatchd.tuning.spool.Spool`) is read at start and every rescan,
+within a per-scan budget; a kernel request refused for now stays in it, not read again
+until it changes or the tuning settings do.
 
 Every refusal is a :class:`UserWorkError` of one line; nothing is imported here. Work
 that names user code outside :mod:`gpuwatchd.tuning.trust`'s rule (or carries an
@@ -22,7 +26,6 @@ The worker applies the rule again as it imports.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -35,18 +38,10 @@ from gpuwatchd.daemon.added_workloads import AddedWorkloads
 from gpuwatchd.sessions.events import SessionFinished, WorkSkipped
 from gpuwatchd.tuning.kernels import KernelRequest, KernelRequestError
 from gpuwatchd.tuning.settings import TuningConfig
-from gpuwatchd.tuning.spool import (
-    Rejected,
-    SpoolEntry,
-    read_spool,
-    reject_file,
-    remove_entry,
-    write_request,
-)
+from gpuwatchd.tuning.spool import KERNEL, WORKLOADS, Rejected, Spool, SpoolEntry
 from gpuwatchd.tuning.trust import TrustError, check_request, check_workload
 from gpuwatchd.tuning.types import SessionStatus, Workload
 from gpuwatchd.tuning.workload_requests import AddRequest
-from gpuwatchd.tuning.workload_spool import SUBDIR, read_workload_spool, remove_spooled
 from gpuwatchd.tuning.workloads import device_kind
 from gpuwatchd.validate import one_line
 
@@ -68,6 +63,10 @@ class TrustRefused(UserWorkError):
     """A request names user code outside the trust rule (logged with who asked)."""
 
 
+class NotKept(UserWorkError):
+    """Good work the daemon could not write down (a full disk): worth asking again."""
+
+
 class Queue(Protocol):
     """What this needs of :class:`~gpuwatchd.sessions.scheduler.TuneScheduler`."""
 
@@ -82,7 +81,7 @@ class _Kernel:
 
     request: KernelRequest
     workload: Workload
-    entry: SpoolEntry | None
+    entry: SpoolEntry[KernelRequest] | None
     failures: int = 0
 
 
@@ -113,11 +112,13 @@ class UserWork:
         self._tuning = tuning
         self._configured = configured
         self.spool_dir = Path(spool_dir)
+        self._spool = Spool(self.spool_dir)
+        self._rules: tuple[bool, tuple[str, ...]] | None = None  # what refused held files
         self._added = added
         self._added_names: frozenset[str] = frozenset()  # replaced whole, under the lock
         self._tuned = tuned
         self._kernels: dict[str, _Kernel] = {}
-        self._left: set[str] = set()  # spool files refused once (told once, kept for the admin)
+        self._left: set[str] = set()  # spool problems told once (a file that cannot move)
         self._blocked: set[str] = set()  # added workloads refused by the trust rule, kept
         self._lock = threading.Lock()
 
@@ -173,11 +174,14 @@ class UserWork:
                 "which this daemon's backend cannot run"
             )
 
-    def _keep(self, request: KernelRequest) -> tuple[SpoolEntry | None, str | None]:
+    def close(self) -> None:
+        """Let go of the spool directory."""
+        self._spool.close()
+
+    def _keep(self, request: KernelRequest) -> tuple[SpoolEntry[KernelRequest] | None, str | None]:
         """Write the request into the spool: (its entry, None) or (None, why not)."""
         try:
-            path = write_request(self.spool_dir, request)
-            return SpoolEntry(path, request, os.stat(path).st_ino), None
+            return self._spool.keep(request), None
         except OSError as e:
             why = f"not kept across a restart: cannot write {self.spool_dir}: {one_line(e)}"
             log.warning("user kernel %s: %s", request.workload_name, why)
@@ -185,8 +189,9 @@ class UserWork:
 
     # -- added workloads -------------------------------------------------------------
 
-    def add(self, request: AddRequest) -> dict[str, Any]:
-        """Check, keep and queue added workloads; the answer's fields."""
+    def add(self, request: AddRequest, *, queue: bool = True) -> dict[str, Any]:
+        """Check, keep and queue added workloads (``queue`` False: the caller queues
+        them); the answer's fields."""
         configured = {w.name for w in self._configured()}
         allowed = self._tuning().allowed_modules
         for i, w in enumerate(request.workloads):
@@ -213,12 +218,13 @@ class UserWork:
                 replaced = self._added.add(request.workloads, request.source)
                 self._blocked.difference_update(w.name for w in request.workloads)
             except OSError as e:
-                raise UserWorkError(
+                raise NotKept(
                     f"cannot keep the workloads in {self._added.path}: {one_line(e)}"
                 ) from None
             finally:
                 self._publish_added()
-        self._queue_everywhere(request.workloads, ADDED_REASON)
+        if queue:
+            self._queue_everywhere(request.workloads, ADDED_REASON)
         names = [w.name for w in request.workloads]
         return {"added": [n for n in names if n not in replaced], "replaced": replaced}
 
@@ -244,7 +250,7 @@ class UserWork:
             for name in names:
                 kernel = self._kernels.pop(name, None)
                 if kernel is not None:
-                    _forget(kernel)
+                    self._forget(kernel)
                     removed.append(name)
         self._queue.withdraw(names)
         return {"removed": removed}
@@ -287,7 +293,7 @@ class UserWork:
                 self._set_aside_untrusted()
             finally:
                 self._publish_added()
-        self._take_spooled_workloads()
+        self._take_spooled_workloads(queue=False)  # queued below, with the kept ones
         tuned: dict[str, Collection[str]] = {}
         waiting: list[Workload] = []
         for w in self.added_runnable():
@@ -321,25 +327,23 @@ class UserWork:
         for why in bad.values():
             log.warning("%s; %s, not run", why, where)
 
-    def _take_spooled_workloads(self) -> None:
-        scan = read_workload_spool(self.spool_dir)
-        for bad in scan.rejected:
-            self._tell_rejected("spooled workloads", bad)
-        for spooled in scan.requests:
+    def _take_spooled_workloads(self, *, queue: bool = True) -> None:
+        """Added workloads jobs spooled: taken (the file removed), or set aside with the
+        reason (refused, over the cap); kept for the next scan when they cannot be
+        written down."""
+        for item in self._spool.scan(WORKLOADS):
+            if isinstance(item, Rejected):
+                self._tell_rejected(WORKLOADS.what, item)
+                continue
             try:
-                self.add(spooled.request)
-            except TrustRefused as e:
-                key = f"{SUBDIR}/{spooled.path.name}"
-                moved = reject_file(spooled.path.parent, spooled.path.name, None, str(e)).moved_to
-                if key not in self._left:
-                    log.warning("spooled workloads %s set aside: %s", spooled.path.name, e)
-                if moved is None:  # still there: said once, not at every scan
-                    self._left.add(key)
+                self.add(item.request, queue=queue)
+            except NotKept as e:
+                log.warning("spooled workloads %s left for the next scan: %s", item.name, e)
                 continue
             except UserWorkError as e:
-                log.warning("spooled workloads %s not taken: %s", spooled.path.name, e)
+                self._tell_rejected(WORKLOADS.what, self._spool.reject(item, one_line(e)))
                 continue
-            remove_spooled(spooled)
+            self._spool.remove(item)
 
     def rescan(self) -> None:
         """Take what jobs spooled while the daemon runs (a request too long for one
@@ -348,26 +352,24 @@ class UserWork:
         self._take_spooled_kernels()
 
     def _take_spooled_kernels(self) -> None:
-        scan = read_spool(self.spool_dir)
-        for bad in scan.rejected:
-            self._tell_rejected("spooled kernel request", bad)
+        cfg = self._tuning()
+        rules = (cfg.enabled, tuple(cfg.allowed_modules))
+        if rules != self._rules:  # what refused the held files may allow them now
+            self._rules = rules
+            self._spool.release_all()
         taken = 0
-        for entry in scan.entries:
-            name = entry.request.workload_name
-            with self._lock:
-                known = self._kernels.get(name)
-            if known is not None and known.entry is not None and known.entry.inode == entry.inode:
-                continue  # this very file is queued already
+        for item in self._spool.scan(KERNEL):
+            if isinstance(item, Rejected):
+                self._tell_rejected(KERNEL.what, item)
+                continue
+            self._spool.hold(item)  # queued, or refused for now: not read again unchanged
             try:
-                workload, gpus = self._check_kernel(entry.request)
+                workload, gpus = self._check_kernel(item.request)
             except UserWorkError as e:
-                if entry.path.name not in self._left:
-                    self._left.add(entry.path.name)
-                    log.warning("spooled kernel request %s left in the spool: %s",
-                                entry.path.name, e)  # fmt: skip
+                log.warning("spooled kernel request %s left in the spool: %s", item.name, e)
                 continue
             with self._lock:
-                self._kernels[workload.name] = _Kernel(entry.request, workload, entry)
+                self._kernels[workload.name] = _Kernel(item.request, workload, item)
             for gpu in gpus:
                 self._queue.request(gpu, [workload], KERNEL_REASON)
             taken += 1
@@ -378,12 +380,13 @@ class UserWork:
         """One line per bad spool entry; one left in place is told once, not every scan."""
         if bad.moved_to is not None:
             where = bad.moved_to.parent
-            log.warning("%s %s set aside in %s: %s", what, bad.name, where, bad.reason)
+            log.warning("spooled %s %s set aside in %s: %s", what, bad.name, where, bad.reason)
             return
         key = f"{what}\0{bad.name}\0{bad.reason}"
         if key not in self._left:
             self._left.add(key)
-            log.warning("%s %s left in place (cannot move it): %s", what, bad.name, bad.reason)
+            log.warning("spooled %s %s left in place (cannot move it): %s", what, bad.name,
+                        bad.reason)  # fmt: skip
 
     def _queue_everywhere(self, workloads: Sequence[Workload], reason: str) -> None:
         for gpu in sorted(self._models()):
@@ -432,7 +435,7 @@ class UserWork:
             for name in names:
                 kernel = self._kernels.pop(name, None)
                 if kernel is not None:
-                    _forget(kernel)
+                    self._forget(kernel)
         others = [g for g, m in self._models().items() if m == gpu_model and g != gpu]
         if others and names:
             self._queue.withdraw(names, others)
@@ -449,7 +452,7 @@ class UserWork:
                 kernel.failures += 1
                 if kernel.failures >= MAX_FAILURES:
                     del self._kernels[name]
-                    _set_aside(kernel, f"{MAX_FAILURES} tuning sessions failed; last: {why}")
+                    self._set_aside(kernel, f"{MAX_FAILURES} tuning sessions failed; last: {why}")
                     dropped.append(name)
                 else:
                     kept.append(name)
@@ -459,21 +462,17 @@ class UserWork:
             self._queue.withdraw(dropped)
         return kept
 
+    def _forget(self, kernel: _Kernel) -> None:
+        """Remove a kernel request's spool file (only if still the one written or read)."""
+        if kernel.entry is not None:
+            self._spool.remove(kernel.entry)
+
+    def _set_aside(self, kernel: _Kernel, why: str) -> None:
+        """Move a kernel request's spool file into ``rejected/`` beside its reason."""
+        if kernel.entry is not None:
+            self._spool.reject(kernel.entry, why)
+
 
 def _summary(w: Workload) -> dict[str, Any]:
     return {"name": w.name, "op": w.op, "dtype": w.dtype, "families": list(w.families),
             "shape": dict(w.shape)}  # fmt: skip
-
-
-def _forget(kernel: _Kernel) -> None:
-    """Remove a kernel request's spool file (only if it is still the one we wrote or read)."""
-    if kernel.entry is not None:
-        with contextlib.suppress(OSError):
-            remove_entry(kernel.entry)
-
-
-def _set_aside(kernel: _Kernel, why: str) -> None:
-    """Move a kernel request's spool file into ``rejected/`` beside its reason."""
-    entry = kernel.entry
-    if entry is not None:
-        reject_file(entry.path.parent, entry.path.name, entry.inode, why)

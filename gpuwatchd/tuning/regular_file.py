@@ -2,13 +2,15 @@
 
 A FIFO named ``x.json`` would block an ordinary ``open`` until a writer comes, a device
 could be read forever, a directory fails late and a symlink may point anywhere. This
-opens with ``O_NONBLOCK`` (and ``O_NOFOLLOW`` unless told to follow links), checks
-``fstat`` says a regular file, and reads at most ``max_bytes + 1`` bytes, so a file
-being appended to while read is still refused as too large.
+opens with ``O_NONBLOCK`` (and ``O_NOFOLLOW`` unless told to follow links), relative to
+a held directory descriptor when given one, checks ``fstat`` of what was opened says a
+regular file within the cap, and reads at most ``max_bytes + 1`` bytes, so a file being
+appended to while read is still refused as too large.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -33,19 +35,26 @@ def read_regular_file(
 
 
 def read_regular(
-    path: str | os.PathLike[str], max_bytes: int, *, follow_symlinks: bool = True
-) -> tuple[bytes, int]:
-    """:func:`read_regular_file`, and the inode the bytes came from."""
+    path: str | os.PathLike[str],
+    max_bytes: int,
+    *,
+    follow_symlinks: bool = True,
+    dir_fd: int | None = None,
+) -> tuple[bytes, os.stat_result]:
+    """:func:`read_regular_file`, and the ``fstat`` of the file the bytes came from.
+
+    ``dir_fd``: ``path`` is a name relative to that held directory descriptor.
+    """
     p = Path(path)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
     if not follow_symlinks:
         flags |= os.O_NOFOLLOW
     try:
-        fd = os.open(p, flags)
+        fd = os.open(p, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         raise
     except OSError as e:
-        if not follow_symlinks and os.path.islink(p):
+        if e.errno == errno.ELOOP and not follow_symlinks:
             raise NotReadable(p, "a symbolic link, not a regular file") from None
         raise NotReadable(p, f"cannot read: {e.strerror or one_line(e)}") from None
     try:
@@ -68,7 +77,7 @@ def read_regular(
         os.close(fd)
     if size > max_bytes:
         raise NotReadable(p, f"larger than {max_bytes} bytes")
-    return b"".join(chunks), st.st_ino
+    return b"".join(chunks), st
 
 
 def _kind(mode: int) -> str:
