@@ -713,6 +713,7 @@ class Daemon:
         self.notifier.stopping()
         self.control.stop()
         self.scheduler.shutdown()
+        self.user_work.close()  # the spool's directory descriptor
         self.tuner.shutdown(timeout=2.0)
         self.poller.stop(timeout=2.0)
         self.http.stop()
