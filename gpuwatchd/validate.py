@@ -274,7 +274,8 @@ def need_object(
     for key in value:
         if key not in required and key not in optional:
             known = ", ".join((*required, *optional))
-            raise error(f"{where}.{key}: unknown key (known: {known})")
+            plain = isinstance(key, str) and key.isprintable() and len(key) <= SHOW_MAX
+            raise error(f"{where}.{key if plain else show(key)}: unknown key (known: {known})")
     for key in required:
         if key not in value:
             raise error(f"{where}.{key}: missing")

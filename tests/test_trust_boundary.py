@@ -47,7 +47,15 @@ from gpuwatchd.tuning.workload_spool import SUBDIR, write_workload_request
 
 TESTS = Path(__file__).resolve().parent
 ALLOWED = ("ukt_trust",)
-PLANTED = ("ukt_trust", "ukt_trust.kernels", "evil_mod", "evil_helpers")
+PLANTED = (
+    "ukt_trust",
+    "ukt_trust.kernels",
+    "ukt_trust.side",
+    "ukt_trust.sub",
+    "ukt_trust.sub.mod",
+    "evil_mod",
+    "evil_helpers",
+)
 QUICK = ProtocolConfig(
     time_budget_s=0.5, min_rounds=2, max_rounds=3, warmup_s=0.0, settle_timeout_s=0.0,
     settle_window_s=0.05, batch_target_s=0.001, pause_s=0.0, cool_pause_s=0.0,
@@ -73,6 +81,16 @@ def _hidden(key_values):
 
 class Ops:
     helpers = evil_helpers
+
+
+import functools
+
+# Code from evil_helpers under names this module defines; functools.wraps gives it this
+# module's __module__ (and the kernel's source, to inspect.getsource).
+wrapped_pwn = functools.wraps(make_args)(evil_helpers.pwn)
+stolen = gt.autotune(configs=CONFIGS, key=["n"])(
+    triton.jit(functools.wraps(scale.fn.fn)(evil_helpers.kern))
+)
 """
 
 
@@ -89,8 +107,16 @@ def planted(tmp_path: Path) -> Path:
     (pkgs / "triton").mkdir()
     (pkgs / "evil_mod.py").write_text(_mark_code(marks) + "mark('evil_mod imported')\n")
     (pkgs / "evil_helpers.py").write_text(
-        _mark_code(marks) + "def pwn(key_values):\n    mark('pwn called')\n    return {}\n"
+        _mark_code(marks)
+        + "def pwn(key_values):\n    mark('pwn called')\n    return {}\n\n\n"
+        + "def kern(x_ptr, y_ptr, n, BLOCK):\n    mark('kern called')\n"
     )
+    (pkgs / "ukt_trust" / "side.py").write_text(_mark_code(marks) + "mark('side imported')\n")
+    (pkgs / "ukt_trust" / "sub").mkdir()
+    (pkgs / "ukt_trust" / "sub" / "__init__.py").write_text(
+        _mark_code(marks) + "mark('sub imported')\n"
+    )
+    (pkgs / "ukt_trust" / "sub" / "mod.py").write_text("import evil_mod\n")
     (pkgs / "ukt_trust" / "__init__.py").write_text("")
     (pkgs / "ukt_trust" / "kernels.py").write_text(textwrap.dedent(fakes.KERNELS) + KERNELS_EXTRA)
     (pkgs / "triton" / "__init__.py").write_text(
@@ -200,14 +226,14 @@ def test_worker_refuses_an_allow_list_carried_by_the_workload(in_process: Path) 
 @pytest.mark.parametrize(
     ("factory", "needle"),
     [
-        ("ukt_trust.kernels:pwn", "is defined in evil_helpers, which is not under"),
-        ("ukt_trust.kernels:getoutput", "is defined in subprocess, which is not under"),
-        ("ukt_trust.kernels:system", "is a builtin_function_or_method, not a Python function"),
-        ("ukt_trust.kernels:evil_helpers.pwn", "ukt_trust.kernels:evil_helpers is a module"),
-        ("ukt_trust.kernels:subprocess.getoutput", "ukt_trust.kernels:subprocess is a module"),
-        ("ukt_trust.kernels:os.system", "ukt_trust.kernels:os is a module, not a class"),
-        ("ukt_trust.kernels:Ops.helpers.pwn", "ukt_trust.kernels:Ops.helpers is a module"),
-        ("ukt_trust.kernels.subprocess:getoutput", "cannot import ukt_trust.kernels.subprocess"),
+        ("ukt_trust.kernels:pwn", "kernels:pwn is not defined in ukt_trust.kernels itself"),
+        ("ukt_trust.kernels:getoutput", "getoutput is not defined in ukt_trust.kernels itself"),
+        ("ukt_trust.kernels:system", "kernels:system is not defined in ukt_trust.kernels"),
+        ("ukt_trust.kernels:evil_helpers.pwn", "kernels:evil_helpers is not defined in"),
+        ("ukt_trust.kernels:subprocess.getoutput", "kernels:subprocess is not defined in"),
+        ("ukt_trust.kernels:os.system", "ukt_trust.kernels:os is not defined in"),
+        ("ukt_trust.kernels:Ops.helpers.pwn", "kernels:Ops.helpers.pwn is not defined in"),
+        ("ukt_trust.kernels.subprocess:getoutput", "ukt_trust.kernels is not a package"),
         ("evil_helpers:pwn", "module 'evil_helpers' is not under [tuning] allowed_modules"),
     ],
 )
@@ -220,6 +246,45 @@ def test_worker_refuses_factories_reached_through_an_allowed_module(
     assert needle in str(err.value) and "\n" not in str(err.value)
     assert "request.args_factory: " in str(err.value)
     assert markers(in_process) == []
+
+
+def test_code_given_an_allowed_modules_name_by_functools_wraps_is_refused(
+    in_process: Path,
+) -> None:
+    workload = as_workload(request_for(factory="ukt_trust.kernels:wrapped_pwn"))
+    with pytest.raises(ValueError) as err:
+        build_and_set_up(workload)
+    assert "kernels:wrapped_pwn is defined in evil_helpers, which is not under" in str(err.value)
+    assert markers(in_process) == []
+
+
+def test_a_kernel_wrapping_code_from_elsewhere_is_refused_though_its_source_matches(
+    in_process: Path,
+) -> None:
+    workload = as_workload(request_for(qualname="stolen"))
+    with pytest.raises(ValueError) as err:
+        build_and_set_up(workload)
+    assert "kernels:stolen wraps a function that is defined in evil_helpers" in str(err.value)
+    assert "\n" not in str(err.value) and markers(in_process) == []
+
+
+@pytest.mark.parametrize(
+    ("factory", "needle"),
+    [
+        ("ukt_trust.side:make_args", "ukt_trust.side:make_args is not defined in ukt_trust.side"),
+        ("ukt_trust.sub.mod:evil_mod", "sub.mod:evil_mod is not defined in ukt_trust.sub.mod"),
+        ("ukt_trust.nosuch:make_args", "no Python source file for module ukt_trust.nosuch"),
+    ],
+)
+def test_a_submodule_is_not_imported_before_the_name_is_checked_in_its_source(
+    in_process: Path, factory: str, needle: str
+) -> None:
+    workload = as_workload(request_for(factory=factory))
+    with pytest.raises(ValueError) as err:
+        build_and_set_up(workload)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert markers(in_process) == []
+    assert not {"ukt_trust.side", "ukt_trust.sub", "evil_mod"} & set(sys.modules)
 
 
 @pytest.mark.parametrize(
