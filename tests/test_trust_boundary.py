@@ -42,6 +42,7 @@ from gpuwatchd.tuning.spool import REJECTED_DIR, write_request
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.worker.devices import CpuSession
 from gpuwatchd.tuning.worker.families.triton_user import build
+from gpuwatchd.tuning.worker_isolation import PRIVATE_DIRS
 from gpuwatchd.tuning.workload_requests import add_request, parse_add_request
 from gpuwatchd.tuning.workload_spool import SUBDIR, write_workload_request
 
@@ -444,11 +445,12 @@ def test_worker_starts_with_python_p_in_root_with_a_minimal_environment(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
     got = spy_run(store, spy_dir)
     assert got["cwd"] == "/"
-    assert got["args"].split()[:3] == ["-P", "-m", "gpuwatchd.tuning.worker"]
+    assert got["args"].split()[:4] == ["-P", "-s", "-m", "gpuwatchd.tuning.worker"]
     env = dict(line.split("=", 1) for line in got["env"].splitlines() if "=" in line)
     for gone in ("PGPASSWORD", "NOTIFY_SOCKET", "FOO", "PYTHONSTARTUP"):
         assert gone not in env
-    assert env["TRITON_CACHE_DIR"] == "/var/cache/t" and env["CUDA_CACHE_PATH"] == "/var/cache/c"
+    for private in ("TRITON_CACHE_DIR", "CUDA_CACHE_PATH"):  # its own, not the daemon's
+        assert env[private].endswith(f"/worker-{os.geteuid()}/{PRIVATE_DIRS[private]}")
     assert env["LC_ALL"] == "C.UTF-8" and env["PATH"] == os.environ["PATH"]
     entries = env["PYTHONPATH"].split(os.pathsep)
     assert "/abs/dir" in entries and all(os.path.isabs(p) for p in entries)
