@@ -24,6 +24,10 @@ from gpuwatchd.store import SqlStore, sqlite_store
 _RUN_DIR = Path(tempfile.mkdtemp(prefix="gpuwatchd-tests-"))
 os.environ.setdefault("STATE_DIRECTORY", str(_RUN_DIR / "state"))
 os.environ.setdefault("RUNTIME_DIRECTORY", str(_RUN_DIR / "run"))
+os.environ.setdefault("CACHE_DIRECTORY", str(_RUN_DIR / "cache"))
+# A suite run as root starts its daemons as root (`gpuwatchd run` would otherwise become
+# [daemon] user); tests of that drop clear this.
+os.environ.setdefault("GPUWATCHD_ALLOW_ROOT", "1")
 
 
 @pytest.fixture

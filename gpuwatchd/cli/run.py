@@ -7,6 +7,7 @@ commands start without them.
 from __future__ import annotations
 
 import argparse
+import logging
 
 from gpuwatchd.cli.common import (
     EXIT_CONFIG,
@@ -53,6 +54,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Start the daemon; a config, backend, store or socket problem is one line."""
     from gpuwatchd.config import ConfigError, check_store_access
+    from gpuwatchd.daemon.privileges import PrivilegeError, drop_root
     from gpuwatchd.daemon.process import Daemon, read_web_config, setup_logging
     from gpuwatchd.serve.control import ControlError
     from gpuwatchd.store import StoreError
@@ -60,6 +62,16 @@ def run(args: argparse.Namespace) -> int:
 
     cfg, overrides = load_with_overrides(args)
     setup_logging(cfg.daemon.log_level)
+    try:  # before anything from outside is read: the daemon never runs as root
+        user = drop_root(cfg)
+    except PrivilegeError as exc:
+        raise CliError(str(exc), EXIT_CONFIG) from None
+    except OSError as exc:
+        raise CliError(_os_error_line(exc)) from None
+    if user is not None:
+        logging.getLogger("gpuwatchd").warning(
+            "started as root: running as %s (uid %d) from here on", user.pw_name, user.pw_uid
+        )
     try:
         read_web_config(cfg)  # as check-config does: refused before anything is created
         check_store_access(cfg)
