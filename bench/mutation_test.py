@@ -100,9 +100,9 @@ TARGETS = {
                 frozenset({"decide"}),
             ),
             (
-                "gpuwatchd/tuning/worker/protocol.py",
-                "gpuwatchd.tuning.worker.protocol",
-                frozenset({"_RegimeRun._result"}),
+                "gpuwatchd/tuning/worker/regime_run.py",
+                "gpuwatchd.tuning.worker.regime_run",
+                frozenset({"RegimeRun._result"}),
             ),
         ),
         (
@@ -259,7 +259,7 @@ _equivalent(
     "(the kept orders are only a faster way to the same spans)",
 )
 _equivalent(
-    "gpuwatchd/tuning/worker/protocol.py",
+    "gpuwatchd/tuning/worker/regime_run.py",
     "_result",
     " " * 16 + "s.name: list(zip(s.rounds, (r.seconds_per_call for r in s.accepted), strict=True))",
     "True@76",
@@ -268,7 +268,7 @@ _equivalent(
     "are always the same length: strict only guards that",
 )
 _equivalent(
-    "gpuwatchd/tuning/worker/protocol.py",
+    "gpuwatchd/tuning/worker/regime_run.py",
     "_result",
     " " * 8 + "pick = winner or (decision.ranking[0] if tie and decision.ranking else None)",
     "tie and decision.ranking",
