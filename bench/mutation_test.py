@@ -1,4 +1,5 @@
-"""Mutation test of the core logic: gate, statistics, drift detector, winner decision.
+"""Mutation test of the core logic: gate, statistics, drift detector, winner decision, and
+the trust rule for user code (with the launch-option allow-list).
 
 Run: ``nice -n 10 python3 bench/mutation_test.py [--module gate] [--before REV] [-v]``.
 
@@ -110,6 +111,20 @@ TARGETS = {
             "tests/test_protocol.py",
             "tests/test_job_default.py",  # the job's default kept on a tie
             "tests/test_store.py",
+        ),
+    ),
+    "trust": Target(
+        "trust",
+        (
+            ("gpuwatchd/tuning/trust.py", "gpuwatchd.tuning.trust", None),
+            ("gpuwatchd/tuning/launch_options.py", "gpuwatchd.tuning.launch_options", None),
+        ),
+        (
+            "tests/test_trust_boundary.py",
+            "tests/test_launch_options.py",
+            "tests/test_user_kernels_wire.py",
+            "-k",
+            "not real_worker and not json_py",  # two worker processes; the rest covers them
         ),
     ),
 }
