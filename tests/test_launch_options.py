@@ -179,3 +179,50 @@ def test_fuzz_a_request_field_replaced_by_any_json_is_parsed_or_refused_in_one_l
         assert "\n" not in str(e)
         return
     assert set(req.launch_options) <= set(LAUNCH_OPTIONS)
+
+
+#: Every allowed keyword with what it takes, written out (not derived from the module).
+INTS = {"num_warps": (1, 64), "num_stages": (0, 16), "num_ctas": (1, 16), "maxnreg": (1, 255)}
+BOOLS = ("enable_fp_fusion", "launch_cooperative_grid", "launch_pdl")
+PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+
+def test_the_allow_list_is_exactly_these_keywords_and_types() -> None:
+    assert set(LAUNCH_OPTIONS) == {*INTS, *BOOLS, "default_dot_input_precision"}
+    for name, (low, high) in INTS.items():
+        assert parse_launch_options({name: low}) == {name: low}
+        assert parse_launch_options({name: high}) == {name: high}
+        for bad in (low - 1, high + 1, True, "4", 4.0, None):
+            with pytest.raises(ValueError) as err:
+                parse_launch_options({name: bad})
+            assert str(err.value).startswith(
+                f"request.launch_options.{name}: expected an integer in [{low}, {high}], got"
+            )
+    for name in BOOLS:
+        for good in (True, False):
+            assert parse_launch_options({name: good}) == {name: good}
+        for bad in (1, 0, "true", None):
+            with pytest.raises(ValueError, match=rf"\.{name}: expected true or false, got"):
+                parse_launch_options({name: bad})
+    for good in PRECISIONS:
+        assert parse_launch_options({"default_dot_input_precision": good}) == {
+            "default_dot_input_precision": good
+        }
+    for bad in ("TF32", "", 1, None):
+        with pytest.raises(ValueError, match="expected one of tf32, tf32x3, ieee, got"):
+            parse_launch_options({"default_dot_input_precision": bad})
+
+
+def test_a_refusal_names_the_keyword_and_lists_the_allowed_ones() -> None:
+    with pytest.raises(ValueError) as err:
+        parse_launch_options({"ir_override": "/tmp/x"}, "spool/a.json: request.launch_options")
+    allowed = ", ".join([*INTS, *BOOLS, "default_dot_input_precision"])
+    assert str(err.value) == (
+        "spool/a.json: request.launch_options: not an allowed launch option "
+        f"(allowed: {allowed}), got 'ir_override'"
+    )
+    with pytest.raises(ValueError) as err:
+        parse_launch_options(["num_warps"])
+    assert str(err.value) == "request.launch_options: expected an object, got ['num_warps']"
+    with pytest.raises(ValueError, match="not an allowed launch option"):
+        parse_launch_options({4: 4})

@@ -39,6 +39,14 @@ from gpuwatchd.tuning.kernels import ArgSpec, KernelRequest, config_spec, identi
 from gpuwatchd.tuning.session_spec import SessionSpec, SimSpec
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.spool import REJECTED_DIR, write_request
+from gpuwatchd.tuning.trust import (
+    MAX_SOURCE_BYTES,
+    TrustError,
+    check_workload,
+    import_function,
+    import_kernel,
+    parse_allowed_modules,
+)
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.worker.devices import CpuSession
 from gpuwatchd.tuning.worker.families.triton_user import build
@@ -677,3 +685,249 @@ def test_a_user_kernel_whose_tensors_would_not_fit_is_refused_before_it_is_kept(
         check_workload(huge, "workload")
     with pytest.raises(ValueError, match="over the 16 GiB a gpu workload may take"):
         parse_add_request({"op": "add_workloads", "workloads": [huge.to_json()]})
+
+
+# -- the worker's rule on its own (what the daemon-side checks would otherwise catch first) --
+
+
+@pytest.mark.parametrize(
+    ("module", "qualname", "needle"),
+    [
+        ("evil_mod", "anything", "module 'evil_mod' is not under [tuning] allowed_modules"),
+        ("ukt_trust.kernels", "_hidden", "'_hidden' in ukt_trust.kernels:_hidden is a private"),
+    ],
+)
+def test_the_worker_import_checks_the_name_itself(
+    in_process: Path, module: str, qualname: str, needle: str
+) -> None:
+    with pytest.raises(TrustError) as err:
+        import_kernel(module, qualname, ALLOWED, "request.kernel")
+    assert needle in str(err.value)
+    with pytest.raises(TrustError) as err:
+        import_function(f"{module}:{qualname}", ALLOWED, "request.args_factory")
+    assert needle in str(err.value)
+    assert markers(in_process) == [] and "evil_mod" not in sys.modules
+
+
+def test_a_module_planted_in_sys_modules_under_an_allowed_name_is_refused(
+    in_process: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    fake = types.ModuleType("ukt_trust.kernels")  # the right name, another file
+    fake.__file__ = str(in_process / "pkgs" / "evil_helpers.py")
+    fake.make_args = lambda key_values: {}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ukt_trust.kernels", fake)
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_trust.kernels:make_args", ALLOWED, "request.args_factory")
+    assert "ukt_trust.kernels is not the module of that name at" in str(err.value)
+    assert str(err.value).endswith("ukt_trust/kernels.py")
+
+
+def test_a_module_source_over_the_cap_is_refused_before_it_is_imported(in_process: Path) -> None:
+    big = in_process / "pkgs" / "ukt_trust" / "big.py"
+    line = "# " + "x" * 1021 + "\n"  # 1 KiB a line
+    big.write_text(
+        "def make_args(key_values):\n    return {}\n" + line * (MAX_SOURCE_BYTES // 1024)
+    )
+    assert MAX_SOURCE_BYTES < big.stat().st_size < MAX_SOURCE_BYTES + 1024
+    with pytest.raises(TrustError, match=rf"big.py is over {MAX_SOURCE_BYTES} bytes"):
+        import_function("ukt_trust.big:make_args", ALLOWED, "request.args_factory")
+    assert "ukt_trust.big" not in sys.modules
+
+
+def test_a_workload_of_the_user_family_is_checked_whatever_its_op(in_process: Path) -> None:
+    workload = replace(as_workload(request_for("evil_mod")), op="matmul")
+    with pytest.raises(TrustError, match=r"module 'evil_mod' is not under \[tuning\]"):
+        check_workload(workload, ALLOWED)
+
+
+def _plant(in_process: Path, name: str, text: str) -> None:
+    (in_process / "pkgs" / "ukt_trust" / f"{name}.py").write_text(textwrap.dedent(text))
+
+
+def test_a_name_may_pass_only_through_a_class_that_is_a_class_of_an_allowed_module(
+    in_process: Path,
+) -> None:
+    _plant(
+        in_process,
+        "passages",
+        """
+        import evil_helpers
+
+
+        def as_module(cls):
+            return evil_helpers
+
+
+        @as_module
+        class Holder:
+            def pwn(key_values):
+                return {}
+
+
+        class Foreign:
+            __module__ = "evil_helpers"
+
+            def make_args(key_values):
+                return {}
+        """,
+    )
+    cases = {
+        "ukt_trust.passages:Holder.pwn": "ukt_trust.passages:Holder is a module, not a class",
+        "ukt_trust.passages:Foreign.make_args": (
+            "ukt_trust.passages:Foreign is a class defined in evil_helpers, which is not under"
+        ),
+    }
+    for path, needle in cases.items():
+        with pytest.raises(TrustError) as err:
+            import_function(path, ALLOWED, "request.args_factory")
+        assert str(err.value).startswith(f"request.args_factory: {needle}"), str(err.value)
+    assert markers(in_process) == []
+
+
+def test_a_function_of_the_modules_globals_but_code_from_another_file_is_refused(
+    in_process: Path,
+) -> None:
+    _plant(
+        in_process,
+        "compiled",
+        """
+        planted = eval(compile("lambda key_values: {}", "/elsewhere/planted.py", "eval"))
+        """,
+    )
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_trust.compiled:planted", ALLOWED, "request.args_factory")
+    text = str(err.value)
+    assert text.startswith("request.args_factory: ukt_trust.compiled:planted is code from")
+    assert "(/elsewhere/planted.py), not from ukt_trust.compiled" in text
+
+
+def test_a_factory_must_be_a_python_function(in_process: Path) -> None:
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_trust.kernels:Ops", ALLOWED, "request.args_factory")
+    assert str(err.value) == (
+        "request.args_factory: ukt_trust.kernels:Ops is a type, not a Python function"
+    )
+
+
+def test_a_module_that_fails_to_import_is_one_line(in_process: Path) -> None:
+    _plant(
+        in_process,
+        "broken",
+        "def make_args(key_values):\n    return {}\n\n\nraise RuntimeError('boom')\n",
+    )
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_trust.broken:make_args", ALLOWED, "request.args_factory")
+    assert (
+        str(err.value) == "request.args_factory: cannot import ukt_trust.broken: RuntimeError: boom"
+    )
+
+
+def test_an_allowed_prefix_whose_parent_fails_to_import_is_one_line(in_process: Path) -> None:
+    pkg = in_process / "pkgs" / "ukt_boom"
+    (pkg / "kernels").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('parent boom')\n")
+    (pkg / "kernels" / "__init__.py").write_text("")
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_boom.kernels:make_args", ("ukt_boom.kernels",), "request.args_factory")
+    assert str(err.value).startswith("request.args_factory: cannot find ukt_boom.kernels:")
+    assert "parent boom" in str(err.value)
+    sys.modules.pop("ukt_boom", None)
+
+
+def test_allowed_modules_must_be_a_list() -> None:
+    with pytest.raises(TrustError) as err:
+        parse_allowed_modules("ukt_trust")
+    assert str(err.value) == (
+        "tuning.allowed_modules: expected a list of module prefixes, got 'ukt_trust'"
+    )
+
+
+def test_a_name_passes_through_a_class_of_the_allowed_module(in_process: Path) -> None:
+    _plant(
+        in_process,
+        "through",
+        """
+        class Ops:
+            def make_args(key_values):
+                return {"n": 1}
+        """,
+    )
+    fn = import_function("ukt_trust.through:Ops.make_args", ALLOWED, "request.args_factory")
+    assert fn({}) == {"n": 1}
+
+
+def test_a_malformed_path_is_a_trust_error(in_process: Path) -> None:
+    with pytest.raises(TrustError, match=r"request\.args_factory: expected 'module:qualname'"):
+        import_function("ukt_trust.kernels.make_args", ALLOWED, "request.args_factory")
+
+
+def test_a_kernel_object_with_no_function_inside_is_a_trust_error(in_process: Path) -> None:
+    _plant(
+        in_process,
+        "hollow",
+        """
+        class JITFunction:
+            fn = None
+
+
+        kernel = JITFunction()
+        """,
+    )
+    with pytest.raises(TrustError) as err:
+        import_kernel("ukt_trust.hollow", "kernel", ALLOWED, "request.kernel")
+    assert str(err.value).startswith("request.kernel: ")
+    assert "not a Triton kernel (no Python function inside)" in str(err.value)
+
+
+def test_a_module_with_a_syntax_error_is_refused_before_it_is_imported(in_process: Path) -> None:
+    _plant(in_process, "bad", "def make_args(key_values:\n    return {}\n")
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_trust.bad:make_args", ALLOWED, "request.args_factory")
+    assert str(err.value).startswith("request.args_factory: cannot read ukt_trust.bad: ")
+    assert "ukt_trust.bad" not in sys.modules
+
+
+def test_a_workload_of_another_family_has_no_request_to_check() -> None:
+    plain = Workload("gemm-1", "gemm", {"m": 8, "n": 8, "k": 8}, "bf16", ("torch.matmul",))
+    assert check_workload(plain, ALLOWED) is None
+
+
+def test_what_the_source_defines_but_the_module_lacks_or_cannot_give_is_one_line(
+    in_process: Path,
+) -> None:
+    _plant(
+        in_process,
+        "oddities",
+        """
+        gone = 1
+        del gone
+
+
+        class Boom:
+            def __get__(self, obj, owner):
+                raise RuntimeError("descriptor boom")
+
+
+        class Ops:
+            make_args = Boom()
+
+
+        def _impl(key_values):
+            return {}
+
+
+        annotated: object = _impl
+        """,
+    )
+    cases = {
+        "gone": "request.args_factory: ukt_trust.oddities has no gone",
+        "Ops.make_args": "request.args_factory: ukt_trust.oddities:Ops.make_args: descriptor boom",
+    }
+    for qualname, text in cases.items():
+        with pytest.raises(TrustError) as err:
+            import_function(f"ukt_trust.oddities:{qualname}", ALLOWED, "request.args_factory")
+        assert str(err.value).replace("RuntimeError: ", "") == text
+    fn = import_function("ukt_trust.oddities:annotated", ALLOWED, "request.args_factory")
+    assert fn({}) == {}
