@@ -291,6 +291,38 @@ _equivalent(
     "decide and decide_race leave both winner and tie unset only with an empty ranking "
     "(nothing usable), where `tie or ranking` is false too",
 )
+_T = "gpuwatchd/tuning/trust.py"
+_L = "gpuwatchd/tuning/launch_options.py"
+_equivalent(
+    _T,
+    "allowed_prefix",
+    "return max(found, key=len) if found else None",
+    "max(found, key=len)",
+    "Argument key=len -> None",
+    "every prefix found is a prefix of the module, so of each other: the longest is also "
+    "the greatest string",
+)
+_equivalent(
+    _T,
+    "check_defined",
+    " " * 12 + "source = f.read(MAX_SOURCE_BYTES + 1)",
+    "1@35",
+    "Constant + 1",
+    "reading one byte more changes nothing: any source longer than the cap is refused",
+)
+_ALIAS = "OptionValue = int | bool | str"
+EQUIVALENT[(_L, "<module>", _ALIAS, _ALIAS, "Statement delete")] = (
+    "a type alias read only in annotations, never evaluated"
+)
+for _field in ("low", "high"):
+    _equivalent(
+        _L,
+        "LaunchOption",
+        f"{_field}: int = 0",
+        f"0@{len(_field) + 8}",
+        "Constant + 1",
+        "only bool and str options take the default, and they never read the bounds",
+    )
 _HELD = "held_s: float = 0.0  # evidence-backed seconds beyond the threshold, this episode"
 _equivalent(
     _D,
