@@ -40,7 +40,6 @@ from gpuwatchd.tuning.session_spec import SessionSpec, SimSpec
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.spool import REJECTED_DIR, write_request
 from gpuwatchd.tuning.trust import (
-    MAX_SOURCE_BYTES,
     TrustError,
     check_workload,
     import_function,
@@ -702,10 +701,10 @@ def test_the_worker_import_checks_the_name_itself(
 ) -> None:
     with pytest.raises(TrustError) as err:
         import_kernel(module, qualname, ALLOWED, "request.kernel")
-    assert needle in str(err.value)
+    assert str(err.value).startswith(f"request.kernel: {needle}")
     with pytest.raises(TrustError) as err:
         import_function(f"{module}:{qualname}", ALLOWED, "request.args_factory")
-    assert needle in str(err.value)
+    assert str(err.value).startswith(f"request.args_factory: {needle}")
     assert markers(in_process) == [] and "evil_mod" not in sys.modules
 
 
@@ -724,16 +723,18 @@ def test_a_module_planted_in_sys_modules_under_an_allowed_name_is_refused(
     assert str(err.value).endswith("ukt_trust/kernels.py")
 
 
-def test_a_module_source_over_the_cap_is_refused_before_it_is_imported(in_process: Path) -> None:
-    big = in_process / "pkgs" / "ukt_trust" / "big.py"
-    line = "# " + "x" * 1021 + "\n"  # 1 KiB a line
-    big.write_text(
-        "def make_args(key_values):\n    return {}\n" + line * (MAX_SOURCE_BYTES // 1024)
-    )
-    assert MAX_SOURCE_BYTES < big.stat().st_size < MAX_SOURCE_BYTES + 1024
-    with pytest.raises(TrustError, match=rf"big.py is over {MAX_SOURCE_BYTES} bytes"):
-        import_function("ukt_trust.big:make_args", ALLOWED, "request.args_factory")
-    assert "ukt_trust.big" not in sys.modules
+def test_a_module_source_is_read_up_to_8_mib_and_refused_beyond(in_process: Path) -> None:
+    cap = 8 * 2**20
+    head = "def make_args(key_values):\n    return {}\n"
+    filler = "#" * (cap - len(head) - 1) + "\n"
+    for name, text in (("at_cap", head + filler), ("over_cap", head + "#" + filler)):
+        (in_process / "pkgs" / "ukt_trust" / f"{name}.py").write_text(text)
+    assert (in_process / "pkgs" / "ukt_trust" / "at_cap.py").stat().st_size == cap
+    fn = import_function("ukt_trust.at_cap:make_args", ALLOWED, "request.args_factory")
+    assert fn({}) == {}
+    with pytest.raises(TrustError, match=rf"over_cap\.py is over {cap} bytes"):
+        import_function("ukt_trust.over_cap:make_args", ALLOWED, "request.args_factory")
+    assert "ukt_trust.over_cap" not in sys.modules
 
 
 def test_a_workload_of_the_user_family_is_checked_whatever_its_op(in_process: Path) -> None:
