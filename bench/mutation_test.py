@@ -314,6 +314,14 @@ _ALIAS = "OptionValue = int | bool | str"
 EQUIVALENT[(_L, "<module>", _ALIAS, _ALIAS, "Statement delete")] = (
     "a type alias read only in annotations, never evaluated"
 )
+_equivalent(
+    _L,
+    "<module>",
+    '    "default_dot_input_precision": LaunchOption(str, choices=("tf32", "tf32x3", "ieee")),',
+    'LaunchOption(str, choices=("tf32", "tf32x3", "ieee"))',
+    "Argument str -> None",
+    "a choices option is any kind other than bool and int: None takes the same branch",
+)
 for _field in ("low", "high"):
     _equivalent(
         _L,
