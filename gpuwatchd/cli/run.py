@@ -54,7 +54,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Start the daemon; a config, backend, store or socket problem is one line."""
     from gpuwatchd.config import ConfigError, check_store_access
-    from gpuwatchd.daemon.privileges import PrivilegeError, drop_root
+    from gpuwatchd.daemon.privileges import PrivilegeError, drop_root, warn_if_root
     from gpuwatchd.daemon.process import Daemon, read_web_config, setup_logging
     from gpuwatchd.serve.control import ControlError
     from gpuwatchd.store import StoreError
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CliError(_os_error_line(exc)) from None
     daemon.install_signal_handlers()
+    warn_if_root()
     try:
         daemon.run()
     except (ControlError, StoreError) as exc:  # a twin took the host name, say

@@ -97,8 +97,7 @@ def drop_root(
     if os.geteuid() != 0 and os.getuid() != 0:
         return None
     if environ.get(ALLOW_ROOT) == "1":
-        log.warning("running as root (%s=1): job input is handled with root's power", ALLOW_ROOT)
-        return None
+        return None  # `gpuwatchd run` warns once the daemon is up (warn_if_root)
     user = _user(cfg.daemon.user)
     configured = {
         "STATE_DIRECTORY": cfg.daemon.state_dir,
@@ -120,3 +119,9 @@ def drop_root(
         raise PrivilegeError("gpuwatchd run: could not give root up (setuid(0) still works)")
     environ.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
     return user
+
+
+def warn_if_root() -> None:
+    """One warning from a daemon that kept root (``GPUWATCHD_ALLOW_ROOT=1``), once it is up."""
+    if os.geteuid() == 0:
+        log.warning("running as root (%s=1): job input is handled with root's power", ALLOW_ROOT)
