@@ -1,4 +1,5 @@
-"""Mutation test of the core logic: gate, statistics, drift detector, winner decision.
+"""Mutation test of the core logic: gate, statistics, drift detector, winner decision, and
+the trust rule for user code (with the launch-option allow-list).
 
 Run: ``nice -n 10 python3 bench/mutation_test.py [--module gate] [--before REV] [-v]``.
 
@@ -100,9 +101,9 @@ TARGETS = {
                 frozenset({"decide"}),
             ),
             (
-                "gpuwatchd/tuning/worker/protocol.py",
-                "gpuwatchd.tuning.worker.protocol",
-                frozenset({"_RegimeRun._result"}),
+                "gpuwatchd/tuning/worker/regime_run.py",
+                "gpuwatchd.tuning.worker.regime_run",
+                frozenset({"RegimeRun._result"}),
             ),
         ),
         (
@@ -135,6 +136,20 @@ TARGETS = {
             "not slow",  # the 10 s race and the 30-file memory test: covered by the rest
             "-k",
             "not daemon_starts",  # a daemon subprocess never sees a mutant
+        ),
+    ),
+    "trust": Target(
+        "trust",
+        (
+            ("gpuwatchd/tuning/trust.py", "gpuwatchd.tuning.trust", None),
+            ("gpuwatchd/tuning/launch_options.py", "gpuwatchd.tuning.launch_options", None),
+        ),
+        (
+            "tests/test_trust_boundary.py",
+            "tests/test_launch_options.py",
+            "tests/test_user_kernels_wire.py",
+            "-k",
+            "not real_worker and not json_py",  # two worker processes; the rest covers them
         ),
     ),
 }
@@ -284,7 +299,7 @@ _equivalent(
     "(the kept orders are only a faster way to the same spans)",
 )
 _equivalent(
-    "gpuwatchd/tuning/worker/protocol.py",
+    "gpuwatchd/tuning/worker/regime_run.py",
     "_result",
     " " * 16 + "s.name: list(zip(s.rounds, (r.seconds_per_call for r in s.accepted), strict=True))",
     "True@76",
@@ -293,7 +308,7 @@ _equivalent(
     "are always the same length: strict only guards that",
 )
 _equivalent(
-    "gpuwatchd/tuning/worker/protocol.py",
+    "gpuwatchd/tuning/worker/regime_run.py",
     "_result",
     " " * 8 + "pick = winner or (decision.ranking[0] if tie and decision.ranking else None)",
     "tie and decision.ranking",
@@ -301,6 +316,46 @@ _equivalent(
     "decide and decide_race leave both winner and tie unset only with an empty ranking "
     "(nothing usable), where `tie or ranking` is false too",
 )
+_T = "gpuwatchd/tuning/trust.py"
+_L = "gpuwatchd/tuning/launch_options.py"
+_equivalent(
+    _T,
+    "allowed_prefix",
+    "return max(found, key=len) if found else None",
+    "max(found, key=len)",
+    "Argument key=len -> None",
+    "every prefix found is a prefix of the module, so of each other: the longest is also "
+    "the greatest string",
+)
+_equivalent(
+    _T,
+    "check_defined",
+    " " * 12 + "source = f.read(MAX_SOURCE_BYTES + 1)",
+    "1@35",
+    "Constant + 1",
+    "reading one byte more changes nothing: any source longer than the cap is refused",
+)
+_ALIAS = "OptionValue = int | bool | str"
+EQUIVALENT[(_L, "<module>", _ALIAS, _ALIAS, "Statement delete")] = (
+    "a type alias read only in annotations, never evaluated"
+)
+_equivalent(
+    _L,
+    "<module>",
+    '    "default_dot_input_precision": LaunchOption(str, choices=("tf32", "tf32x3", "ieee")),',
+    'LaunchOption(str, choices=("tf32", "tf32x3", "ieee"))',
+    "Argument str -> None",
+    "a choices option is any kind other than bool and int: None takes the same branch",
+)
+for _field in ("low", "high"):
+    _equivalent(
+        _L,
+        "LaunchOption",
+        f"{_field}: int = 0",
+        f"0@{len(_field) + 8}",
+        "Constant + 1",
+        "only bool and str options take the default, and they never read the bounds",
+    )
 _HELD = "held_s: float = 0.0  # evidence-backed seconds beyond the threshold, this episode"
 _equivalent(
     _D,

@@ -31,6 +31,10 @@ os.environ.setdefault("RUNTIME_DIRECTORY", str(_RUN_DIR / "run"))
 # too: `report` falls back to a simulated store, and the user's own must not answer.
 (_RUN_DIR / "xdg").mkdir(mode=0o700)
 os.environ["XDG_RUNTIME_DIR"] = str(_RUN_DIR / "xdg")
+os.environ.setdefault("CACHE_DIRECTORY", str(_RUN_DIR / "cache"))
+# A suite run as root starts its daemons as root (`gpuwatchd run` would otherwise become
+# [daemon] user); tests of that drop clear this.
+os.environ.setdefault("GPUWATCHD_ALLOW_ROOT", "1")
 
 
 #: Threads a test must stop before it ends even though they are daemon threads: a poller
@@ -76,6 +80,12 @@ def root_logging_as_it_was() -> Iterator[None]:
             root.removeHandler(handler)
             handler.close()
     root.setLevel(level)
+
+
+os.environ.setdefault("CACHE_DIRECTORY", str(_RUN_DIR / "cache"))
+# A suite run as root starts its daemons as root (`gpuwatchd run` would otherwise become
+# [daemon] user); tests of that drop clear this.
+os.environ.setdefault("GPUWATCHD_ALLOW_ROOT", "1")
 
 
 @pytest.fixture

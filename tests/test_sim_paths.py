@@ -10,9 +10,12 @@ look for a store in the same places, and say where they looked when there is non
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -63,7 +66,11 @@ def test_the_sim_demo_as_root_leaves_the_system_store_and_run_dir_untouched(
     before = {p: _snapshot(p) for p in SYSTEM_PATHS}
     env = _env(tmp_path)
     port = free_port()
-    sim_dir = tmp_path / "xdg" / "gpuwatchd-sim"
+    # As root the demo gives root up: it runs as [daemon] user, else nobody, in that
+    # user's private directory under the temporary folder (root's XDG folder is not its).
+    runs_as = _demo_user()
+    sim_dir = Path(tempfile.gettempdir()) / f"gpuwatchd-sim-{runs_as.pw_uid}"
+    shutil.rmtree(sim_dir, ignore_errors=True)
     args = ["--scenario", "power-cap", "--speed", "10", "--listen", f"127.0.0.1:{port}"]
     daemon = subprocess.Popen(
         [sys.executable, "-m", "gpuwatchd", "run", "--backend", "sim", *args],
@@ -79,15 +86,34 @@ def test_the_sim_demo_as_root_leaves_the_system_store_and_run_dir_untouched(
             what="the simulated daemon to serve",
         )
         assert daemon.poll() is None, daemon.stdout.read() if daemon.stdout else ""
+        assert _uids(daemon.pid) == {runs_as.pw_uid}
         retune = _gpuwatchd(env, "retune", "--pending")  # finds the simulated daemon's socket
         assert retune.returncode == 0, retune.stderr
     finally:
         daemon.send_signal(signal.SIGTERM)
         out, _ = daemon.communicate(timeout=60)
-    assert daemon.returncode == 0, out
-    assert (sim_dir / "gpuwatchd.db").is_file()
-    assert os.stat(sim_dir).st_mode & 0o777 == 0o700
-    assert {p: _snapshot(p) for p in SYSTEM_PATHS} == before
+    try:
+        assert daemon.returncode == 0, out
+        assert (sim_dir / "gpuwatchd.db").is_file()
+        assert os.stat(sim_dir).st_mode & 0o777 == 0o700
+        assert {p: _snapshot(p) for p in SYSTEM_PATHS} == before
+    finally:  # root's `report` would read this demo's store
+        shutil.rmtree(sim_dir, ignore_errors=True)
+
+
+def _demo_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam("gpuwatchd")
+    except KeyError:
+        return pwd.getpwnam("nobody")
+
+
+def _uids(pid: int) -> set[int]:
+    """The real, effective, saved and filesystem uids of a running process."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return {int(u) for u in line.split()[1:]}
+    raise AssertionError(f"no Uid line for {pid}")
 
 
 def _serves(port: int) -> bool:

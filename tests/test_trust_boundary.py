@@ -39,14 +39,30 @@ from gpuwatchd.tuning.kernels import ArgSpec, KernelRequest, config_spec, identi
 from gpuwatchd.tuning.session_spec import SessionSpec, SimSpec
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.spool import REJECTED_DIR, write_request, write_workload_request
+from gpuwatchd.tuning.trust import (
+    TrustError,
+    check_workload,
+    import_function,
+    import_kernel,
+    parse_allowed_modules,
+)
 from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.worker.devices import CpuSession
 from gpuwatchd.tuning.worker.families.triton_user import build
+from gpuwatchd.tuning.worker_isolation import PRIVATE_DIRS
 from gpuwatchd.tuning.workload_requests import add_request, parse_add_request
 
 TESTS = Path(__file__).resolve().parent
 ALLOWED = ("ukt_trust",)
-PLANTED = ("ukt_trust", "ukt_trust.kernels", "evil_mod", "evil_helpers")
+PLANTED = (
+    "ukt_trust",
+    "ukt_trust.kernels",
+    "ukt_trust.side",
+    "ukt_trust.sub",
+    "ukt_trust.sub.mod",
+    "evil_mod",
+    "evil_helpers",
+)
 QUICK = ProtocolConfig(
     time_budget_s=0.5, min_rounds=2, max_rounds=3, warmup_s=0.0, settle_timeout_s=0.0,
     settle_window_s=0.05, batch_target_s=0.001, pause_s=0.0, cool_pause_s=0.0,
@@ -72,6 +88,16 @@ def _hidden(key_values):
 
 class Ops:
     helpers = evil_helpers
+
+
+import functools
+
+# Code from evil_helpers under names this module defines; functools.wraps gives it this
+# module's __module__ (and the kernel's source, to inspect.getsource).
+wrapped_pwn = functools.wraps(make_args)(evil_helpers.pwn)
+stolen = gt.autotune(configs=CONFIGS, key=["n"])(
+    triton.jit(functools.wraps(scale.fn.fn)(evil_helpers.kern))
+)
 """
 
 
@@ -88,8 +114,16 @@ def planted(tmp_path: Path) -> Path:
     (pkgs / "triton").mkdir()
     (pkgs / "evil_mod.py").write_text(_mark_code(marks) + "mark('evil_mod imported')\n")
     (pkgs / "evil_helpers.py").write_text(
-        _mark_code(marks) + "def pwn(key_values):\n    mark('pwn called')\n    return {}\n"
+        _mark_code(marks)
+        + "def pwn(key_values):\n    mark('pwn called')\n    return {}\n\n\n"
+        + "def kern(x_ptr, y_ptr, n, BLOCK):\n    mark('kern called')\n"
     )
+    (pkgs / "ukt_trust" / "side.py").write_text(_mark_code(marks) + "mark('side imported')\n")
+    (pkgs / "ukt_trust" / "sub").mkdir()
+    (pkgs / "ukt_trust" / "sub" / "__init__.py").write_text(
+        _mark_code(marks) + "mark('sub imported')\n"
+    )
+    (pkgs / "ukt_trust" / "sub" / "mod.py").write_text("import evil_mod\n")
     (pkgs / "ukt_trust" / "__init__.py").write_text("")
     (pkgs / "ukt_trust" / "kernels.py").write_text(textwrap.dedent(fakes.KERNELS) + KERNELS_EXTRA)
     (pkgs / "triton" / "__init__.py").write_text(
@@ -199,14 +233,14 @@ def test_worker_refuses_an_allow_list_carried_by_the_workload(in_process: Path) 
 @pytest.mark.parametrize(
     ("factory", "needle"),
     [
-        ("ukt_trust.kernels:pwn", "is defined in evil_helpers, which is not under"),
-        ("ukt_trust.kernels:getoutput", "is defined in subprocess, which is not under"),
-        ("ukt_trust.kernels:system", "is a builtin_function_or_method, not a Python function"),
-        ("ukt_trust.kernels:evil_helpers.pwn", "ukt_trust.kernels:evil_helpers is a module"),
-        ("ukt_trust.kernels:subprocess.getoutput", "ukt_trust.kernels:subprocess is a module"),
-        ("ukt_trust.kernels:os.system", "ukt_trust.kernels:os is a module, not a class"),
-        ("ukt_trust.kernels:Ops.helpers.pwn", "ukt_trust.kernels:Ops.helpers is a module"),
-        ("ukt_trust.kernels.subprocess:getoutput", "cannot import ukt_trust.kernels.subprocess"),
+        ("ukt_trust.kernels:pwn", "kernels:pwn is not defined in ukt_trust.kernels itself"),
+        ("ukt_trust.kernels:getoutput", "getoutput is not defined in ukt_trust.kernels itself"),
+        ("ukt_trust.kernels:system", "kernels:system is not defined in ukt_trust.kernels"),
+        ("ukt_trust.kernels:evil_helpers.pwn", "kernels:evil_helpers is not defined in"),
+        ("ukt_trust.kernels:subprocess.getoutput", "kernels:subprocess is not defined in"),
+        ("ukt_trust.kernels:os.system", "ukt_trust.kernels:os is not defined in"),
+        ("ukt_trust.kernels:Ops.helpers.pwn", "kernels:Ops.helpers.pwn is not defined in"),
+        ("ukt_trust.kernels.subprocess:getoutput", "ukt_trust.kernels is not a package"),
         ("evil_helpers:pwn", "module 'evil_helpers' is not under [tuning] allowed_modules"),
     ],
 )
@@ -219,6 +253,45 @@ def test_worker_refuses_factories_reached_through_an_allowed_module(
     assert needle in str(err.value) and "\n" not in str(err.value)
     assert "request.args_factory: " in str(err.value)
     assert markers(in_process) == []
+
+
+def test_code_given_an_allowed_modules_name_by_functools_wraps_is_refused(
+    in_process: Path,
+) -> None:
+    workload = as_workload(request_for(factory="ukt_trust.kernels:wrapped_pwn"))
+    with pytest.raises(ValueError) as err:
+        build_and_set_up(workload)
+    assert "kernels:wrapped_pwn is defined in evil_helpers, which is not under" in str(err.value)
+    assert markers(in_process) == []
+
+
+def test_a_kernel_wrapping_code_from_elsewhere_is_refused_though_its_source_matches(
+    in_process: Path,
+) -> None:
+    workload = as_workload(request_for(qualname="stolen"))
+    with pytest.raises(ValueError) as err:
+        build_and_set_up(workload)
+    assert "kernels:stolen wraps a function that is defined in evil_helpers" in str(err.value)
+    assert "\n" not in str(err.value) and markers(in_process) == []
+
+
+@pytest.mark.parametrize(
+    ("factory", "needle"),
+    [
+        ("ukt_trust.side:make_args", "ukt_trust.side:make_args is not defined in ukt_trust.side"),
+        ("ukt_trust.sub.mod:evil_mod", "sub.mod:evil_mod is not defined in ukt_trust.sub.mod"),
+        ("ukt_trust.nosuch:make_args", "no Python source file for module ukt_trust.nosuch"),
+    ],
+)
+def test_a_submodule_is_not_imported_before_the_name_is_checked_in_its_source(
+    in_process: Path, factory: str, needle: str
+) -> None:
+    workload = as_workload(request_for(factory=factory))
+    with pytest.raises(ValueError) as err:
+        build_and_set_up(workload)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert markers(in_process) == []
+    assert not {"ukt_trust.side", "ukt_trust.sub", "evil_mod"} & set(sys.modules)
 
 
 @pytest.mark.parametrize(
@@ -378,11 +451,12 @@ def test_worker_starts_with_python_p_in_root_with_a_minimal_environment(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
     got = spy_run(store, spy_dir)
     assert got["cwd"] == "/"
-    assert got["args"].split()[:3] == ["-P", "-m", "gpuwatchd.tuning.worker"]
+    assert got["args"].split()[:4] == ["-P", "-s", "-m", "gpuwatchd.tuning.worker"]
     env = dict(line.split("=", 1) for line in got["env"].splitlines() if "=" in line)
     for gone in ("PGPASSWORD", "NOTIFY_SOCKET", "FOO", "PYTHONSTARTUP"):
         assert gone not in env
-    assert env["TRITON_CACHE_DIR"] == "/var/cache/t" and env["CUDA_CACHE_PATH"] == "/var/cache/c"
+    for private in ("TRITON_CACHE_DIR", "CUDA_CACHE_PATH"):  # its own, not the daemon's
+        assert env[private].endswith(f"/worker-{os.geteuid()}/{PRIVATE_DIRS[private]}")
     assert env["LC_ALL"] == "C.UTF-8" and env["PATH"] == os.environ["PATH"]
     entries = env["PYTHONPATH"].split(os.pathsep)
     assert "/abs/dir" in entries and all(os.path.isabs(p) for p in entries)
@@ -609,3 +683,251 @@ def test_a_user_kernel_whose_tensors_would_not_fit_is_refused_before_it_is_kept(
         check_workload(huge, "workload")
     with pytest.raises(ValueError, match="over the 16 GiB a gpu workload may take"):
         parse_add_request({"op": "add_workloads", "workloads": [huge.to_json()]})
+
+
+# -- the worker's rule on its own (what the daemon-side checks would otherwise catch first) --
+
+
+@pytest.mark.parametrize(
+    ("module", "qualname", "needle"),
+    [
+        ("evil_mod", "anything", "module 'evil_mod' is not under [tuning] allowed_modules"),
+        ("ukt_trust.kernels", "_hidden", "'_hidden' in ukt_trust.kernels:_hidden is a private"),
+    ],
+)
+def test_the_worker_import_checks_the_name_itself(
+    in_process: Path, module: str, qualname: str, needle: str
+) -> None:
+    with pytest.raises(TrustError) as err:
+        import_kernel(module, qualname, ALLOWED, "request.kernel")
+    assert str(err.value).startswith(f"request.kernel: {needle}")
+    with pytest.raises(TrustError) as err:
+        import_function(f"{module}:{qualname}", ALLOWED, "request.args_factory")
+    assert str(err.value).startswith(f"request.args_factory: {needle}")
+    assert markers(in_process) == [] and "evil_mod" not in sys.modules
+
+
+def test_a_module_planted_in_sys_modules_under_an_allowed_name_is_refused(
+    in_process: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    fake = types.ModuleType("ukt_trust.kernels")  # the right name, another file
+    fake.__file__ = str(in_process / "pkgs" / "evil_helpers.py")
+    fake.make_args = lambda key_values: {}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ukt_trust.kernels", fake)
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_trust.kernels:make_args", ALLOWED, "request.args_factory")
+    assert "ukt_trust.kernels is not the module of that name at" in str(err.value)
+    assert str(err.value).endswith("ukt_trust/kernels.py")
+
+
+def test_a_module_source_is_read_up_to_8_mib_and_refused_beyond(in_process: Path) -> None:
+    cap = 8 * 2**20
+    head = "def make_args(key_values):\n    return {}\n"
+    filler = "#" * (cap - len(head) - 1) + "\n"
+    for name, text in (("at_cap", head + filler), ("over_cap", head + "#" + filler)):
+        (in_process / "pkgs" / "ukt_trust" / f"{name}.py").write_text(text)
+    assert (in_process / "pkgs" / "ukt_trust" / "at_cap.py").stat().st_size == cap
+    fn = import_function("ukt_trust.at_cap:make_args", ALLOWED, "request.args_factory")
+    assert fn({}) == {}
+    with pytest.raises(TrustError, match=rf"over_cap\.py is over {cap} bytes"):
+        import_function("ukt_trust.over_cap:make_args", ALLOWED, "request.args_factory")
+    assert "ukt_trust.over_cap" not in sys.modules
+
+
+def test_a_workload_of_the_user_family_is_checked_whatever_its_op(in_process: Path) -> None:
+    workload = replace(as_workload(request_for("evil_mod")), op="matmul")
+    with pytest.raises(TrustError, match=r"module 'evil_mod' is not under \[tuning\]"):
+        check_workload(workload, ALLOWED)
+
+
+def _plant(in_process: Path, name: str, text: str) -> None:
+    (in_process / "pkgs" / "ukt_trust" / f"{name}.py").write_text(textwrap.dedent(text))
+
+
+def test_a_name_may_pass_only_through_a_class_that_is_a_class_of_an_allowed_module(
+    in_process: Path,
+) -> None:
+    _plant(
+        in_process,
+        "passages",
+        """
+        import evil_helpers
+
+
+        def as_module(cls):
+            return evil_helpers
+
+
+        @as_module
+        class Holder:
+            def pwn(key_values):
+                return {}
+
+
+        class Foreign:
+            __module__ = "evil_helpers"
+
+            def make_args(key_values):
+                return {}
+        """,
+    )
+    cases = {
+        "ukt_trust.passages:Holder.pwn": "ukt_trust.passages:Holder is a module, not a class",
+        "ukt_trust.passages:Foreign.make_args": (
+            "ukt_trust.passages:Foreign is a class defined in evil_helpers, which is not under"
+        ),
+    }
+    for path, needle in cases.items():
+        with pytest.raises(TrustError) as err:
+            import_function(path, ALLOWED, "request.args_factory")
+        assert str(err.value).startswith(f"request.args_factory: {needle}"), str(err.value)
+    assert markers(in_process) == []
+
+
+def test_a_function_of_the_modules_globals_but_code_from_another_file_is_refused(
+    in_process: Path,
+) -> None:
+    _plant(
+        in_process,
+        "compiled",
+        """
+        planted = eval(compile("lambda key_values: {}", "/elsewhere/planted.py", "eval"))
+        """,
+    )
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_trust.compiled:planted", ALLOWED, "request.args_factory")
+    text = str(err.value)
+    assert text.startswith("request.args_factory: ukt_trust.compiled:planted is code from")
+    assert "(/elsewhere/planted.py), not from ukt_trust.compiled" in text
+
+
+def test_a_factory_must_be_a_python_function(in_process: Path) -> None:
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_trust.kernels:Ops", ALLOWED, "request.args_factory")
+    assert str(err.value) == (
+        "request.args_factory: ukt_trust.kernels:Ops is a type, not a Python function"
+    )
+
+
+def test_a_module_that_fails_to_import_is_one_line(in_process: Path) -> None:
+    _plant(
+        in_process,
+        "broken",
+        "def make_args(key_values):\n    return {}\n\n\nraise RuntimeError('boom')\n",
+    )
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_trust.broken:make_args", ALLOWED, "request.args_factory")
+    assert (
+        str(err.value) == "request.args_factory: cannot import ukt_trust.broken: RuntimeError: boom"
+    )
+
+
+def test_an_allowed_prefix_whose_parent_fails_to_import_is_one_line(in_process: Path) -> None:
+    pkg = in_process / "pkgs" / "ukt_boom"
+    (pkg / "kernels").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('parent boom')\n")
+    (pkg / "kernels" / "__init__.py").write_text("")
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_boom.kernels:make_args", ("ukt_boom.kernels",), "request.args_factory")
+    assert str(err.value).startswith("request.args_factory: cannot find ukt_boom.kernels:")
+    assert "parent boom" in str(err.value)
+    sys.modules.pop("ukt_boom", None)
+
+
+def test_allowed_modules_must_be_a_list() -> None:
+    with pytest.raises(TrustError) as err:
+        parse_allowed_modules("ukt_trust")
+    assert str(err.value) == (
+        "tuning.allowed_modules: expected a list of module prefixes, got 'ukt_trust'"
+    )
+
+
+def test_a_name_passes_through_a_class_of_the_allowed_module(in_process: Path) -> None:
+    _plant(
+        in_process,
+        "through",
+        """
+        class Ops:
+            def make_args(key_values):
+                return {"n": 1}
+        """,
+    )
+    fn = import_function("ukt_trust.through:Ops.make_args", ALLOWED, "request.args_factory")
+    assert fn({}) == {"n": 1}
+
+
+def test_a_malformed_path_is_a_trust_error(in_process: Path) -> None:
+    with pytest.raises(TrustError, match=r"request\.args_factory: expected 'module:qualname'"):
+        import_function("ukt_trust.kernels.make_args", ALLOWED, "request.args_factory")
+
+
+def test_a_kernel_object_with_no_function_inside_is_a_trust_error(in_process: Path) -> None:
+    _plant(
+        in_process,
+        "hollow",
+        """
+        class JITFunction:
+            fn = None
+
+
+        kernel = JITFunction()
+        """,
+    )
+    with pytest.raises(TrustError) as err:
+        import_kernel("ukt_trust.hollow", "kernel", ALLOWED, "request.kernel")
+    assert str(err.value).startswith("request.kernel: ")
+    assert "not a Triton kernel (no Python function inside)" in str(err.value)
+
+
+def test_a_module_with_a_syntax_error_is_refused_before_it_is_imported(in_process: Path) -> None:
+    _plant(in_process, "bad", "def make_args(key_values:\n    return {}\n")
+    with pytest.raises(TrustError) as err:
+        import_function("ukt_trust.bad:make_args", ALLOWED, "request.args_factory")
+    assert str(err.value).startswith("request.args_factory: cannot read ukt_trust.bad: ")
+    assert "ukt_trust.bad" not in sys.modules
+
+
+def test_a_workload_of_another_family_has_no_request_to_check() -> None:
+    plain = Workload("gemm-1", "gemm", {"m": 8, "n": 8, "k": 8}, "bf16", ("torch.matmul",))
+    assert check_workload(plain, ALLOWED) is None
+
+
+def test_what_the_source_defines_but_the_module_lacks_or_cannot_give_is_one_line(
+    in_process: Path,
+) -> None:
+    _plant(
+        in_process,
+        "oddities",
+        """
+        gone = 1
+        del gone
+
+
+        class Boom:
+            def __get__(self, obj, owner):
+                raise RuntimeError("descriptor boom")
+
+
+        class Ops:
+            make_args = Boom()
+
+
+        def _impl(key_values):
+            return {}
+
+
+        annotated: object = _impl
+        """,
+    )
+    cases = {
+        "gone": "request.args_factory: ukt_trust.oddities has no gone",
+        "Ops.make_args": "request.args_factory: ukt_trust.oddities:Ops.make_args: descriptor boom",
+    }
+    for qualname, text in cases.items():
+        with pytest.raises(TrustError) as err:
+            import_function(f"ukt_trust.oddities:{qualname}", ALLOWED, "request.args_factory")
+        assert str(err.value).replace("RuntimeError: ", "") == text
+    fn = import_function("ukt_trust.oddities:annotated", ALLOWED, "request.args_factory")
+    assert fn({}) == {}

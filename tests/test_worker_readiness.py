@@ -84,6 +84,22 @@ def test_probe_of_an_interpreter_without_torch(tmp_path: Path) -> None:
     assert "cannot import torch" in result.describe() and FIX in result.describe()
 
 
+def test_the_probe_runs_the_interpreter_as_the_worker_runs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "json.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    monkeypatch.chdir(cwd)
+    spy = tmp_path / "spy-python"
+    spy.write_text(f'#!/bin/sh\npwd > {tmp_path}/cwd.txt\nexec {sys.executable} "$@"\n')
+    spy.chmod(0o755)
+    result = probe(str(spy), ("json",))
+    assert result.failed is None and result.missing == {}
+    assert (tmp_path / "cwd.txt").read_text().strip() == "/"
+    assert not (tmp_path / "ran").exists()  # -P: the working directory's json.py is not it
+
+
 def test_probe_that_cannot_answer_is_a_failure_not_a_crash(tmp_path: Path) -> None:
     assert probe(str(tmp_path / "no-such-python")).failed is not None
     crash = tmp_path / "crash"

@@ -116,8 +116,11 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-loop", action="store_true", help="replay: stop at the end of the trace")
 
 
-def load_with_overrides(args: argparse.Namespace) -> tuple[Config, dict[str, dict[str, Any]]]:
-    """The config file plus command-line overrides; raises CliError(code 2) when invalid."""
+def load_with_overrides(
+    args: argparse.Namespace, sim_paths: bool = True
+) -> tuple[Config, dict[str, dict[str, Any]]]:
+    """The config file plus command-line overrides; raises CliError(code 2) when invalid.
+    ``sim_paths``: give a simulated daemon its private directory (made now, as this user)."""
     from gpuwatchd.config import ConfigError, load_config
     from gpuwatchd.config.listen import parse_listen
 
@@ -155,10 +158,10 @@ def load_with_overrides(args: argparse.Namespace) -> tuple[Config, dict[str, dic
         overrides["daemon"]["backend"] = "replay"
     try:
         cfg = load_config(getattr(args, "config", None)).with_overrides(**overrides)
-        sim_paths = _sim_paths(cfg)
-        if sim_paths:
-            overrides["daemon"].update(sim_paths)
-            cfg = cfg.with_overrides(daemon=sim_paths)
+        private = _sim_paths(cfg) if sim_paths else {}
+        if private:
+            overrides["daemon"].update(private)
+            cfg = cfg.with_overrides(daemon=private)
     except ConfigError as exc:
         raise CliError(str(exc), EXIT_CONFIG) from None
     except ValueError as exc:
@@ -233,7 +236,7 @@ def open_store_to_read(cfg: Config) -> SqlStore:
     from gpuwatchd.client.discovery import STORE_ENV, default_store_paths, default_url
     from gpuwatchd.config import STORE_NAME
     from gpuwatchd.store import StoreError, find_store_file
-    from gpuwatchd.store.location import sim_state_dir
+    from gpuwatchd.store.location import sim_state_dirs
 
     given = os.environ.get(STORE_ENV)
     if given:
@@ -241,12 +244,12 @@ def open_store_to_read(cfg: Config) -> SqlStore:
     if cfg.store.url:
         return open_configured_store(cfg, readonly=True)
     daemons = default_store_paths(cfg)
-    sim = sim_state_dir() / STORE_NAME
+    sims = [d / STORE_NAME for d in sim_state_dirs()]
     try:
-        path = find_store_file([*daemons, sim], default_url() + WINNERS_PATH)
+        path = find_store_file([*daemons, *sims], default_url() + WINNERS_PATH)
     except StoreError as exc:
         raise CliError(str(exc)) from None
-    if path == sim and sim not in daemons:
+    if path in sims and path not in daemons:
         print(f"gpuwatchd: reading the simulated GPU's store {path}", file=sys.stderr)
     return open_store(path, readonly=True)
 
@@ -256,13 +259,15 @@ def control_socket(args: argparse.Namespace) -> Path:
     there, a simulated daemon's (:func:`_sim_paths`) when one does."""
     from gpuwatchd.client.discovery import default_socket_path
     from gpuwatchd.config import CONTROL_SOCKET_NAME
-    from gpuwatchd.store.location import sim_state_dir
+    from gpuwatchd.store.location import sim_state_dirs
 
     if args.socket:
         return Path(args.socket)
     path = default_socket_path()
-    sim = sim_state_dir() / CONTROL_SOCKET_NAME
-    return sim if not path.exists() and sim.exists() else path
+    if path.exists():
+        return path
+    sims = [d / CONTROL_SOCKET_NAME for d in sim_state_dirs()]
+    return next((sim for sim in sims if sim.exists()), path)
 
 
 def ask_daemon(args: argparse.Namespace, request: dict[str, Any]) -> dict[str, Any]:

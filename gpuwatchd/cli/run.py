@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 
 from gpuwatchd.cli.common import (
     EXIT_CONFIG,
+    SIM_BACKENDS,
     CliError,
     Subparsers,
     add_backend_args,
@@ -60,13 +62,26 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Start the daemon; a config, backend, store or socket problem is one line."""
     from gpuwatchd.config import ConfigError, check_store_access
+    from gpuwatchd.daemon.privileges import PrivilegeError, drop_root, warn_if_root
     from gpuwatchd.daemon.process import Daemon, read_web_config, setup_logging
     from gpuwatchd.serve.control import ControlError
     from gpuwatchd.store import StoreError
     from gpuwatchd.telemetry.backend import BackendUnavailable, TraceError
 
-    cfg, overrides = load_with_overrides(args)
+    cfg, overrides = load_with_overrides(args, sim_paths=False)
     setup_logging(cfg.daemon.log_level)
+    try:  # before anything from outside is read: the daemon never runs as root
+        user = drop_root(cfg)
+    except PrivilegeError as exc:
+        raise CliError(str(exc), EXIT_CONFIG) from None
+    except OSError as exc:
+        raise CliError(_os_error_line(exc, cfg.daemon.listen)) from None
+    if cfg.daemon.backend in SIM_BACKENDS:  # its private directory, made as the user it runs as
+        cfg, overrides = load_with_overrides(args)
+    if user is not None:
+        logging.getLogger("gpuwatchd").warning(
+            "started as root: running as %s (uid %d) from here on", user.pw_name, user.pw_uid
+        )
     try:
         read_web_config(cfg)  # as check-config does: refused before anything is created
         check_store_access(cfg)
@@ -78,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CliError(_os_error_line(exc, cfg.daemon.listen)) from None
     daemon.install_signal_handlers()
+    warn_if_root()
     try:
         daemon.run()
     except (ControlError, StoreError) as exc:  # a twin took the host name, say

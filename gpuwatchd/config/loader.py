@@ -100,6 +100,9 @@ class DaemonConfig:
     watchdog_stall_s: float = field(
         default=60.0, metadata=check(lambda v: 0 < v <= 3600, "must be in (0, 3600]")
     )
+    #: Who the daemon becomes when started as root (it never runs as root; systemd and
+    #: Kubernetes start it as its own user, so this is for a manual root start).
+    user: str = "gpuwatchd"
     #: Where the tuning store lives. Empty: $STATE_DIRECTORY (systemd's StateDirectory=),
     #: else /var/lib/gpuwatchd for root, else ~/.local/state/gpuwatchd.
     state_dir: str = ""

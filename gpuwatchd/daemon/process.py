@@ -666,6 +666,7 @@ class Daemon:
             for key in (
                 "backend",
                 "listen",
+                "user",
                 "state_dir",
                 "control_socket",
                 "control_group",

@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 from gpuwatchd.tuning.families import needs_of
 from gpuwatchd.tuning.types import Workload
+from gpuwatchd.tuning.worker_isolation import PYTHON_FLAGS, WORKER_CWD
 from gpuwatchd.tuning.workloads import device_kind
 from gpuwatchd.validate import one_line
 
@@ -148,15 +149,18 @@ def probe(
     """Run ``python`` once to import ``modules``; never raises.
 
     The environment is the worker's (``env``, default this process's) with no GPU
-    visible: importing must not initialise a device.
+    visible: importing must not initialise a device. The interpreter runs as the
+    worker's does (its flags, in ``/``), so neither a module in this process's working
+    directory nor a user-site ``.pth`` runs in the probe.
     """
     run_env = dict(os.environ if env is None else env)
     run_env["CUDA_VISIBLE_DEVICES"] = ""
     checked = tuple(modules)
     try:
         done = subprocess.run(
-            [python, "-c", _PROBE_SCRIPT, *checked],
+            [python, *PYTHON_FLAGS, "-c", _PROBE_SCRIPT, *checked],
             stdin=subprocess.DEVNULL,
+            cwd=WORKER_CWD,
             capture_output=True,
             text=True,
             timeout=timeout_s,

@@ -10,7 +10,9 @@ control socket in :func:`sim_state_dir`, never in the system's directories.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import stat
 import tempfile
 from collections.abc import Sequence
@@ -75,6 +77,19 @@ def sim_state_dir() -> Path:
     if xdg:
         return Path(xdg) / "gpuwatchd-sim"
     return Path(tempfile.gettempdir()) / f"gpuwatchd-sim-{os.geteuid()}"
+
+
+def sim_state_dirs() -> list[Path]:
+    """Where a reader looks for a simulated daemon: :func:`sim_state_dir`, and for root
+    also the directories of the users a demo started as root becomes (``gpuwatchd``, else
+    ``nobody``: :mod:`gpuwatchd.daemon.privileges`)."""
+    found = [sim_state_dir()]
+    if os.geteuid() == 0:
+        for name in ("gpuwatchd", "nobody"):
+            with contextlib.suppress(KeyError):
+                uid = pwd.getpwnam(name).pw_uid
+                found.append(Path(tempfile.gettempdir()) / f"gpuwatchd-sim-{uid}")
+    return found
 
 
 def make_private_dir(path: Path) -> Path:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwatchd.tuning.launch_options import parse_launch_options
 from gpuwatchd.tuning.types import Regime, Versions, Workload
 from gpuwatchd.tuning.versions import same_version
 from gpuwatchd.validate import (
@@ -422,7 +423,8 @@ class KernelRequest:
 
     ``key_values`` maps each key name the call passed to its value; ``key_dtypes`` are the
     dtypes Triton appends to its cache key (one per tensor argument, in argument order).
-    ``launch_options`` are extra launch keywords that are not kernel arguments.
+    ``launch_options`` are extra launch keywords that are not kernel arguments, only those
+    :mod:`gpuwatchd.tuning.launch_options` allows.
     ``origin`` is informational (job pid, interpreter), never acted upon. ``job_default``
     is the label of the config plain Triton picked in the job that filed the request: what
     the job runs without gpuwatchd, which a winner must beat beyond the noise.
@@ -508,6 +510,7 @@ class KernelRequest:
                 raise _fail("request.key.values", "expected only key names", k)
         if self.args_factory is not None:
             parse_import_path(self.args_factory, "request.args_factory")
+        parse_launch_options(self.launch_options, "request.launch_options", KernelRequestError)
         if not self.gpu_model.strip():
             raise _fail("request.gpu_model", "expected a non-empty string", self.gpu_model)
         if self.job_default is not None and self.job_default not in labels:
@@ -583,9 +586,9 @@ class KernelRequest:
             versions = Versions.from_json(d["versions"])
         except ValueError as e:
             raise KernelRequestError(f"request.{e}") from None
-        opts = d.get("launch_options", {})
-        if not isinstance(opts, dict):
-            raise _fail("request.launch_options", "expected an object", opts)
+        opts = parse_launch_options(
+            d.get("launch_options", {}), "request.launch_options", KernelRequestError
+        )
         origin = d.get("origin", {})
         if not isinstance(origin, dict):
             raise _fail("request.origin", "expected an object", origin)
@@ -613,10 +616,7 @@ class KernelRequest:
             versions=versions,
             reset_to_zero=_names(d.get("reset_to_zero", []), "request.reset_to_zero"),
             restore_value=_names(d.get("restore_value", []), "request.restore_value"),
-            launch_options={
-                _text(n, "request.launch_options"): _scalar(v, f"request.launch_options.{n}")
-                for n, v in opts.items()
-            },
+            launch_options=dict(opts),
             args_factory=None if factory is None else _text(factory, "request.args_factory"),
             origin=origin,
             job_default=None if default is None else _text(default, "request.job_default"),

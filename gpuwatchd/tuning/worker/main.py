@@ -43,6 +43,7 @@ from gpuwatchd.tuning.types import BatchRecord, Regime, RegimeResult, Versions, 
 from gpuwatchd.tuning.worker.candidate import Candidate, DeviceSession
 from gpuwatchd.tuning.worker.families import candidates_for
 from gpuwatchd.tuning.worker.protocol import BudgetSpent, Preempted, tune_queue
+from gpuwatchd.tuning.worker_isolation import PrivateDirError, ensure_private_dirs
 from gpuwatchd.validate import describe
 
 log = logging.getLogger("gpuwatchd.tuning.worker")
@@ -403,6 +404,11 @@ def main() -> int:
     )
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop.handle)
+    try:
+        ensure_private_dirs(os.environ)  # before torch or Triton reads a cache
+    except PrivateDirError as e:
+        _send_error(channel, str(e))
+        return EXIT_FAILED
     try:
         spec = _read_job(sys.stdin.buffer)
     except SessionSpecError as e:

@@ -32,9 +32,15 @@ from gpuwatchd.tuning.kernels import (
     ConfigSpec,
     KernelRequest,
     KernelRequestError,
+    base_function,
     config_spec,
     identity_of,
     request_from_workload,
+)
+from gpuwatchd.tuning.launch_options import (
+    check_keywords,
+    kernel_parameters,
+    parse_launch_options,
 )
 from gpuwatchd.tuning.trust import (
     TrustError,
@@ -75,6 +81,7 @@ class LoadedKernel:
     target: Any  # what Triton's autotuner launches (a JITFunction, or Heuristics over one)
     autotuner: Any
     configs: dict[str, Any]  # config label -> the kernel's own triton.Config (hooks and all)
+    parameters: frozenset[str]  # the kernel function's parameter names
 
 
 def load_kernel(request: KernelRequest, allowed: Sequence[str]) -> LoadedKernel:
@@ -95,7 +102,9 @@ def load_kernel(request: KernelRequest, allowed: Sequence[str]) -> LoadedKernel:
     missing = [c.label for c in request.configs if c.label not in live]
     if missing:
         raise ValueError(f"config {missing[0]} of the request is not one of the kernel's")
-    return LoadedKernel(target=tuner.fn, autotuner=tuner, configs=live)
+    parameters = kernel_parameters(base_function(obj))
+    check_keywords((a.name for a in request.args), parameters, "request.args")
+    return LoadedKernel(target=tuner.fn, autotuner=tuner, configs=live, parameters=parameters)
 
 
 # -- arguments -------------------------------------------------------------------------------
@@ -244,9 +253,14 @@ class UserKernel:
     # -- launching -------------------------------------------------------------------
 
     def launch_kwargs(self, spec: ConfigSpec) -> dict[str, Any]:
+        """The keywords of one launch; checked again here, so that nothing but the
+        kernel's parameters and allowed launch options ever reaches Triton."""
         assert self.loaded is not None
         cfg = self.loaded.configs[spec.label]
-        return {**self.args, **self.request.launch_options, **cfg.all_kwargs()}
+        options = parse_launch_options(self.request.launch_options)
+        kwargs = {**self.args, **options, **cfg.all_kwargs()}
+        check_keywords(kwargs, self.loaded.parameters, f"launch of config {spec.label}")
+        return kwargs
 
     def launcher(self, spec: ConfigSpec) -> Any:
         assert self.loaded is not None and spec.grid is not None
