@@ -52,6 +52,7 @@ _JOBSIDE = {
     "gpuwatchd.tuning.spool",
     "gpuwatchd.tuning.winners",
     "gpuwatchd.tuning.kernels",
+    "gpuwatchd.tuning.launch_options",
     "gpuwatchd.tuning.versions",  # kernels compares versions by the one rule
 }
 _TRITON = (
@@ -93,7 +94,6 @@ _TORCH = (
         "gpuwatchd.tuning.worker.cuda_session",
         "gpuwatchd.tuning.worker.inductor",
         "gpuwatchd.tuning.workload_requests",
-        "gpuwatchd.tuning.workload_spool",
         "gpuwatchd.tuning.workloads",
     }
 )

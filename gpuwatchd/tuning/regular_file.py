@@ -17,6 +17,9 @@ from pathlib import Path
 
 from gpuwatchd.validate import one_line
 
+#: The largest workloads file read (a capture of a big model is tens of kilobytes).
+MAX_FILE_BYTES = 4 * 2**20
+
 
 class NotReadable(ValueError):
     """The file is not a readable regular file within the size cap: ``path: reason``."""

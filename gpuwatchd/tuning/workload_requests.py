@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.control import wire
-from gpuwatchd.tuning.regular_file import read_regular_file
+from gpuwatchd.tuning.regular_file import MAX_FILE_BYTES, read_regular_file
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.workloads import parse_workloads
 from gpuwatchd.validate import fail, load_json, load_toml, need_text, one_line
@@ -44,8 +44,6 @@ MAX_NAME_CHARS = 200
 MAX_SOURCE_KEYS = 16
 #: The longest text a ``source`` key or value may be (a host name, a torch version).
 MAX_SOURCE_CHARS = 256
-#: The largest workloads file read (a capture of a big model is tens of kilobytes).
-MAX_FILE_BYTES = 4 * 2**20
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*")
 _BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 
