@@ -4,7 +4,7 @@ A Prometheus server asks for OpenMetrics first (``Accept: application/openmetric
 version=1.0.0;...``), and ``prometheus_client.openmetrics.exposition.generate_latest``
 escapes every sample's name one character at a time through a ``StringIO`` and formats
 every label set again for each sample: about three times the text format's render
-(bench/RESULTS.md, "The daemon's cost"). This encoder
+(bench/RESULTS.md, "/metrics in OpenMetrics and text: render and scrape cost"). This encoder
 remembers label text and value spellings as :class:`~gpuwatchd.exporter.text_format.TextEncoder`
 does. It writes names only where both the ``underscores`` and the ``allow-utf-8``
 escaping leave them unchanged (all of gpuwatchd's); a family list with any other name, an
