@@ -3,9 +3,10 @@
 ``prometheus_client.exposition.generate_latest`` validates and escapes every metric and
 label name and formats every label set again for each sample: milliseconds of GIL-bound Python
 for 8 GPUs, and a scrape that misses the render cache waits for all of it (bench/RESULTS.md,
-"/metrics in OpenMetrics and text: render and scrape cost"). Per-GPU label sets and names repeat from scrape to scrape, so this
-encoder remembers them. A name outside the legacy character set (none of gpuwatchd's) makes
-it hand the whole registry to the library instead, so the output never differs.
+"/metrics in OpenMetrics and text: render and scrape cost"). Per-GPU label sets and
+names repeat from scrape to scrape, so this encoder remembers them. A name outside the
+legacy character set (none of gpuwatchd's) makes it hand the whole registry to the
+library instead, so the output never differs.
 :class:`SeriesMemo` (what is remembered) also serves the OpenMetrics writer
 (:mod:`gpuwatchd.exporter.openmetrics_format`).
 """
