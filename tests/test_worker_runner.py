@@ -37,6 +37,7 @@ from gpuwatchd.tuning.session_spec import (
 )
 from gpuwatchd.tuning.settings import ProtocolConfig
 from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, SessionStatus, Workload
+from gpuwatchd.tuning.worker_isolation import PRIVATE_DIRS
 
 REPO = Path(__file__).resolve().parent.parent
 BOTH = (Regime.UNTHROTTLED, Regime.SUSTAINED)
@@ -471,12 +472,17 @@ def test_cancel_stops_a_running_session(store: SqlStore, tmp_path: Path) -> None
 def test_sigterm_stops_a_real_worker_at_a_batch_boundary(tmp_path: Path) -> None:
     # A long budget so the worker is still measuring when it is told to stop.
     _, spec = power_capped_sim_spec(gpus=1, gpu=0, seed=0, budget_s=1e5)
+    # Without the daemon's runner, so without its private folders: not the ones an
+    # in-process torch.compile of an earlier test pointed os.environ at (/tmp/torchinductor_*),
+    # which the worker rightly refuses.
+    env = {k: v for k, v in os.environ.items() if k not in PRIVATE_DIRS}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuwatchd.tuning.worker"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         cwd=REPO,
+        env=env,
     )
     assert proc.stdin and proc.stdout
     proc.stdin.write(spec.dumps().encode())
