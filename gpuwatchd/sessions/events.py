@@ -62,8 +62,8 @@ SkipListener = Callable[[WorkSkipped], None]
 
 
 class SessionEvents:
-    """The listeners told about finished sessions and skipped work. Thread-safe to add to and
-    notify."""
+    """The listeners told about finished sessions and skipped work. Thread-safe to add,
+    remove and notify."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -74,6 +74,13 @@ class SessionEvents:
         """Call ``fn`` for every session that ends from now on."""
         with self._lock:
             self._listeners = (*self._listeners, fn)
+
+    def remove_listener(self, fn: SessionListener) -> None:
+        """Stop calling ``fn``; ValueError if it was never added."""
+        with self._lock:
+            listeners = list(self._listeners)
+            listeners.remove(fn)
+            self._listeners = tuple(listeners)
 
     def notify(self, event: SessionFinished) -> None:
         """Tell every listener, in the order added; a failing one is logged and skipped."""

@@ -116,8 +116,8 @@ class FleetChoice:
         sim_t: float,
     ) -> Chosen | None:
         """Drop the work the fleet answered, claim the rest; None when nothing is left."""
-        fleet = self._fleet
-        if fleet is None or not fleet.active:
+        fleet = self._fleet_on()
+        if fleet is None:
             return Chosen(self._spec(info, work, sim_t))
         regimes = tuple(Regime(r) for r in self.cfg.tuning.regimes)
         versions = fleet.versions(info)
