@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 from gpuwatchd.gate import GateConfig
+from gpuwatchd.report.figure import save_figure
 from gpuwatchd.report.results_plot import plot_report
 from gpuwatchd.report.text import build_report
-from gpuwatchd.report.timeline_plot import plot_timeline
+from gpuwatchd.report.timeline_plot import build_timeline_figure
 from gpuwatchd.store import sqlite_store
 from gpuwatchd.telemetry.nvml import NvmlBackend
 from gpuwatchd.telemetry.trace import T0_UNIX_KEY, TraceWriter
@@ -102,7 +103,8 @@ def main() -> int:
         store.close()
     if doc["results"]:
         print("wrote", plot_report(doc, out / "report.png"))
-    print("wrote", plot_timeline(trace, out / "timeline.png", sessions, gate_cfg=GateConfig()))
+    timeline = build_timeline_figure(trace, sessions, gate_cfg=GateConfig())
+    print("wrote", save_figure(timeline, out / "timeline.png"))
     print(f"tune exit {rc}; sessions: {[(s.id, s.status.value) for s in sessions]}")
     return rc
 

@@ -17,13 +17,12 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
 from gpuwatchd.gate import GateConfig, GateState
-from gpuwatchd.report.figure import PlotError
+from gpuwatchd.report.figure import PlotError, save_figure
 from gpuwatchd.report.results_plot import axis_cap, build_report_figure, plot_report
 from gpuwatchd.report.text import report_from
 from gpuwatchd.report.timeline_plot import (
     GateSpan,
     build_timeline_figure,
-    plot_timeline,
     regime_spans,
     replay_gate,
     session_spans,
@@ -317,7 +316,7 @@ def test_timeline_gate_strip_is_the_replayed_gate(timeline: Figure) -> None:
 
 def test_timeline_png_is_written(tmp_path: Path) -> None:
     gate = [GateSpan(0.0, 50.0, GateState.WARMING), GateSpan(50.0, 110.0, GateState.COOL_STABLE)]
-    out = plot_timeline(BURN, tmp_path / "t.png", gate_spans=gate)
+    out = save_figure(build_timeline_figure(BURN, gate_spans=gate), tmp_path / "t.png")
     data = out.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 20_000
 

@@ -52,8 +52,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Clock, temperature and power of a recorded trace, with tuning sessions and the gate."""
-    from gpuwatchd.report.figure import PlotError
-    from gpuwatchd.report.timeline_plot import plot_timeline, trace_t0_unix
+    from gpuwatchd.report.figure import PlotError, save_figure
+    from gpuwatchd.report.timeline_plot import build_timeline_figure, trace_t0_unix
     from gpuwatchd.telemetry.trace import TraceError, load_trace
 
     cfg, _ = load_with_overrides(args)
@@ -90,15 +90,15 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         finally:
             store.close()
     try:
-        plot_timeline(
+        fig = build_timeline_figure(
             trace,
-            args.out,
             sessions,
             gpu=args.gpu,
             unix_at_t0=t0,
             gate_cfg=None if args.no_gate else cfg.gate,
             results=results,
         )
+        save_figure(fig, args.out)
     except PlotError as exc:
         raise CliError(str(exc)) from None
     print(f"wrote {args.out}", file=out)

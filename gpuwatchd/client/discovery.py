@@ -15,6 +15,7 @@ when asked, so importing the client stays cheap.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,15 @@ def _daemon_config() -> Config | None:
         return load_config(DEFAULT_CONFIG_PATH)
     except (ConfigError, ValueError, OSError):
         return None  # the daemon would refuse it too; fall back to the built-in defaults
+
+
+def _chosen(env_name: str, configured: Callable[[Config], str]) -> Path | None:
+    """The path ``$env_name`` names, else the one the daemon config sets, else None."""
+    if env := os.environ.get(env_name):
+        return Path(env)
+    cfg = _daemon_config()
+    value = configured(cfg) if cfg is not None else ""
+    return Path(value) if value else None
 
 
 def default_url() -> str:
@@ -90,12 +100,8 @@ def default_socket_path() -> Path:
     :func:`gpuwatchd.config.resolve_control_socket`, as seen from each user)."""
     from gpuwatchd.config import CONTROL_SOCKET_NAME, SYSTEM_RUNTIME_DIR, resolve_control_socket
 
-    env = os.environ.get(SOCKET_ENV)
-    if env:
-        return Path(env)
-    cfg = _daemon_config()
-    if cfg is not None and cfg.daemon.control_socket:
-        return Path(cfg.daemon.control_socket)
+    if (chosen := _chosen(SOCKET_ENV, lambda cfg: cfg.daemon.control_socket)) is not None:
+        return chosen
     own = resolve_control_socket("")
     if own.exists() or not SYSTEM_RUNTIME_DIR.is_dir():
         return own
@@ -108,12 +114,8 @@ def default_spool_dir() -> Path:
     that already holds a store or a spool, else the first of them."""
     from gpuwatchd.config import SPOOL_NAME
 
-    env = os.environ.get(SPOOL_ENV)
-    if env:
-        return Path(env)
-    cfg = _daemon_config()
-    if cfg is not None and cfg.tuning.spool_dir:
-        return Path(cfg.tuning.spool_dir)
+    if (chosen := _chosen(SPOOL_ENV, lambda cfg: cfg.tuning.spool_dir)) is not None:
+        return chosen
     stores = default_store_paths()
     for store in stores:
         if store.is_file() or (store.parent / SPOOL_NAME).is_dir():

@@ -102,6 +102,18 @@ def _ended(session: SessionRow) -> float:
     return session.ended_at if session.ended_at is not None else session.started_at
 
 
+def _reference(info: DeviceInfo, session: SessionRow, clock: float | None) -> Reference:
+    """GPU ``info``'s reference: ``session``'s limits, stack and end, and ``clock``."""
+    return Reference(
+        uuid=info.uuid,
+        sustained_clock_hz=clock,
+        power_limit_w=session.meta.power_limit_w,
+        max_clock_hz=session.meta.max_sm_clock_hz,
+        versions=session.meta.versions,
+        measured_at=_ended(session),
+    )
+
+
 def _own_reference(store: SqlStore, info: DeviceInfo, sessions: Sequence[SessionRow]) -> Reference:
     """The reference of a GPU from its own completed sessions (newest first)."""
     latest = sessions[0]
@@ -112,14 +124,7 @@ def _own_reference(store: SqlStore, info: DeviceInfo, sessions: Sequence[Session
         clock = sustained_clock_hz(store.results(session.id))
         if clock is not None:
             break
-    return Reference(
-        uuid=info.uuid,
-        sustained_clock_hz=clock,
-        power_limit_w=latest.meta.power_limit_w,
-        max_clock_hz=latest.meta.max_sm_clock_hz,
-        versions=latest.meta.versions,
-        measured_at=_ended(latest),
-    )
+    return _reference(info, latest, clock)
 
 
 def _served_rows(rows: Sequence[WinnerRow], current: Versions | None) -> list[WinnerRow]:
@@ -171,14 +176,7 @@ def served_reference(
             and r.sm_clock_hz > 0
         ]
         clock = median_or_none(clocks)
-    return Reference(
-        uuid=info.uuid,
-        sustained_clock_hz=clock,
-        power_limit_w=newest.meta.power_limit_w,
-        max_clock_hz=newest.meta.max_sm_clock_hz,
-        versions=newest.meta.versions,
-        measured_at=_ended(newest),
-    )
+    return _reference(info, newest, clock)
 
 
 def reference_from_store(

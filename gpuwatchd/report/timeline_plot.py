@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from gpuwatchd.gate import GateConfig, GateState
 from gpuwatchd.monitor.watch import GpuWatch
-from gpuwatchd.report.figure import PlotError, new_figure, save_figure
+from gpuwatchd.report.figure import PlotError, new_figure
 from gpuwatchd.store.rows import SessionRow, StoredResult
 from gpuwatchd.telemetry.trace import T0_UNIX_KEY, Trace, TraceError, load_trace
 from gpuwatchd.telemetry.types import DeviceInfo, Sample
@@ -365,29 +365,3 @@ def _draw_gate(ax: Axes, spans: Sequence[GateSpan]) -> None:
     handles = [Patch(color=GATE_COLORS[s], label=s.value) for s in GateState if s in by_state]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.9),
               ncol=len(handles), fontsize=7, frameon=False)  # fmt: skip
-
-
-def plot_timeline(
-    source: str | Path | Trace | Sequence[Sample],
-    path: str | Path,
-    sessions: Sequence[SessionRow] = (),
-    *,
-    gate_cfg: GateConfig | None = None,
-    gate_spans: Sequence[GateSpan] | None = None,
-    gpu: int | None = None,
-    info: DeviceInfo | None = None,
-    unix_at_t0: float | None = None,
-    results: Mapping[int, Sequence[StoredResult]] | None = None,
-) -> Path:
-    """Write the timeline picture (see :func:`build_timeline_figure`) to ``path``."""
-    fig = build_timeline_figure(
-        source,
-        sessions,
-        gate_cfg=gate_cfg,
-        gate_spans=gate_spans,
-        gpu=gpu,
-        info=info,
-        unix_at_t0=unix_at_t0,
-        results=results,
-    )
-    return save_figure(fig, path)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuwatchd.config.loader import CONTROL_SOCKET_NAME, SYSTEM_RUNTIME_DIR, resolve_control_socket
+from gpuwatchd.config.loader import resolve_control_socket
 from gpuwatchd.control.wire import (
     CLIENT_TIMEOUT_S,
     MAX_CLIENTS,
@@ -51,8 +51,6 @@ from gpuwatchd.validate import load_json
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = CONTROL_SOCKET_NAME
-SYSTEM_SOCKET_DIR = SYSTEM_RUNTIME_DIR
 SOCKET_MODE = 0o660
 DIR_MODE = 0o750
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python lacks the name

@@ -95,13 +95,6 @@ class SessionEvents:
         with self._lock:
             self._skip_listeners = (*self._skip_listeners, fn)
 
-    def remove_skip_listener(self, fn: SkipListener) -> None:
-        """Stop calling ``fn`` for skipped work; ValueError if it was never added."""
-        with self._lock:
-            listeners = list(self._skip_listeners)
-            listeners.remove(fn)
-            self._skip_listeners = tuple(listeners)
-
     def notify_skipped(self, event: WorkSkipped) -> None:
         """Tell every skip listener, in the order added; a failing one is logged and skipped."""
         for fn in self._skip_listeners:

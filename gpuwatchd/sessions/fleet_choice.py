@@ -76,29 +76,19 @@ class FleetChoice:
         fleet = self._fleet
         return fleet if fleet is not None and fleet.active else None
 
-    def _choose_or_back_off(
-        self,
-        gpu: int,
-        info: DeviceInfo,
-        work: Sequence[Workload],
-        why: Mapping[str, frozenset[str]],
-        sim_t: float,
-    ) -> Chosen | None:
-        """:meth:`_choose`; when the shared store fails, the GPU backs off as after a
-        failed session and nothing runs."""
-        try:
-            return self._choose(gpu, info, work, why, sim_t)
-        except (StoreUnavailable, StoreBusy) as exc:  # an outage (logged once), a held lock
+    def _back_off(self, gpu: int, exc: Exception) -> None:
+        """Asking the fleet's store what ``gpu`` should tune failed with ``exc``: nothing
+        runs; the GPU tries again soon after an outage or a held lock, else backs off as
+        after a failed session."""
+        if isinstance(exc, StoreUnavailable | StoreBusy):  # an outage (logged once), a held lock
             log.debug("GPU %d: the fleet's store is unreachable or busy: %s", gpu, exc)
             self._wait_for_store(gpu)
-            return None
-        except Exception as exc:
-            log.warning("GPU %d: asking the fleet's store what to tune failed: %s", gpu, exc)
-            with self._lock:
-                p = self._pending.get(gpu)
-                if p is not None:
-                    p.not_before = self._now() + self.cfg.tuning.retry_failed_after_s
-            return None
+            return
+        log.warning("GPU %d: asking the fleet's store what to tune failed: %s", gpu, exc)
+        with self._lock:
+            p = self._pending.get(gpu)
+            if p is not None:
+                p.not_before = self._now() + self.cfg.tuning.retry_failed_after_s
 
     def _wait_for_store(self, gpu: int) -> None:
         """The store was unreachable when ``gpu``'s work needed it: try again soon."""
@@ -116,8 +106,8 @@ class FleetChoice:
         sim_t: float,
     ) -> Chosen | None:
         """Drop the work the fleet answered, claim the rest; None when nothing is left."""
-        fleet = self._fleet
-        if fleet is None or not fleet.active:
+        fleet = self._fleet_on()
+        if fleet is None:
             return Chosen(self._spec(info, work, sim_t))
         regimes = tuple(Regime(r) for r in self.cfg.tuning.regimes)
         versions = fleet.versions(info)

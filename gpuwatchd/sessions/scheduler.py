@@ -355,7 +355,10 @@ class TuneScheduler(FleetChoice, TuningView):
         assert snap.info is not None
         try:
             if chosen is None:
-                chosen = self._choose_or_back_off(gpu, snap.info, work, why, sim_t)
+                try:
+                    chosen = self._choose(gpu, snap.info, work, why, sim_t)
+                except Exception as exc:
+                    self._back_off(gpu, exc)
             if chosen is not None:
                 names = [w.name for w in chosen.spec.workloads]
                 reasons = sorted(set().union(*(why.get(n, ()) for n in names)))

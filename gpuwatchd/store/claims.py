@@ -8,6 +8,7 @@ writers are serialised on both engines, so of two hosts racing exactly one wins.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpuwatchd.store.columns import CLAIM_COLUMNS, insert
@@ -17,10 +18,19 @@ from gpuwatchd.store.conn import Conn
 #: name; its ``gpu_uuid`` column holds the machine id. Work claims never start so.
 HOST_CLAIM_PREFIX = "host:"
 
-_TAKE = insert(
-    "claims",
-    CLAIM_COLUMNS,
-    """ON CONFLICT (claim_key) DO UPDATE SET
+
+def take_sql(columns: Sequence[str] = CLAIM_COLUMNS, also_same_holder: str = "") -> str:
+    """The upsert that takes or renews a claim row, returning its key when it did.
+
+    It takes the row when free or lapsed, or when the same (host, GPU) holds it, and
+    ``also_same_holder`` (SQL, ``AND ...``) narrows that; the ``columns`` past
+    :data:`CLAIM_COLUMNS` are overwritten with the rest.
+    """
+    more = "".join(f",\n        {c} = excluded.{c}" for c in columns[len(CLAIM_COLUMNS) :])
+    return insert(
+        "claims",
+        columns,
+        f"""ON CONFLICT (claim_key) DO UPDATE SET
         claimed_at = CASE
             WHEN claims.host = excluded.host AND claims.gpu_uuid = excluded.gpu_uuid
                  AND claims.expires_at > excluded.claimed_at
@@ -28,11 +38,14 @@ _TAKE = insert(
         host = excluded.host,
         gpu_uuid = excluded.gpu_uuid,
         owner_pid = excluded.owner_pid,
-        expires_at = excluded.expires_at
+        expires_at = excluded.expires_at{more}
     WHERE claims.expires_at <= excluded.claimed_at
-       OR (claims.host = excluded.host AND claims.gpu_uuid = excluded.gpu_uuid)
+       OR (claims.host = excluded.host AND claims.gpu_uuid = excluded.gpu_uuid{also_same_holder})
     RETURNING claim_key""",
-)
+    )
+
+
+_TAKE = take_sql()
 
 
 def take(

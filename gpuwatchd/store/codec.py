@@ -251,21 +251,7 @@ def candidate_from_row(row: sqlite3.Row, regime: Regime) -> CandidateStats:
     family = _text(row, "family")
     if family == INDUCTOR_FAMILY and any(k in meta for k in row_values.INDUCTOR_META_KEYS):
         row_values.inductor_choice(meta, "meta_json")  # a job's lookup table is built from it
-    return CandidateStats(
-        name=_text(row, "candidate"),
-        family=family,
-        regime=regime,
-        median_s=_opt_float(row, "median_s"),
-        spread=_opt_float(row, "spread"),
-        samples=_int(row, "samples"),
-        rejected=_int(row, "rejected"),
-        sm_clock_hz=_opt_float(row, "sm_clock_hz"),
-        power_w=_opt_float(row, "power_w"),
-        temp_c=_opt_float(row, "temp_c"),
-        energy_j_per_call=_opt_float(row, "energy_j_per_call"),
-        reasons=_int(row, "reasons"),
-        meta=meta,
-    )
+    return from_row(CandidateStats, row, family=family, regime=regime, meta=meta)
 
 
 def result_regime(row: sqlite3.Row) -> Regime:
@@ -274,22 +260,8 @@ def result_regime(row: sqlite3.Row) -> Regime:
 
 def result_from_rows(row: sqlite3.Row, candidates: tuple[CandidateStats, ...]) -> StoredResult:
     """A result row (joined with its session's gpu_model, gpu_uuid, versions_json)."""
-    return StoredResult(
-        session_id=_int(row, "session_id"),
-        gpu_model=_text(row, "gpu_model"),
-        gpu_uuid=_text(row, "gpu_uuid"),
-        versions=_versions(row),
-        recorded_at=_float(row, "recorded_at"),
-        result=RegimeResult(
-            workload=_text(row, "workload"),
-            regime=result_regime(row),
-            candidates=candidates,
-            winner=_opt_text(row, "winner"),
-            tie=bool(_int(row, "tie")),
-            margin=_opt_float(row, "margin"),
-            noise=_opt_float(row, "noise"),
-        ),
-    )
+    result = from_row(RegimeResult, row, candidates=candidates)
+    return from_row(StoredResult, row, result=result)
 
 
 def incumbent_from_row(row: sqlite3.Row) -> Incumbent:
@@ -314,7 +286,9 @@ _READERS: dict[str, Callable[[Any, str], Any]] = {
     "Regime": lambda row, col: _enum(Regime, row[col], col),
 }
 
-_D = TypeVar("_D", WinnerRow, Disagreement, Claim, HostClock)
+_D = TypeVar(
+    "_D", WinnerRow, Disagreement, Claim, HostClock, CandidateStats, RegimeResult, StoredResult
+)
 
 #: The row types read field for field, each with the columns its fields are not named as.
 RENAMED: dict[type, dict[str, str]] = {
@@ -322,16 +296,24 @@ RENAMED: dict[type, dict[str, str]] = {
     Disagreement: {"versions": "versions_key"},
     Claim: {"key": "claim_key"},
     HostClock: {},
+    CandidateStats: {"name": "candidate"},
+    RegimeResult: {},
+    StoredResult: {"versions": "versions_json"},
 }
 
 
-def from_row(cls: type[_D], row: Any) -> _D:
-    """A ``cls`` whose every field is read from the column of its name (or the one
-    :data:`RENAMED` gives), by the reader of its type: the row mapping follows the
-    dataclass and the table's columns (:mod:`gpuwatchd.store.columns`), written once."""
+def from_row(cls: type[_D], row: Any, **given: Any) -> _D:
+    """A ``cls`` whose every field but those ``given`` is read from the column of its name
+    (or the one :data:`RENAMED` gives), by the reader of its type: the row mapping follows
+    the dataclass and the table's columns (:mod:`gpuwatchd.store.columns`), written once."""
     names = RENAMED[cls]
     return cls(
-        **{f.name: _READERS[str(f.type)](row, names.get(f.name, f.name)) for f in fields(cls)}
+        **{
+            f.name: given[f.name]
+            if f.name in given
+            else _READERS[str(f.type)](row, names.get(f.name, f.name))
+            for f in fields(cls)
+        }
     )
 
 

@@ -10,7 +10,10 @@ holds these lists to the columns a freshly migrated database has.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import TYPE_CHECKING
+
+from gpuwatchd.tuning.types import CandidateStats
 
 if TYPE_CHECKING:
     from gpuwatchd.tuning.types import Versions
@@ -54,21 +57,12 @@ RESULT_COLUMNS = (
     "recorded_at",
 )
 
-#: ``candidate_stats``, but its ``id``.
+#: ``candidate_stats``, but its ``id``: :class:`~gpuwatchd.tuning.types.CandidateStats`'
+#: fields but ``regime`` (its result's), with these renamed.
+_CANDIDATE_RENAMED = {"name": "candidate", "meta": "meta_json"}
 CANDIDATE_COLUMNS = (
     "result_id",
-    "candidate",
-    "family",
-    "median_s",
-    "spread",
-    "samples",
-    "rejected",
-    "sm_clock_hz",
-    "power_w",
-    "temp_c",
-    "energy_j_per_call",
-    "reasons",
-    "meta_json",
+    *(_CANDIDATE_RENAMED.get(f.name, f.name) for f in fields(CandidateStats) if f.name != "regime"),
 )
 
 #: ``winners``; ``host_winners`` is ``host`` and these.

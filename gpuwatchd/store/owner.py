@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuwatchd.store import claims
-from gpuwatchd.store.columns import HOST_LEASE_COLUMNS, insert
+from gpuwatchd.store.columns import HOST_LEASE_COLUMNS
 from gpuwatchd.store.conn import Conn
 
 #: How a caller asks whether a PID is alive (tests inject their own).
@@ -76,25 +76,11 @@ class HostLease:
 # a daemon that names no boot (one older than the boot column): never from a live process
 # of another boot under the same machine id, which is a cloned image or a reboot whose
 # lease has not lapsed yet.
-_TAKE_HOST = insert(
-    "claims",
+_TAKE_HOST = claims.take_sql(
     HOST_LEASE_COLUMNS,
-    """ON CONFLICT (claim_key) DO UPDATE SET
-        claimed_at = CASE
-            WHEN claims.host = excluded.host AND claims.gpu_uuid = excluded.gpu_uuid
-                 AND claims.expires_at > excluded.claimed_at
-            THEN claims.claimed_at ELSE excluded.claimed_at END,
-        host = excluded.host,
-        gpu_uuid = excluded.gpu_uuid,
-        owner_pid = excluded.owner_pid,
-        expires_at = excluded.expires_at,
-        boot_id = excluded.boot_id,
-        nonce = excluded.nonce
-    WHERE claims.expires_at <= excluded.claimed_at
-       OR (claims.host = excluded.host AND claims.gpu_uuid = excluded.gpu_uuid
+    """
            AND (claims.boot_id IS NULL OR claims.boot_id = excluded.boot_id
-                OR claims.nonce = excluded.nonce))
-    RETURNING claim_key""",
+                OR claims.nonce = excluded.nonce)""",
 )
 
 

@@ -50,6 +50,28 @@ def sql_migration(
     return Migration(version, name, apply, min_writer)
 
 
+#: The columns ``winners`` and ``host_winners`` share.
+_WINNER_COLUMNS = """
+        gpu_model TEXT NOT NULL,
+        versions_key TEXT NOT NULL,
+        driver_version TEXT,
+        cuda_version TEXT,
+        torch_version TEXT,
+        triton_version TEXT,
+        cudnn_version TEXT,
+        workload TEXT NOT NULL,
+        regime TEXT NOT NULL,
+        candidate TEXT NOT NULL,
+        family TEXT NOT NULL,
+        median_s REAL,
+        sm_clock_hz REAL,
+        margin REAL,
+        tie INTEGER NOT NULL,
+        session_id INTEGER NOT NULL REFERENCES sessions (id),
+        result_id INTEGER NOT NULL REFERENCES results (id),
+        gpu_uuid TEXT NOT NULL,
+        measured_at REAL NOT NULL,"""
+
 _INITIAL = sql_migration(
     1,
     "initial schema",
@@ -119,27 +141,8 @@ _INITIAL = sql_migration(
     """,
     # No ON DELETE CASCADE from sessions: deleting a session a winner points at fails,
     # a second guard behind prune()'s own exclusion.
-    """
-    CREATE TABLE winners (
-        gpu_model TEXT NOT NULL,
-        versions_key TEXT NOT NULL,
-        driver_version TEXT,
-        cuda_version TEXT,
-        torch_version TEXT,
-        triton_version TEXT,
-        cudnn_version TEXT,
-        workload TEXT NOT NULL,
-        regime TEXT NOT NULL,
-        candidate TEXT NOT NULL,
-        family TEXT NOT NULL,
-        median_s REAL,
-        sm_clock_hz REAL,
-        margin REAL,
-        tie INTEGER NOT NULL,
-        session_id INTEGER NOT NULL REFERENCES sessions (id),
-        result_id INTEGER NOT NULL REFERENCES results (id),
-        gpu_uuid TEXT NOT NULL,
-        measured_at REAL NOT NULL,
+    f"""
+    CREATE TABLE winners ({_WINNER_COLUMNS}
         PRIMARY KEY (gpu_model, versions_key, workload, regime)
     )
     """,
@@ -162,27 +165,6 @@ _OWNER = sql_migration(
     "sessions record their owner process",
     "ALTER TABLE sessions ADD COLUMN owner_pid INTEGER",
 )
-
-_WINNER_COLUMNS = """
-        gpu_model TEXT NOT NULL,
-        versions_key TEXT NOT NULL,
-        driver_version TEXT,
-        cuda_version TEXT,
-        torch_version TEXT,
-        triton_version TEXT,
-        cudnn_version TEXT,
-        workload TEXT NOT NULL,
-        regime TEXT NOT NULL,
-        candidate TEXT NOT NULL,
-        family TEXT NOT NULL,
-        median_s REAL,
-        sm_clock_hz REAL,
-        margin REAL,
-        tie INTEGER NOT NULL,
-        session_id INTEGER NOT NULL REFERENCES sessions (id),
-        result_id INTEGER NOT NULL REFERENCES results (id),
-        gpu_uuid TEXT NOT NULL,
-        measured_at REAL NOT NULL,"""
 
 # A fleet shares one store: each host keeps its own winners beside the fleet's, two hosts
 # that disagree beyond noise are recorded instead of overwriting each other, hosts lease

@@ -141,6 +141,9 @@ class Trace:
 # ---------------------------------------------------------------------------- reading
 
 
+_ABSENT = object()
+
+
 class _Line:
     """Field accessors for one parsed line that raise a :class:`TraceError` naming it."""
 
@@ -155,6 +158,16 @@ class _Line:
     def fail(self, key: str, message: str) -> TraceError:
         return TraceError(self.path, self.lineno, f"field '{self.prefix}{key}': {message}")
 
+    def _given(self, key: str, required: bool, nullable: bool) -> Any:
+        """The value at ``key``, or :data:`_ABSENT` when it is optional and missing, or
+        null and nullable; a missing required one raises."""
+        if key not in self.obj:
+            if required:
+                raise self.fail(key, "missing")
+            return _ABSENT
+        value = self.obj[key]
+        return _ABSENT if value is None and nullable else value
+
     def number(
         self,
         key: str,
@@ -164,12 +177,8 @@ class _Line:
         maximum: float | None = None,
         nullable: bool = False,
     ) -> float | None:
-        if key not in self.obj:
-            if required:
-                raise self.fail(key, "missing")
-            return None
-        value = self.obj[key]
-        if value is None and nullable:
+        value = self._given(key, required, nullable)
+        if value is _ABSENT:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(key, f"expected a number, got {json.dumps(value)}")
@@ -184,12 +193,8 @@ class _Line:
     def integer(
         self, key: str, *, required: bool = True, nullable: bool = False, maximum: int | None = None
     ) -> int | None:
-        if key not in self.obj:
-            if required:
-                raise self.fail(key, "missing")
-            return None
-        value = self.obj[key]
-        if value is None and nullable:
+        value = self._given(key, required, nullable)
+        if value is _ABSENT:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(key, f"expected a whole number, got {json.dumps(value)}")

@@ -150,12 +150,16 @@ class _Worker:
     def run_here(self) -> _Run:
         """Run an inline sub-collector in the calling thread."""
         run = _Run()
+        self._collect_into(run)
+        return run
+
+    def _collect_into(self, run: _Run) -> None:
+        """Collect into ``run``: its families, or the error; then it is done."""
         try:
             run.families = list(self.sub.collect())
         except Exception as exc:
             run.error = exc
         run.done.set()
-        return run
 
     def _loop(self) -> None:
         while True:
@@ -165,11 +169,7 @@ class _Worker:
                 self._pending = False
                 run = self._current
             assert run is not None
-            try:
-                run.families = list(self.sub.collect())
-            except Exception as exc:
-                run.error = exc
-            run.done.set()
+            self._collect_into(run)
 
 
 class GpuwatchdCollector:

@@ -84,11 +84,6 @@ class GpuPreset:
         if self.idle_power_w >= self.power_limit_w:
             raise ValueError(f"idle_power_w must be < power_limit_w, got {self.idle_power_w}")
 
-    @property
-    def thermal_resistance_c_per_w(self) -> float:
-        """Total junction-to-inlet resistance: steady rise per watt."""
-        return self.die_r_c_per_w + self.sink_r_c_per_w
-
 
 #: NVIDIA H200 SXM (141 GB HBM3e). Static facts from the header of
 #: tests/data/h200-matmul-burn.jsonl.
