@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwatchd.tuning.families.triton_user import FAMILY
 from gpuwatchd.tuning.launch_options import parse_launch_options
 from gpuwatchd.tuning.types import Regime, Versions, Workload
 from gpuwatchd.tuning.versions import same_version
@@ -43,8 +44,6 @@ from gpuwatchd.validate import (
 
 #: Identifies the request document shape; bump on an incompatible change.
 REQUEST_FORMAT = "gpuwatchd-kernel-request/1"
-#: Workload op and candidate family of user kernels.
-FAMILY = "triton.user"
 #: The largest request accepted (socket, spool file): far more than hundreds of configs.
 MAX_REQUEST_BYTES = 256 * 1024
 #: Workload names longer than this carry a hash of the key instead of the key itself.
