@@ -44,7 +44,7 @@ sys.path[:0] = [str(ROOT), str(EXAMPLES)]
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from gpuwatchd.tuning.kernels import config_spec  # noqa: E402
+from gpuwatchd.tuning.submitted.kernels import config_spec  # noqa: E402
 
 NEIGHBOUR = """
 import time, torch
@@ -117,9 +117,9 @@ def daemon_tunes(spool: Path, db: Path, budget_s: float) -> dict[str, Any]:
     from gpuwatchd.sessions.runner import TuneRunner
     from gpuwatchd.store import sqlite_store
     from gpuwatchd.telemetry.nvml import NvmlBackend
+    from gpuwatchd.tuning.intake.spool import KERNEL, Rejected, Spool, SpoolEntry
     from gpuwatchd.tuning.session_spec import SessionSpec
     from gpuwatchd.tuning.settings import ProtocolConfig
-    from gpuwatchd.tuning.spool import KERNEL, Rejected, Spool, SpoolEntry
     from gpuwatchd.tuning.types import Regime
 
     reader = Spool(spool)

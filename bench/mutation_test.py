@@ -125,7 +125,7 @@ TARGETS = {
     ),
     "spool": Target(
         "spool",
-        (("gpuwatchd/tuning/spool.py", "gpuwatchd.tuning.spool", None),),
+        (("gpuwatchd/tuning/intake/spool.py", "gpuwatchd.tuning.intake.spool", None),),
         (
             "tests/test_spool_fds.py",
             "tests/test_spool_details.py",
@@ -141,8 +141,12 @@ TARGETS = {
     "trust": Target(
         "trust",
         (
-            ("gpuwatchd/tuning/trust.py", "gpuwatchd.tuning.trust", None),
-            ("gpuwatchd/tuning/launch_options.py", "gpuwatchd.tuning.launch_options", None),
+            ("gpuwatchd/tuning/submitted/trust.py", "gpuwatchd.tuning.submitted.trust", None),
+            (
+                "gpuwatchd/tuning/submitted/launch_options.py",
+                "gpuwatchd.tuning.submitted.launch_options",
+                None,
+            ),
         ),
         (
             "tests/test_trust_boundary.py",
@@ -316,8 +320,8 @@ _equivalent(
     "decide and decide_race leave both winner and tie unset only with an empty ranking "
     "(nothing usable), where `tie or ranking` is false too",
 )
-_T = "gpuwatchd/tuning/trust.py"
-_L = "gpuwatchd/tuning/launch_options.py"
+_T = "gpuwatchd/tuning/submitted/trust.py"
+_L = "gpuwatchd/tuning/submitted/launch_options.py"
 _equivalent(
     _T,
     "allowed_prefix",
@@ -367,7 +371,7 @@ _equivalent(
 )
 
 
-_P = "gpuwatchd/tuning/spool.py"
+_P = "gpuwatchd/tuning/intake/spool.py"
 _JUST_MADE = "    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)"
 for _src in ("os.O_RDONLY | os.O_DIRECTORY", "os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC"):
     _equivalent(

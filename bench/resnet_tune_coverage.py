@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 from gpuwatchd.client import Winner
 from gpuwatchd.jobside.winner_plan import measured_layouts, plan_winners
-from gpuwatchd.tuning.captured import CONV_LAYOUTS, CapturedCall, workload_for
+from gpuwatchd.tuning.submitted.captured import CONV_LAYOUTS, CapturedCall, workload_for
 
 
 def coverage_gaps(

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwatchd.tuning.spool import KERNEL, Kind, Rejected, Spool, SpoolEntry
+from gpuwatchd.tuning.intake.spool import KERNEL, Kind, Rejected, Spool, SpoolEntry
 
 
 @dataclass

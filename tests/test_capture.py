@@ -20,9 +20,9 @@ import gpuwatchd.torch as gt  # noqa: E402
 from gpuwatchd.config import load_config  # noqa: E402
 from gpuwatchd.control.wire import ADD_WORKLOADS as ADD_OP  # noqa: E402
 from gpuwatchd.jobside.capture import MODEL_ATTR  # noqa: E402
-from gpuwatchd.tuning.captured import parse_capture  # noqa: E402
-from gpuwatchd.tuning.spool import WORKLOADS  # noqa: E402
-from gpuwatchd.tuning.workload_requests import read_workloads_file  # noqa: E402
+from gpuwatchd.tuning.intake.spool import WORKLOADS  # noqa: E402
+from gpuwatchd.tuning.intake.workload_requests import read_workloads_file  # noqa: E402
+from gpuwatchd.tuning.submitted.captured import parse_capture  # noqa: E402
 
 STEPS = 2
 

@@ -12,8 +12,8 @@ from control_fakes import ControlServer
 
 from gpuwatchd.cli import workloads as command
 from gpuwatchd.cli.common import CliError
-from gpuwatchd.tuning.captured import CapturedCall, CapturedSet
-from gpuwatchd.tuning.workload_requests import workloads_toml
+from gpuwatchd.tuning.intake.workload_requests import workloads_toml
+from gpuwatchd.tuning.submitted.captured import CapturedCall, CapturedSet
 
 
 def run(argv: list[str]) -> int:

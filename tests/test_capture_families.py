@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpuwatchd.tuning.captured import CapturedCall, workload_for
-from gpuwatchd.tuning.inductor_sites import GemmSite, SiteCall, TensorDesc, lookup_key
+from gpuwatchd.tuning.submitted.captured import CapturedCall, workload_for
+from gpuwatchd.tuning.submitted.inductor_sites import GemmSite, SiteCall, TensorDesc, lookup_key
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.worker.candidate import CandidateError
 from gpuwatchd.tuning.worker.devices import CpuSession

@@ -10,7 +10,7 @@ import pytest
 from capture_fakes import GPU_MODEL, client_with, result, stats
 
 from gpuwatchd.jobside.winner_plan import latest_by_workload, measured_layouts, plan_winners
-from gpuwatchd.tuning.captured import CapturedCall, workload_for
+from gpuwatchd.tuning.submitted.captured import CapturedCall, workload_for
 from gpuwatchd.tuning.types import Regime
 
 CONV_SHAPE = {

@@ -13,24 +13,14 @@ from spool_helpers import scan_all
 
 from gpuwatchd.control.wire import ADD_WORKLOADS as ADD_OP
 from gpuwatchd.control.wire import REMOVE_WORKLOADS as REMOVE_OP
-from gpuwatchd.tuning.captured import (
-    CAPTURE_FORMAT,
-    CapturedCall,
-    CapturedSet,
-    parse_capture,
-    share_table,
-    to_workloads,
-    workload_for,
-)
-from gpuwatchd.tuning.spool import (
+from gpuwatchd.tuning.intake.spool import (
     REJECTED_DIR,
     SUBDIR,
     WORKLOADS,
     Spool,
     write_workload_request,
 )
-from gpuwatchd.tuning.types import Workload
-from gpuwatchd.tuning.workload_requests import (
+from gpuwatchd.tuning.intake.workload_requests import (
     MAX_WORKLOADS,
     add_request,
     check_workload_name,
@@ -41,6 +31,16 @@ from gpuwatchd.tuning.workload_requests import (
     remove_request,
     workloads_toml,
 )
+from gpuwatchd.tuning.submitted.captured import (
+    CAPTURE_FORMAT,
+    CapturedCall,
+    CapturedSet,
+    parse_capture,
+    share_table,
+    to_workloads,
+    workload_for,
+)
+from gpuwatchd.tuning.types import Workload
 
 GEMM = {"m": 64, "n": 32, "k": 16}
 

@@ -29,8 +29,8 @@ NOT_IMPORTED_MODULES = (
     "gpuwatchd.sessions.resume",
     "gpuwatchd.sessions.runner",
     "gpuwatchd.telemetry.trace",
-    "gpuwatchd.tuning.captured",
-    "gpuwatchd.tuning.inductor_sites",
+    "gpuwatchd.tuning.submitted.captured",
+    "gpuwatchd.tuning.submitted.inductor_sites",
     "gpuwatchd.tuning.session_spec",
 )
 

@@ -33,11 +33,16 @@ from gpuwatchd.sessions.events import SessionFinished, WorkSkipped
 from gpuwatchd.sessions.fleet import SKIP_REASON
 from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.telemetry.factory import open_backend
-from gpuwatchd.tuning.kernels import KernelRequest
+from gpuwatchd.tuning.intake.spool import (
+    REJECTED_DIR,
+    SUBDIR,
+    write_request,
+    write_workload_request,
+)
+from gpuwatchd.tuning.intake.workload_requests import add_request, parse_add_request
 from gpuwatchd.tuning.settings import TuningConfig
-from gpuwatchd.tuning.spool import REJECTED_DIR, SUBDIR, write_request, write_workload_request
+from gpuwatchd.tuning.submitted.kernels import KernelRequest
 from gpuwatchd.tuning.types import SessionStatus, Workload
-from gpuwatchd.tuning.workload_requests import add_request, parse_add_request
 
 ME = PeerCred(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 SIM_MODEL = "NVIDIA H200 (simulated)"
@@ -440,7 +445,7 @@ def test_the_workloads_command_against_the_daemon(
     daemon: Daemon, short_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gpuwatchd.cli.main import main
-    from gpuwatchd.tuning.workload_requests import workloads_toml
+    from gpuwatchd.tuning.intake.workload_requests import workloads_toml
 
     file = short_dir / "captured.toml"
     file.write_text(workloads_toml([GEMM]))

@@ -36,9 +36,9 @@ from gpuwatchd.jobside.requests import Submission
 from gpuwatchd.jobside.workload_submit import submit_workloads
 from gpuwatchd.serve.control import ControlServer, PeerCred, RequestError
 from gpuwatchd.telemetry.factory import open_backend
-from gpuwatchd.tuning.spool import SUBDIR
+from gpuwatchd.tuning.intake.spool import SUBDIR
+from gpuwatchd.tuning.intake.workload_requests import parse_add_request
 from gpuwatchd.tuning.types import Workload
-from gpuwatchd.tuning.workload_requests import parse_add_request
 from gpuwatchd.tuning.workloads import parse_workloads
 
 ME = PeerCred(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())

@@ -29,7 +29,7 @@ from gpuwatchd.cli.main import main
 from gpuwatchd.control import wire
 from gpuwatchd.daemon.ops import OpTable
 from gpuwatchd.serve.control import ControlServer
-from gpuwatchd.tuning.spool import REJECTED_DIR, SUBDIR, WORKLOADS
+from gpuwatchd.tuning.intake.spool import REJECTED_DIR, SUBDIR, WORKLOADS
 from gpuwatchd.validate import MAX_DEPTH, load_json, load_toml
 
 DEEP = 100_000

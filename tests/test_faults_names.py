@@ -12,8 +12,8 @@ import pytest
 from gpuwatchd.config.listen import parse_listen
 from gpuwatchd.serve.web.config import parse_web_config
 from gpuwatchd.triton_configs import configs_from_names
-from gpuwatchd.tuning.kernels import KernelRequestError, module_name, parse_import_path
-from gpuwatchd.tuning.workload_requests import check_workload_name
+from gpuwatchd.tuning.intake.workload_requests import check_workload_name
+from gpuwatchd.tuning.submitted.kernels import KernelRequestError, module_name, parse_import_path
 from gpuwatchd.tuning.workloads import parse_workloads
 
 HASH = "$2y$10$" + "a" * 53

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gpuwatchd.store import codec, row_values
 from gpuwatchd.store.rows import HostClock, WinnerRow
-from gpuwatchd.tuning.inductor_sites import FAMILY
+from gpuwatchd.tuning.submitted.inductor_sites import FAMILY
 from gpuwatchd.tuning.types import Regime
 from gpuwatchd.validate import nested_over
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gpuwatchd.config import ConfigError, parse_config
-from gpuwatchd.tuning.workload_requests import (
+from gpuwatchd.tuning.intake.workload_requests import (
     check_workload_name,
     read_workloads_file,
     workloads_toml,

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 lookup = pytest.importorskip("torch._inductor.lookup_table")
 
 import gpuwatchd.torch as gt  # noqa: E402
-from gpuwatchd.tuning.inductor_sites import (  # noqa: E402
+from gpuwatchd.tuning.submitted.inductor_sites import (  # noqa: E402
     EXCLUSIVE_ID,
     FAMILY,
     GemmSite,

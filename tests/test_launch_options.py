@@ -2,7 +2,7 @@
 
 Triton takes compile options as launch keywords (``ir_override`` compiles a file it
 names, ``ptx_options`` becomes ptxas's argv), so a job's request may carry only the
-keywords of :data:`~gpuwatchd.tuning.launch_options.LAUNCH_OPTIONS`; the daemon refuses
+keywords of :data:`~gpuwatchd.tuning.submitted.launch_options.LAUNCH_OPTIONS`; the daemon refuses
 the rest where the request is parsed and the worker again before it launches.
 """
 
@@ -17,9 +17,13 @@ import user_kernels_fakes as fakes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwatchd.tuning.kernels import KernelRequest, KernelRequestError
-from gpuwatchd.tuning.launch_options import LAUNCH_OPTIONS, check_keywords, parse_launch_options
-from gpuwatchd.tuning.trust import TrustError, check_workload
+from gpuwatchd.tuning.submitted.kernels import KernelRequest, KernelRequestError
+from gpuwatchd.tuning.submitted.launch_options import (
+    LAUNCH_OPTIONS,
+    check_keywords,
+    parse_launch_options,
+)
+from gpuwatchd.tuning.submitted.trust import TrustError, check_workload
 
 HOSTILE = {
     "ir_override": "/tmp/evil.ptx",
@@ -129,7 +133,7 @@ def test_an_argument_named_like_a_compile_option_never_reaches_the_launch(
     mods: Any, tmp_path: Path
 ) -> None:
     torch = pytest.importorskip("torch")
-    from gpuwatchd.tuning.kernels import ArgSpec
+    from gpuwatchd.tuning.submitted.kernels import ArgSpec
     from gpuwatchd.tuning.worker.families.triton_user import UserKernel
 
     req = _worker_request(mods, tmp_path)

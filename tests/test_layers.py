@@ -16,6 +16,10 @@ import cycle fails here. Three process boundaries are checked on top of the orde
   collectors that make them (``SERVE_FORBIDDEN``): the daemon wires collectors in;
 * torch and Triton are imported only by the worker package and the job side.
 
+Inside the tuning layer, the work jobs hand the daemon (``tuning.submitted``) imports only
+the vocabulary below it (``SUBMITTED_MAY_IMPORT``), and the way it arrives
+(``tuning.intake``) is imported by nothing else in tuning: its sub-packages stay one-way.
+
 Imports are read from the source (``ast``), function-level and ``TYPE_CHECKING`` ones
 included (a lazy import is still a dependency), and so are ``importlib.import_module``
 and ``__import__`` calls with a literal name.
@@ -69,6 +73,13 @@ JOB_SIDE_EXCEPTIONS = {
 }
 #: The worker process's package: only it and the job side import it.
 WORKER = "tuning.worker"
+#: Work that jobs hand the daemon, as data (its formats and checks): the tuning vocabulary
+#: checks job ops with it, so it uses only what lies below that.
+SUBMITTED = "tuning.submitted"
+SUBMITTED_MAY_IMPORT = ("tuning.types", "tuning.versions", "tuning.families")
+#: How that work arrives (spool, control-socket workload ops): above the rest of tuning,
+#: which never imports it.
+INTAKE = "tuning.intake"
 #: The command line sits above everything: it is a client of the daemon like a job is.
 TOP = ("cli", "__main__")
 #: Modules allowed to import torch or triton.
@@ -188,12 +199,27 @@ def _violations(edges: Iterable[tuple[str, str]]) -> list[str]:
                 out.append(f"{src} -> {dst} (job side imports the daemon's {d})")
         elif s == SERVE and _owner(dst, SERVE_FORBIDDEN):
             out.append(f"{src} -> {dst} (the servers import the collectors)")
+        elif _within_tuning(src, dst):
+            out.append(_within_tuning(src, dst))
         elif d in JOB_SIDE:
             if s not in TOP:
                 out.append(f"{src} -> {dst} (daemon side imports the job side)")
         elif RANK[d] > RANK[s]:
             out.append(f"{src} ({s}) -> {dst} ({d})")
     return out
+
+
+def _within_tuning(src: str, dst: str) -> str:
+    """What is wrong with ``src -> dst`` between tuning's rooms ('' where nothing is)."""
+    if (
+        _owner(src, (SUBMITTED,))
+        and _owner(dst, ("tuning",))
+        and not _owner(dst, (SUBMITTED, *SUBMITTED_MAY_IMPORT))
+    ):
+        return f"{src} -> {dst} (submitted work imports the tuning vocabulary above it)"
+    if _owner(dst, (INTAKE,)) and _owner(src, ("tuning",)) and not _owner(src, (INTAKE,)):
+        return f"{src} -> {dst} (tuning imports the intake, which sits above it)"
+    return ""
 
 
 def _heavy_imports(module: str, path: Path, heavy: str) -> list[str]:
@@ -317,6 +343,10 @@ PLANTED = [
     ("jobside.planted", "__import__('gpuwatchd', fromlist=['store'])\n", "daemon's store"),
     ("telemetry.planted", "importlib.import_module('gpuwatchd.daemon.process')\n",
      "(telemetry) -> daemon.process (daemon)"),
+    ("tuning.submitted.planted", "from gpuwatchd.tuning.workloads import parse_workloads\n",
+     "submitted work imports the tuning vocabulary above it"),
+    ("tuning.ops", "def f():\n    from gpuwatchd.tuning.intake import spool\n",
+     "tuning imports the intake"),
 ]  # fmt: skip
 
 

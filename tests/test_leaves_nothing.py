@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 import gpuwatchd.torch as gt  # noqa: E402
 from gpuwatchd.jobside import apply_winners as aw  # noqa: E402
-from gpuwatchd.tuning.captured import CapturedCall, CapturedSet, workload_for  # noqa: E402
+from gpuwatchd.tuning.submitted.captured import CapturedCall, CapturedSet, workload_for  # noqa: E402
 
 
 def switches() -> dict[str, Any]:

@@ -32,7 +32,7 @@ from resnet_tune_coverage import coverage_gaps
 from test_capture_plan import conv, cudnn
 
 from gpuwatchd.jobside.winner_plan import latest_by_workload
-from gpuwatchd.tuning.captured import workload_for
+from gpuwatchd.tuning.submitted.captured import workload_for
 from gpuwatchd.tuning.types import Regime
 from gpuwatchd.tuning.worker.cuda_session import KernelLaunch, kernel_launches_in
 

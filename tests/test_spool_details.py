@@ -17,8 +17,8 @@ import pytest
 from spool_helpers import scan_all
 from user_kernels_fakes import sample_request
 
-from gpuwatchd.tuning import spool as spool_module
-from gpuwatchd.tuning.spool import (
+from gpuwatchd.tuning.intake import spool as spool_module
+from gpuwatchd.tuning.intake.spool import (
     KERNEL,
     REJECTED_DIR,
     STALE_TMP_S,
@@ -159,12 +159,12 @@ def test_a_file_where_a_folder_belongs_is_moved_aside_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / SUBDIR).write_text("not a folder")
-    with caplog.at_level(logging.WARNING, "gpuwatchd.tuning.spool"):
+    with caplog.at_level(logging.WARNING, "gpuwatchd.tuning.intake.spool"):
         scan = scan_all(tmp_path, WORKLOADS)
     assert scan.rejected == [] and (tmp_path / SUBDIR).is_dir()
     (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith(f".{SUBDIR}-foreign-")]
     assert aside.read_text() == "not a folder"
-    (said,) = [r.getMessage() for r in caplog.records if r.name == "gpuwatchd.tuning.spool"]
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "gpuwatchd.tuning.intake.spool"]
     assert "was not the daemon's folder" in said and aside.name in said
 
 

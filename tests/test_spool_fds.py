@@ -28,10 +28,8 @@ from user_kernels_fakes import sample_request
 
 from gpuwatchd.daemon.added_workloads import AddedWorkloads
 from gpuwatchd.daemon.user_work import UserWork
-from gpuwatchd.tuning import spool as spool_module
-from gpuwatchd.tuning.kernels import KernelRequest
-from gpuwatchd.tuning.settings import TuningConfig
-from gpuwatchd.tuning.spool import (
+from gpuwatchd.tuning.intake import spool as spool_module
+from gpuwatchd.tuning.intake.spool import (
     KERNEL,
     REJECTED_DIR,
     SUBDIR,
@@ -43,8 +41,10 @@ from gpuwatchd.tuning.spool import (
     write_request,
     write_workload_request,
 )
+from gpuwatchd.tuning.intake.workload_requests import AddRequest, add_request
+from gpuwatchd.tuning.settings import TuningConfig
+from gpuwatchd.tuning.submitted.kernels import KernelRequest
 from gpuwatchd.tuning.types import Workload
-from gpuwatchd.tuning.workload_requests import AddRequest, add_request
 
 MODEL = "NVIDIA H200"
 

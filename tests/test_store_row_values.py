@@ -25,7 +25,7 @@ from gpuwatchd.report.fleet import build_fleet_report
 from gpuwatchd.report.text import build_report
 from gpuwatchd.store import SqlStore, row_values
 from gpuwatchd.store.transactions import MAX_SKIP_WARNINGS
-from gpuwatchd.tuning.inductor_sites import EXCLUSIVE_ID, FAMILY
+from gpuwatchd.tuning.submitted.inductor_sites import EXCLUSIVE_ID, FAMILY
 from gpuwatchd.tuning.types import Regime, RegimeResult
 
 U, S = Regime.UNTHROTTLED, Regime.SUSTAINED

@@ -35,11 +35,12 @@ from gpuwatchd.sessions.runner import TuneRunner
 from gpuwatchd.store import SqlStore, sqlite_store
 from gpuwatchd.telemetry.sim import SimBackend
 from gpuwatchd.telemetry.types import DeviceInfo
-from gpuwatchd.tuning.kernels import ArgSpec, KernelRequest, config_spec, identity_of
+from gpuwatchd.tuning.intake.spool import REJECTED_DIR, write_request, write_workload_request
+from gpuwatchd.tuning.intake.workload_requests import add_request, parse_add_request
 from gpuwatchd.tuning.session_spec import SessionSpec, SimSpec
 from gpuwatchd.tuning.settings import ProtocolConfig
-from gpuwatchd.tuning.spool import REJECTED_DIR, write_request, write_workload_request
-from gpuwatchd.tuning.trust import (
+from gpuwatchd.tuning.submitted.kernels import ArgSpec, KernelRequest, config_spec, identity_of
+from gpuwatchd.tuning.submitted.trust import (
     TrustError,
     check_workload,
     import_function,
@@ -50,7 +51,6 @@ from gpuwatchd.tuning.types import Regime, SessionStatus, Versions, Workload
 from gpuwatchd.tuning.worker.devices import CpuSession
 from gpuwatchd.tuning.worker.families.triton_user import build
 from gpuwatchd.tuning.worker_isolation import PRIVATE_DIRS
-from gpuwatchd.tuning.workload_requests import add_request, parse_add_request
 
 TESTS = Path(__file__).resolve().parent
 ALLOWED = ("ukt_trust",)

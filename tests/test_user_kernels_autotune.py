@@ -24,7 +24,7 @@ from gpuwatchd.client import GpuwatchdUnavailable
 from gpuwatchd.jobside.call import triton_key
 from gpuwatchd.jobside.requests import Submitter
 from gpuwatchd.jobside.stack import Stack
-from gpuwatchd.tuning.kernels import KernelRequest, config_spec, identity_of
+from gpuwatchd.tuning.submitted.kernels import KernelRequest, config_spec, identity_of
 from gpuwatchd.tuning.types import Regime, Versions
 from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, VS_DEFAULT
 

@@ -18,8 +18,8 @@ from spool_helpers import scan_all
 
 from gpuwatchd.jobside.requests import Submitter
 from gpuwatchd.jobside.stack import Stack
-from gpuwatchd.tuning.kernels import KernelRequest
 from gpuwatchd.tuning.settings import ProtocolConfig
+from gpuwatchd.tuning.submitted.kernels import KernelRequest
 from gpuwatchd.tuning.types import Regime, Versions, Workload
 from gpuwatchd.tuning.winners import JOB_DEFAULT, job_default
 from gpuwatchd.tuning.worker.devices import CpuSession
@@ -173,7 +173,7 @@ def test_args_factory_builds_the_inputs(mods: Any, tmp_path: Path) -> None:
 
 
 def test_rebuilt_tensors_keep_recorded_strides_and_dtypes(mods: Any, tmp_path: Path) -> None:
-    from gpuwatchd.tuning.kernels import ArgSpec
+    from gpuwatchd.tuning.submitted.kernels import ArgSpec
     from gpuwatchd.tuning.worker.families.triton_user import build_tensor
 
     gen = torch.Generator().manual_seed(0)

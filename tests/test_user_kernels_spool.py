@@ -11,8 +11,7 @@ from pathlib import Path
 from spool_helpers import scan_all
 from user_kernels_fakes import sample_request
 
-from gpuwatchd.tuning.kernels import KernelRequest
-from gpuwatchd.tuning.spool import (
+from gpuwatchd.tuning.intake.spool import (
     KERNEL,
     REJECTED_DIR,
     STALE_TMP_S,
@@ -23,6 +22,7 @@ from gpuwatchd.tuning.spool import (
     spool_file_name,
     write_request,
 )
+from gpuwatchd.tuning.submitted.kernels import KernelRequest
 
 
 def _key(n: int) -> KernelRequest:

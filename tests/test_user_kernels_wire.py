@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import pytest
 from user_kernels_fakes import sample_request
 
-from gpuwatchd.tuning.kernels import (
+from gpuwatchd.tuning.submitted.kernels import (
     FAMILY,
     REQUEST_FORMAT,
     ConfigSpec,
@@ -22,7 +22,7 @@ from gpuwatchd.tuning.kernels import (
     request_from_workload,
     versions_mismatch,
 )
-from gpuwatchd.tuning.trust import (
+from gpuwatchd.tuning.submitted.trust import (
     TrustError,
     check_request,
     module_allowed,

@@ -17,7 +17,7 @@ from gpuwatchd.exporter.collectors.tuning import TuningCollector, user_kernel
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.sessions.tuning_view import TuningSnapshot
 from gpuwatchd.store.rows import WinnerRow
-from gpuwatchd.tuning.kernels import workload_name
+from gpuwatchd.tuning.submitted.kernels import workload_name
 from gpuwatchd.tuning.types import Regime, Versions
 
 MODEL = "NVIDIA H100 80GB HBM3"

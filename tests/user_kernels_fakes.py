@@ -210,8 +210,8 @@ def make_args(key_values):
 
 
 def sample_request(**changes: Any) -> Any:
-    """A valid :class:`~gpuwatchd.tuning.kernels.KernelRequest` (fields overridable)."""
-    from gpuwatchd.tuning.kernels import ArgSpec, ConfigSpec, KernelRequest
+    """A valid :class:`~gpuwatchd.tuning.submitted.kernels.KernelRequest` (fields overridable)."""
+    from gpuwatchd.tuning.submitted.kernels import ArgSpec, ConfigSpec, KernelRequest
     from gpuwatchd.tuning.types import Regime, Versions
 
     fields: dict[str, Any] = {

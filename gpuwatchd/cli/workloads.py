@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 def _request(args: argparse.Namespace) -> dict[str, Any]:
     # Imported here: the workload registry (and its plugin entry points) is most of what
     # `gpuwatchd --help` would otherwise load.
-    from gpuwatchd.tuning.workload_requests import (
+    from gpuwatchd.tuning.intake.workload_requests import (
         add_request,
         check_workload_name,
         list_request,
@@ -96,7 +96,7 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
 
 def _list_all(args: argparse.Namespace) -> dict[str, Any]:
     """Every page of ``list_workloads``, as one answer (the first refusal as it came)."""
-    from gpuwatchd.tuning.workload_requests import list_request
+    from gpuwatchd.tuning.intake.workload_requests import list_request
 
     items: list[Any] = []
     cursor = 0

@@ -30,7 +30,7 @@ from gpuwatchd.telemetry.pod_resources import DEFAULT_SOCKET as DEFAULT_POD_RESO
 from gpuwatchd.telemetry.settings import BACKENDS, BackendSpec, ReplayConfig
 from gpuwatchd.telemetry.sim.settings import SimConfig
 from gpuwatchd.tuning.settings import ProtocolConfig, TuningConfig, TuningSetup
-from gpuwatchd.tuning.trust import TrustError, check_workload
+from gpuwatchd.tuning.submitted.trust import TrustError, check_workload
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.workloads import (
     DEFAULT_WORKLOADS,

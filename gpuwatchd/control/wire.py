@@ -9,8 +9,9 @@ a key list or a limit itself::
     (no free slot)      ->  {"ok": false, "error": "busy: ..."}   (try again later)
 
 A request's values are checked by the operation that takes it (kernel requests by
-:mod:`gpuwatchd.tuning.kernels`, workloads by :mod:`gpuwatchd.tuning.workload_requests`);
-this module checks the envelope: a JSON object, a known ``op``, no key the op does not take.
+:mod:`gpuwatchd.tuning.submitted.kernels`, workloads by
+:mod:`gpuwatchd.tuning.intake.workload_requests`); this module checks the envelope: a JSON
+object, a known ``op``, no key the op does not take.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuwatchd.tuning.intake.workload_requests import check_workload_name
 from gpuwatchd.tuning.types import Workload
-from gpuwatchd.tuning.workload_requests import check_workload_name
 from gpuwatchd.tuning.workloads import parse_workloads
 from gpuwatchd.validate import one_line
 

@@ -11,12 +11,12 @@ On the wire (framing in :mod:`gpuwatchd.serve.control`)::
         -> {"ok": true, "workloads": [{..., "origin": "config"}, ...], "next": 256 | null}
     {"op": "remove_workloads", "names": [...]}  -> {"ok": true, "removed": [...]}
 
-The request formats are :mod:`gpuwatchd.tuning.kernels` and
-:mod:`gpuwatchd.tuning.workload_requests`; what happens to accepted work is
+The request formats are :mod:`gpuwatchd.tuning.submitted.kernels` and
+:mod:`gpuwatchd.tuning.intake.workload_requests`; what happens to accepted work is
 :class:`~gpuwatchd.daemon.user_work.UserWork`. Only peers the socket authorizes get
 here; a refusal is one line (a module outside ``allowed_modules``, a GPU model this host
 lacks, a bad field). A request naming user code outside the trust rule
-(:mod:`gpuwatchd.tuning.trust`) is also logged once, with the peer that sent it.
+(:mod:`gpuwatchd.tuning.submitted.trust`) is also logged once, with the peer that sent it.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from gpuwatchd.control.wire import (
 from gpuwatchd.daemon.ops import Op, Request, Response
 from gpuwatchd.daemon.user_work import TrustRefused, UserWork, UserWorkError
 from gpuwatchd.serve.control import PeerCred, RequestError
-from gpuwatchd.tuning.kernels import FAMILY, KernelRequest, KernelRequestError
-from gpuwatchd.tuning.kernels import MAX_NAME_CHARS as MAX_KERNEL_NAME_CHARS
+from gpuwatchd.tuning.intake.workload_requests import parse_add_request, parse_remove_request
+from gpuwatchd.tuning.submitted.kernels import FAMILY, KernelRequest, KernelRequestError
+from gpuwatchd.tuning.submitted.kernels import MAX_NAME_CHARS as MAX_KERNEL_NAME_CHARS
 from gpuwatchd.tuning.types import Workload
-from gpuwatchd.tuning.workload_requests import parse_add_request, parse_remove_request
 from gpuwatchd.validate import fail, one_line
 
 log = logging.getLogger(__name__)

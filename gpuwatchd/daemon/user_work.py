@@ -13,12 +13,12 @@ serve them; the first GPU of a model to tune one takes it off the others of that
   the ones with no winner yet on a GPU's model are queued, and requests that jobs
   spooled for them are taken in (their files removed; refused ones set aside).
 
-The spool (:class:`~gpuwatchd.tuning.spool.Spool`) is read at start and every rescan,
+The spool (:class:`~gpuwatchd.tuning.intake.spool.Spool`) is read at start and every rescan,
 within a per-scan budget; a kernel request refused for now stays in it, not read again
 until it changes or the tuning settings do.
 
 Every refusal is a :class:`UserWorkError` of one line; nothing is imported here. Work
-that names user code outside :mod:`gpuwatchd.tuning.trust`'s rule (or carries an
+that names user code outside :mod:`gpuwatchd.tuning.submitted.trust`'s rule (or carries an
 allow-list of its own) is refused as it arrives (:class:`TrustRefused`: not stored, not
 queued); added workloads kept from before that fail it at start are set aside, not run.
 The worker applies the rule again as it imports.
@@ -36,12 +36,12 @@ from typing import Any, Protocol
 
 from gpuwatchd.daemon.added_workloads import AddedWorkloads
 from gpuwatchd.sessions.events import SessionFinished, WorkSkipped
-from gpuwatchd.tuning.kernels import KernelRequest, KernelRequestError
+from gpuwatchd.tuning.intake.spool import KERNEL, WORKLOADS, Rejected, Spool, SpoolEntry
+from gpuwatchd.tuning.intake.workload_requests import AddRequest
 from gpuwatchd.tuning.settings import TuningConfig
-from gpuwatchd.tuning.spool import KERNEL, WORKLOADS, Rejected, Spool, SpoolEntry
-from gpuwatchd.tuning.trust import TrustError, check_request, check_workload
+from gpuwatchd.tuning.submitted.kernels import KernelRequest, KernelRequestError
+from gpuwatchd.tuning.submitted.trust import TrustError, check_request, check_workload
 from gpuwatchd.tuning.types import SessionStatus, Workload
-from gpuwatchd.tuning.workload_requests import AddRequest
 from gpuwatchd.tuning.workloads import device_kind
 from gpuwatchd.validate import one_line
 

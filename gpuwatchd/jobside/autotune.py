@@ -35,7 +35,7 @@ from gpuwatchd.jobside.call import (
 from gpuwatchd.jobside.lookup import auto_regime, find_winner
 from gpuwatchd.jobside.requests import Submission, Submitter
 from gpuwatchd.jobside.stack import Stack, current_stack
-from gpuwatchd.tuning.kernels import (
+from gpuwatchd.tuning.submitted.kernels import (
     KernelRequestError,
     base_function,
     config_spec,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuwatchd.tuning.kernels import (
+from gpuwatchd.tuning.submitted.kernels import (
     ConfigSpec,
     KernelRequest,
     KernelRequestError,

@@ -16,7 +16,7 @@ event records per tracked call and the mode's Python dispatch of every op; when 
 block ends the mode is gone and nothing of it is left running.
 
 The result (:class:`Capture`) prints as a table, turns into workloads for the existing
-families (:mod:`gpuwatchd.tuning.captured`), writes them as TOML ``[[workload]]``
+families (:mod:`gpuwatchd.tuning.submitted.captured`), writes them as TOML ``[[workload]]``
 tables or JSON, and submits them to the daemon (or its spool). A JSON capture loads
 again in a later process (:meth:`Capture.load`), so a job applies its winners there
 before the model's first forward pass without capturing again.
@@ -43,7 +43,8 @@ from typing import Any
 
 from gpuwatchd.jobside.requests import Submission
 from gpuwatchd.jobside.workload_submit import submit_workloads
-from gpuwatchd.tuning.captured import (
+from gpuwatchd.tuning.intake.workload_requests import workloads_toml
+from gpuwatchd.tuning.submitted.captured import (
     CapturedCall,
     CapturedSet,
     check_share,
@@ -51,7 +52,6 @@ from gpuwatchd.tuning.captured import (
     share_table,
 )
 from gpuwatchd.tuning.types import Workload
-from gpuwatchd.tuning.workload_requests import workloads_toml
 
 #: Attribute a captured model keeps its capture under (for ``apply_winners(model)``).
 MODEL_ATTR = "_gpuwatchd_capture"

@@ -27,7 +27,8 @@ from gpuwatchd.client import Client
 from gpuwatchd.jobside.requests import Submission
 from gpuwatchd.jobside.winner_plan import beats_default, latest_by_workload
 from gpuwatchd.jobside.workload_submit import submit_workloads
-from gpuwatchd.tuning.inductor_sites import (
+from gpuwatchd.tuning.intake.workload_requests import workloads_toml
+from gpuwatchd.tuning.submitted.inductor_sites import (
     EXCLUSIVE_ID,
     FAMILY,
     GemmSite,
@@ -46,7 +47,6 @@ from gpuwatchd.tuning.worker.inductor import (
     require_lookup_table,
     table_handler,
 )
-from gpuwatchd.tuning.workload_requests import workloads_toml
 
 if TYPE_CHECKING:
     from gpuwatchd.api.winners import Winner

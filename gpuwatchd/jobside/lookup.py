@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gpuwatchd.client import Client, GpuwatchdError
 from gpuwatchd.jobside.stack import Stack
 from gpuwatchd.telemetry.types import ThrottleReason
-from gpuwatchd.tuning.kernels import versions_mismatch
+from gpuwatchd.tuning.submitted.kernels import versions_mismatch
 from gpuwatchd.tuning.types import Regime
 from gpuwatchd.tuning.winners import JOB_DEFAULT, KEPT_DEFAULT, VS_DEFAULT
 from gpuwatchd.validate import one_line

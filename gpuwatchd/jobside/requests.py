@@ -21,8 +21,8 @@ from typing import Any
 from gpuwatchd.client.control import Unreachable, ask
 from gpuwatchd.client.discovery import default_socket_path, default_spool_dir
 from gpuwatchd.control import wire
-from gpuwatchd.tuning.kernels import KernelRequest
-from gpuwatchd.tuning.spool import write_request
+from gpuwatchd.tuning.intake.spool import write_request
+from gpuwatchd.tuning.submitted.kernels import KernelRequest
 from gpuwatchd.validate import one_line
 
 

@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.tuning.captured import CONV_LAYOUTS as _LAYOUTS
-from gpuwatchd.tuning.captured import CapturedCall, workload_for
 from gpuwatchd.tuning.families.torch_conv import DEFAULT_PICK
+from gpuwatchd.tuning.submitted.captured import CONV_LAYOUTS as _LAYOUTS
+from gpuwatchd.tuning.submitted.captured import CapturedCall, workload_for
 from gpuwatchd.tuning.winners import JOB_DEFAULT, VS_DEFAULT
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.jobside.requests import Submission, default_socket_path, deliver
-from gpuwatchd.tuning.spool import write_workload_request
+from gpuwatchd.tuning.intake.spool import write_workload_request
+from gpuwatchd.tuning.intake.workload_requests import add_request
 from gpuwatchd.tuning.types import Workload
-from gpuwatchd.tuning.workload_requests import add_request
 
 
 def submit_workloads(

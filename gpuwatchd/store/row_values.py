@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwatchd.tuning.inductor_sites import EXCLUSIVE_ID, SiteChoice
+from gpuwatchd.tuning.submitted.inductor_sites import EXCLUSIVE_ID, SiteChoice
 from gpuwatchd.validate import fail, load_json, show
 
 #: A JSON column's largest text: a candidate's meta is a few hundred bytes.

@@ -195,7 +195,7 @@ def _conv(w: Workload, where: str, strict: bool) -> int:
 def _inductor(w: Workload, where: str, strict: bool) -> None:
     """Sizes and dtypes are the site's own, checked as Inductor describes them; the inputs'
     storage and the product (rows of the first operand x columns of the last) fit the cap."""
-    from gpuwatchd.tuning.inductor_sites import parse_site_workload
+    from gpuwatchd.tuning.submitted.inductor_sites import parse_site_workload
 
     site = parse_site_workload(w)
     first, last = site.inputs[-2], site.inputs[-1]
@@ -209,7 +209,7 @@ def _inductor(w: Workload, where: str, strict: bool) -> None:
 def _triton_user(w: Workload, where: str, strict: bool) -> None:
     """The user's kernel arguments, checked as a kernel request; the tensors' storage, as the
     worker allocates it, fits the cap."""
-    from gpuwatchd.tuning.kernels import request_from_workload
+    from gpuwatchd.tuning.submitted.kernels import request_from_workload
 
     request = request_from_workload(w)
     size = sum(

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpuwatchd.tuning.settings import ProtocolConfig
-from gpuwatchd.tuning.trust import TrustError, parse_allowed_modules
+from gpuwatchd.tuning.submitted.trust import TrustError, parse_allowed_modules
 from gpuwatchd.tuning.types import CandidateStats, Regime, RegimeResult, Versions, Workload
 from gpuwatchd.validate import (
     field_error,

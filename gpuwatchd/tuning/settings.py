@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gpuwatchd.telemetry.sim.settings import SimConfig
-from gpuwatchd.tuning.trust import parse_allowed_modules
+from gpuwatchd.tuning.submitted.trust import parse_allowed_modules
 from gpuwatchd.tuning.types import Regime, Workload
 from gpuwatchd.tuning.windows import parse_windows
 from gpuwatchd.tuning.worker_isolation import resolve_worker_user

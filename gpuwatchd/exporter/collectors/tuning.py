@@ -22,7 +22,7 @@ from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.sessions.scheduler import WORKER_NOT_READY
 from gpuwatchd.sessions.tuning_view import TuningSnapshot
 from gpuwatchd.store.rows import WinnerRow
-from gpuwatchd.tuning.kernels import FAMILY as USER_KERNEL_FAMILY
+from gpuwatchd.tuning.submitted.kernels import FAMILY as USER_KERNEL_FAMILY
 from gpuwatchd.tuning.types import Regime, SessionStatus
 from gpuwatchd.tuning.winners import clear_winner, winners_differ
 

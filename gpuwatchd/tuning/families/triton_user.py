@@ -1,7 +1,9 @@
 """triton.user: a job's own Triton kernel, tuned over the configs the job declared."""
 
 from gpuwatchd.tuning.families import FamilySpec
-from gpuwatchd.tuning.kernels import FAMILY
+
+#: The family of a job's own Triton kernels.
+FAMILY = "triton.user"
 
 SPECS = (
     FamilySpec(

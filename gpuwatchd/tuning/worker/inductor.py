@@ -8,13 +8,13 @@ that compile later, and the compile caches' key: the handler's ``uuid()``), read
 :mod:`~gpuwatchd.tuning.worker.inductor_choices`), nothing of Inductor patched:
 
 - :func:`recording_handler`: lets Inductor generate every choice of every GEMM it
-  lowers, records them (:class:`~gpuwatchd.tuning.inductor_sites.GemmSite`: keys,
+  lowers, records them (:class:`~gpuwatchd.tuning.submitted.inductor_sites.GemmSite`: keys,
   templates, full kwargs) and hands Inductor back one choice per GEMM, so recording
   compiles without benchmarking anything. The ``inductor.mm`` family and
   ``gpuwatchd.torch.capture_compiled`` use it.
 - :func:`table_handler`: the stock lookup plus the ``EXCLUSIVE`` marker (a key the
   table fully describes gives no choice beyond its entries), so a table from
-  :func:`~gpuwatchd.tuning.inductor_sites.lookup_table` compiles every GEMM to exactly
+  :func:`~gpuwatchd.tuning.submitted.inductor_sites.lookup_table` compiles every GEMM to exactly
   one kernel. It counts what it handed out, so a caller can prove nothing was left to
   benchmark.
 

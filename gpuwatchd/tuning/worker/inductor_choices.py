@@ -20,7 +20,7 @@ from typing import Any
 
 from torch._inductor.lookup_table import LookupTableChoices
 
-from gpuwatchd.tuning.inductor_sites import (
+from gpuwatchd.tuning.submitted.inductor_sites import (
     EXCLUSIVE_ID,
     GemmSite,
     SiteCall,

@@ -8,7 +8,7 @@ value = a :data:`~gpuwatchd.tuning.worker.candidate.Family` callable). A built-i
 wins over an entry point of the same name, so a plugin cannot silently replace one.
 
 Families that import users' code (their spec's ``user_code``) are also handed the job's
-``allowed_modules`` (the daemon's configuration, :mod:`gpuwatchd.tuning.trust`), never a
+``allowed_modules`` (the daemon's configuration, :mod:`gpuwatchd.tuning.submitted.trust`), never a
 list a workload carries.
 """
 

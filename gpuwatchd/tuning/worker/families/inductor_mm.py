@@ -1,6 +1,6 @@
 """``inductor.mm`` family: the kernels torch.compile itself would pick from, for one GEMM site.
 
-A workload (:func:`~gpuwatchd.tuning.inductor_sites.parse_site_workload`) describes one
+A workload (:func:`~gpuwatchd.tuning.submitted.inductor_sites.parse_site_workload`) describes one
 GEMM as Inductor saw it in a job's graph: op (``mm``, ``addmm``, ``bmm``, ``baddbmm``),
 inputs with their strides, scalars, and the lookup keys of its asks. The family
 rebuilds those inputs here, compiles the op once with gpuwatchd's recording handler to
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.tuning.inductor_sites import (
+from gpuwatchd.tuning.submitted.inductor_sites import (
     EXCLUSIVE,
     FAMILY,
     SiteSpec,

@@ -1,8 +1,8 @@
 """``triton.user`` family: a user's own ``@triton.autotune`` kernel, one candidate per config.
 
-The workload carries the job's tuning request (:mod:`gpuwatchd.tuning.kernels`); the job
+The workload carries the job's tuning request (:mod:`gpuwatchd.tuning.submitted.kernels`); the job
 spec carries the admin's ``allowed_modules``. Importing named code is code execution, so
-the kernel and the args factory are imported only under :mod:`gpuwatchd.tuning.trust`'s
+the kernel and the args factory are imported only under :mod:`gpuwatchd.tuning.submitted.trust`'s
 rule (allowed modules, public names, objects defined there), and the imported kernel
 must hash to the request's identity: an edited kernel is refused rather than measured
 under its old name.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatchd.tuning.dtypes import storage_elements
-from gpuwatchd.tuning.kernels import (
+from gpuwatchd.tuning.submitted.kernels import (
     FAMILY,
     ArgSpec,
     ConfigSpec,
@@ -37,12 +37,12 @@ from gpuwatchd.tuning.kernels import (
     identity_of,
     request_from_workload,
 )
-from gpuwatchd.tuning.launch_options import (
+from gpuwatchd.tuning.submitted.launch_options import (
     check_keywords,
     kernel_parameters,
     parse_launch_options,
 )
-from gpuwatchd.tuning.trust import (
+from gpuwatchd.tuning.submitted.trust import (
     TrustError,
     check_request,
     check_workload,

@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from gpuwatchd.tuning.kernels import MAX_REQUEST_BYTES, KernelRequest
-from gpuwatchd.tuning.regular_file import MAX_FILE_BYTES, NotReadable, read_regular
+from gpuwatchd.tuning.submitted.kernels import MAX_REQUEST_BYTES, KernelRequest
+from gpuwatchd.tuning.submitted.regular_file import MAX_FILE_BYTES, NotReadable, read_regular
 from gpuwatchd.validate import load_json, one_line
 
 if TYPE_CHECKING:  # parsed where read: a job that only writes kernel requests skips them
-    from gpuwatchd.tuning.workload_requests import AddRequest
+    from gpuwatchd.tuning.intake.workload_requests import AddRequest
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -78,7 +78,7 @@ class Kind(Generic[R]):
 
 
 def _parse_add(data: bytes) -> AddRequest:
-    from gpuwatchd.tuning.workload_requests import parse_add_request
+    from gpuwatchd.tuning.intake.workload_requests import parse_add_request
 
     return parse_add_request(load_json(data, "request"))  # capped as read: MAX_FILE_BYTES
 
@@ -140,7 +140,7 @@ def write_request(directory: str | os.PathLike[str], request: KernelRequest) -> 
 def write_workload_request(spool_dir: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
     """Validate ``doc`` (an ``add_workloads`` request) and write it into the spool's
     ``workloads/`` atomically; its path. ValueError for a bad request, OSError."""
-    from gpuwatchd.tuning.workload_requests import parse_add_request
+    from gpuwatchd.tuning.intake.workload_requests import parse_add_request
 
     parse_add_request(doc)
     data = (json.dumps(doc) + "\n").encode("utf-8")

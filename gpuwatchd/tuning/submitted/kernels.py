@@ -4,7 +4,7 @@ A job that misses a recorded winner files a :class:`KernelRequest`: enough to re
 the call in the tuning worker (the kernel's import path, its configs with the launch
 grid each one used, the key values, every argument's kind and description). The daemon
 validates it (:meth:`KernelRequest.loads`, one-line :class:`KernelRequestError`), checks
-its names against :mod:`gpuwatchd.tuning.trust` and tunes it as an
+its names against :mod:`gpuwatchd.tuning.submitted.trust` and tunes it as an
 ordinary :class:`~gpuwatchd.tuning.types.Workload` (:meth:`KernelRequest.to_workload`),
 so the store, the report and ``/api/v1/winners`` carry user kernels unchanged.
 
@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwatchd.tuning.launch_options import parse_launch_options
+from gpuwatchd.tuning.families.triton_user import FAMILY
+from gpuwatchd.tuning.submitted.launch_options import parse_launch_options
 from gpuwatchd.tuning.types import Regime, Versions, Workload
 from gpuwatchd.tuning.versions import same_version
 from gpuwatchd.validate import (
@@ -43,8 +44,6 @@ from gpuwatchd.validate import (
 
 #: Identifies the request document shape; bump on an incompatible change.
 REQUEST_FORMAT = "gpuwatchd-kernel-request/1"
-#: Workload op and candidate family of user kernels.
-FAMILY = "triton.user"
 #: The largest request accepted (socket, spool file): far more than hundreds of configs.
 MAX_REQUEST_BYTES = 256 * 1024
 #: Workload names longer than this carry a hash of the key instead of the key itself.
@@ -424,7 +423,7 @@ class KernelRequest:
     ``key_values`` maps each key name the call passed to its value; ``key_dtypes`` are the
     dtypes Triton appends to its cache key (one per tensor argument, in argument order).
     ``launch_options`` are extra launch keywords that are not kernel arguments, only those
-    :mod:`gpuwatchd.tuning.launch_options` allows.
+    :mod:`gpuwatchd.tuning.submitted.launch_options` allows.
     ``origin`` is informational (job pid, interpreter), never acted upon. ``job_default``
     is the label of the config plain Triton picked in the job that filed the request: what
     the job runs without gpuwatchd, which a winner must beat beyond the noise.
@@ -633,7 +632,7 @@ class KernelRequest:
     def to_workload(self) -> Workload:
         """The request as a workload of the ``triton.user`` family.
 
-        Whether its code may be imported is :mod:`gpuwatchd.tuning.trust`'s to say: the
+        Whether its code may be imported is :mod:`gpuwatchd.tuning.submitted.trust`'s to say: the
         daemon checks the names before queueing it, the worker the objects as it imports.
         """
         return Workload(

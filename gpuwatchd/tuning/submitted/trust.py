@@ -39,7 +39,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from gpuwatchd.tuning.kernels import (
+from gpuwatchd.tuning.submitted.kernels import (
     FAMILY,
     KernelRequest,
     KernelRequestError,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatchd.control import wire
-from gpuwatchd.tuning.regular_file import MAX_FILE_BYTES, read_regular_file
+from gpuwatchd.tuning.submitted.regular_file import MAX_FILE_BYTES, read_regular_file
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.tuning.workloads import parse_workloads
 from gpuwatchd.validate import fail, load_json, load_toml, need_text, one_line
@@ -193,7 +193,7 @@ def _toml_items(data: dict[str, Any]) -> list[Any]:
 
 def _json_items(doc: Any) -> list[Any]:
     # the capture parser only when a request comes: a monitoring daemon never loads it
-    from gpuwatchd.tuning.captured import CAPTURE_FORMAT, parse_capture
+    from gpuwatchd.tuning.submitted.captured import CAPTURE_FORMAT, parse_capture
 
     if isinstance(doc, list):
         return doc
