@@ -496,7 +496,10 @@ def test_winners_table_shows_the_seeded_winners(stacks: dict[str, Stack]) -> Non
         for workload, picks in SEEDED_WINNERS["idle"].items()
         for regime, winner in zip(("unthrottled", "sustained"), picks, strict=True)
     }
-    assert got == want
+    # The idle daemon may also have tuned its own workload by now: its rows are extra.
+    assert want <= got
+    seeded = set(SEEDED_WINNERS["idle"])
+    assert {row for row in got if row[0] in seeded} == want
 
 
 def _max_per_gpu(stack: Stack, expr: str) -> dict[str, float]:

@@ -17,10 +17,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuwatchd.tuning.submitted.inductor_sites import EXCLUSIVE_ID, SiteChoice
+from gpuwatchd.tuning.families.inductor_mm import EXCLUSIVE_ID
 from gpuwatchd.validate import fail, load_json, show
+
+if TYPE_CHECKING:  # the sites' module is the worker's and the job's, not the daemon's
+    from gpuwatchd.tuning.submitted.inductor_sites import SiteChoice
 
 #: A JSON column's largest text: a candidate's meta is a few hundred bytes.
 MAX_JSON_CHARS = 1 << 20
@@ -167,6 +170,8 @@ INDUCTOR_META_KEYS = ("site_keys", "lookup_key", "lookup_entry")
 
 def inductor_choice(meta: Mapping[str, Any], what: str = "meta") -> SiteChoice:
     """The lookup choice an ``inductor.mm`` candidate's meta records, every part checked."""
+    from gpuwatchd.tuning.submitted.inductor_sites import SiteChoice
+
     keys = meta.get("site_keys")
     if not isinstance(keys, list) or not 1 <= len(keys) <= MAX_SITE_KEYS:
         raise fail(f"{what}.site_keys", f"expected 1 to {MAX_SITE_KEYS} lookup keys", keys)

@@ -4,6 +4,9 @@ from gpuwatchd.tuning.families import FamilySpec
 
 #: The family of Inductor GEMM sites.
 FAMILY = "inductor.mm"
+#: The template id of gpuwatchd's marker in a lookup table: "nothing beyond these
+#: entries" (a site the table fully describes), never a choice of its own.
+EXCLUSIVE_ID = "gpuwatchd::exclusive"
 
 SPECS = (
     FamilySpec(

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwatchd.tuning.families.inductor_mm import FAMILY
+from gpuwatchd.tuning.families.inductor_mm import EXCLUSIVE_ID, FAMILY
 from gpuwatchd.tuning.types import Workload
 from gpuwatchd.validate import fail, is_finite, need_text
 
@@ -46,7 +46,6 @@ OP_NAMES = ("mm", "addmm", "bmm", "baddbmm")
 #: Matrix operands per op, after any bias input.
 _ARITY = {"mm": 2, "addmm": 3, "bmm": 2, "baddbmm": 3}
 #: Marks a key as fully described by the table: templates not listed give no choice.
-EXCLUSIVE_ID = "gpuwatchd::exclusive"
 EXCLUSIVE: dict[str, Any] = {"template_id": EXCLUSIVE_ID}
 DTYPES = ("bfloat16", "float16", "float32")
 _SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
