@@ -43,6 +43,9 @@ def test_a_record_cut_short_says_so_and_keeps_what_it_wrote(tmp_path: Path) -> N
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal delivers it: a suite started in the background (`cmd &`
+        # in a script) runs with SIGINT ignored, and its children would inherit that.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         wait_until(lambda: out.exists() and out.read_text().count("\n") >= 3, timeout=60)
