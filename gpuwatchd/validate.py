@@ -213,8 +213,8 @@ def need_number(
 
 
 #: The longest duration any setting takes: a year. A longer one is a typo or an attempt
-#: to switch a safeguard off, and the timers built from it overflow (APScheduler's
-#: intervals, datetimes, ``threading`` waits).
+#: to switch a safeguard off, and the timers built from it overflow (periodic intervals,
+#: datetimes, ``threading`` waits).
 MAX_DURATION_S = 366 * 86400.0
 
 

@@ -236,9 +236,8 @@ def _documents_with_blocks() -> list[Path]:
     return [doc for doc in DOCUMENTS if marked_blocks(doc)]
 
 
-def _run_document(doc: Path, base: Path) -> str | None:
+def _run_document(doc: Path, scratch: Scratch) -> str | None:
     """Run ``doc``'s marked blocks in order; the first failure, or None."""
-    scratch = Scratch(base)
     try:
         for index, block in enumerate(marked_blocks(doc)):
             if block.lang == "sh":
@@ -271,10 +270,12 @@ def document_runs(
     """Every document's blocks, the documents side by side (each has its own port, state
     and socket; most of a block's time is spent waiting on a daemon)."""
     docs = _documents_with_blocks()
+    # Every scratch copy, and its executable `gpuwatchd` shim, is written before any
+    # document runs: a shim still open for writing in one thread while another thread
+    # forks would make its exec fail with ETXTBSY ("Text file busy").
+    scratches = {doc: Scratch(tmp_path_factory.mktemp(doc.stem)) for doc in docs}
     with ThreadPoolExecutor(max_workers=len(docs)) as pool:
-        futures = {
-            doc: pool.submit(_run_document, doc, tmp_path_factory.mktemp(doc.stem)) for doc in docs
-        }
+        futures = {doc: pool.submit(_run_document, doc, scratches[doc]) for doc in docs}
         return {doc: future.result() for doc, future in futures.items()}
 
 

@@ -1,6 +1,6 @@
 """The daemon's periodic drift check: refresh references, evaluate, request re-tunes.
 
-Run as an APScheduler interval job every ``drift.check_interval_s``. It only reads the
+Run as a periodic task every ``drift.check_interval_s``. It only reads the
 store and queues work; the tuning scheduler starts a re-tune at the GPU's next open
 gate, so the job never blocks on a GPU.
 """

@@ -1,6 +1,6 @@
 """Session events: whoever cares is told when a tuning session ends, instead of polling the store.
 
-APScheduler-listener style: :class:`SessionEvents` keeps a list of callables and the
+Listener style: :class:`SessionEvents` keeps a list of callables and the
 runner calls :meth:`SessionEvents.notify` once per session it ends, right after the
 store has accepted the final status. Listeners run on the session's thread, one after
 another: each must be quick and must not block on a GPU. One that raises is logged

@@ -1,9 +1,9 @@
 """The daemon's tuning scheduler: pending work per GPU, started only behind an open gate.
 
-``tick`` runs as a periodic task (APScheduler, interval trigger) and never blocks: it
-only decides, and a session that may take minutes runs on its own thread. A hung or
-slow session can therefore never make APScheduler skip later ticks (``max_instances=1``
-plus a hung task would silence the scheduler forever). Every decision not to start is
+``tick`` runs as a periodic task (:class:`~gpuwatchd.daemon.periodic.Periodic`) and never
+blocks: it only decides, and a session that may take minutes runs on its own thread. A
+hung or slow session can therefore never hold up later ticks (a task runs one run at a
+time, so a hung tick would silence tuning for good). Every decision not to start is
 counted by reason (``gpuwatchd_tune_deferred_total``).
 
 Every session its runners end is announced on :attr:`TuneScheduler.events`
