@@ -158,15 +158,23 @@ def load_with_overrides(
         overrides["daemon"]["backend"] = "replay"
     try:
         cfg = load_config(getattr(args, "config", None)).with_overrides(**overrides)
-        private = _sim_paths(cfg) if sim_paths else {}
-        if private:
-            overrides["daemon"].update(private)
-            cfg = cfg.with_overrides(daemon=private)
     except ConfigError as exc:
         raise CliError(str(exc), EXIT_CONFIG) from None
     except ValueError as exc:
         raise CliError(f"command line: {exc}", EXIT_CONFIG) from None
-    return cfg, overrides
+    return with_sim_paths(cfg, overrides) if sim_paths else (cfg, overrides)
+
+
+def with_sim_paths(
+    cfg: Config, overrides: dict[str, dict[str, Any]]
+) -> tuple[Config, dict[str, dict[str, Any]]]:
+    """``cfg`` and ``overrides`` with a simulated daemon's private directory (made now,
+    as this process's user) where nothing else chose its paths (:func:`_sim_paths`)."""
+    private = _sim_paths(cfg)
+    if not private:
+        return cfg, overrides
+    overrides["daemon"].update(private)
+    return cfg.with_overrides(daemon=private), overrides
 
 
 #: Backends whose GPUs are not this host's: their daemon stays out of the system's paths.

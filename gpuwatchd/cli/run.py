@@ -12,12 +12,12 @@ import logging
 
 from gpuwatchd.cli.common import (
     EXIT_CONFIG,
-    SIM_BACKENDS,
     CliError,
     Subparsers,
     add_backend_args,
     add_command,
     load_with_overrides,
+    with_sim_paths,
 )
 
 
@@ -76,8 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_CONFIG) from None
     except OSError as exc:
         raise CliError(_os_error_line(exc, cfg.daemon.listen)) from None
-    if cfg.daemon.backend in SIM_BACKENDS:  # its private directory, made as the user it runs as
-        cfg, overrides = load_with_overrides(args)
+    cfg, overrides = with_sim_paths(cfg, overrides)  # made as the user the daemon runs as
     if user is not None:
         logging.getLogger("gpuwatchd").warning(
             "started as root: running as %s (uid %d) from here on", user.pw_name, user.pw_uid
