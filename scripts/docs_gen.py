@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parent.parent
 for _path in (ROOT, ROOT / "tests"):
@@ -139,22 +139,10 @@ class _Pods:
         return None
 
 
-def _mig_board() -> Any:
-    """An H200 in MIG mode with one MIG device (what the ``gpu_mig`` rows are read from)."""
-    from builders import board_of, full_h200
-
-    from gpuwatchd.telemetry.types import MigDevice
-
-    full = full_h200()
-    assert full.sample is not None and full.sample.slow is not None
-    mig = (MigDevice("MIG-x", 1, 0, "1g.18gb", 1, 2, 0.5),)
-    sample = replace(full.sample, slow=replace(full.sample.slow, mig=mig))
-    return board_of(replace(full, sample=sample))
-
-
 def metric_sections() -> dict[str, list[Family]]:
     """Collector name -> the families it emits, in its order: every entry of the exporter's
     ``COLLECTORS`` (``exporter``: the aggregator's own and the daemon's facts)."""
+    from builders import mig_h200_board
     from daemon_registry import daemon_registry
 
     from gpuwatchd.exporter.collectors.base import GpuwatchdCollector, SubCollector
@@ -174,7 +162,7 @@ def metric_sections() -> dict[str, list[Family]]:
         if name == "pods":
             made = make(replace(sources, pods=_Pods()))
         elif name == "gpu_mig":  # MIG series exist only for a GPU in MIG mode
-            made = make(replace(sources, board=_mig_board()))
+            made = make(replace(sources, board=mig_h200_board()))
         else:
             made = make(sources)
         sub = populated.get(name, made)

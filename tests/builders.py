@@ -18,7 +18,7 @@ from gpuwatchd.exporter import DaemonInfo
 from gpuwatchd.gate import GateDecision, GateState
 from gpuwatchd.monitor.board import GpuSnapshot, PollHealth, StateBoard
 from gpuwatchd.store import SessionMeta, SqlStore
-from gpuwatchd.telemetry.types import DeviceInfo, Sample, ThrottleReason
+from gpuwatchd.telemetry.types import DeviceInfo, MigDevice, Sample, ThrottleReason
 from gpuwatchd.tuning.types import (
     CandidateStats,
     Regime,
@@ -137,6 +137,15 @@ def board_of(*snapshots: GpuSnapshot) -> StateBoard:
     for snap in snapshots:
         board.put(snap)
     return board
+
+
+def mig_h200_board() -> StateBoard:
+    """An H200 with every field, in MIG mode with one MIG device."""
+    full = full_h200()
+    assert full.sample is not None and full.sample.slow is not None
+    mig = (MigDevice("MIG-x", 1, 0, "1g.18gb", 1, 2, 0.5),)
+    sample = replace(full.sample, slow=replace(full.sample.slow, mig=mig))
+    return board_of(replace(full, sample=sample))
 
 
 # -- a store with sessions, results and winners ------------------------------------------------

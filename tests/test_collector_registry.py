@@ -14,12 +14,11 @@ import importlib
 import inspect
 import re
 import signal
-from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
 import pytest
-from builders import DAEMON_INFO, board_of, free_port, full_h200, wait_until
+from builders import DAEMON_INFO, free_port, mig_h200_board, wait_until
 from daemon_helpers import http_get, start_daemon, wait_http
 from metric_catalog import KNOWN_METRICS
 from prometheus_client.exposition import generate_latest
@@ -38,7 +37,7 @@ from gpuwatchd.exporter.registry import (
 )
 from gpuwatchd.monitor.board import StateBoard
 from gpuwatchd.sessions.tuning_view import TuningSnapshot
-from gpuwatchd.telemetry.types import MigDevice, PodRef
+from gpuwatchd.telemetry.types import PodRef
 
 ROOT = Path(__file__).resolve().parent.parent
 COLLECTORS_DIR = ROOT / "gpuwatchd" / "exporter" / "collectors"
@@ -50,15 +49,6 @@ class _Pods:
 
     def lookup(self, uuid: str) -> PodRef | None:
         return self.pods.get(uuid.lower().removeprefix("gpu-").removeprefix("mig-"))
-
-
-def _full_board() -> StateBoard:
-    """An H200 with every field, in MIG mode with one MIG device."""
-    full = full_h200()
-    assert full.sample is not None and full.sample.slow is not None
-    mig = (MigDevice("MIG-x", 1, 0, "1g.18gb", 1, 2, 0.5),)
-    sample = replace(full.sample, slow=replace(full.sample.slow, mig=mig))
-    return board_of(replace(full, sample=sample))
 
 
 def _all_sources(board: StateBoard, fields: tuple[str, ...] = ()) -> Sources:
@@ -87,7 +77,7 @@ class _Store:
 def test_every_sub_collector_is_declared_once_under_its_name() -> None:
     made = {}
     for name, make in COLLECTORS:
-        sub = make(_all_sources(_full_board()))
+        sub = make(_all_sources(mig_h200_board()))
         assert sub is not None and sub.name == name
         made[name] = type(sub._sub if isinstance(sub, Versioned) else sub)
     assert len(made) == len(COLLECTORS)
@@ -122,7 +112,7 @@ def _exposed_by(board: StateBoard, fields: tuple[str, ...] = ()) -> dict[str, se
 
 
 def test_per_gpu_collectors_declare_exactly_the_families_they_yield() -> None:
-    exposed = _exposed_by(_full_board())
+    exposed = _exposed_by(mig_h200_board())
     for cls in SELECTABLE:
         assert exposed[cls.name] == set(cls.families), cls.name
         assert len(set(cls.families)) == len(cls.families), cls.name
@@ -141,11 +131,11 @@ def test_fields_choose_the_per_gpu_families_exported() -> None:
     chosen = ("gpuwatchd_gpu_power_watts", "gpuwatchd_gpu_energy_joules_total")
     cfg = parse_config({"exporter": {"fields": list(chosen)}})
     assert cfg.exporter.fields == chosen
-    exposed = _exposed_by(_full_board(), cfg.exporter.fields)
+    exposed = _exposed_by(mig_h200_board(), cfg.exporter.fields)
     assert exposed["gpu"] == set(chosen)
     assert exposed["gpu_health"] == exposed["gpu_mig"] == set()
     assert exposed["pods"] == {"gpuwatchd_pod_resources_up"}  # the daemon's own: always
-    text = generate_latest(build_registry(_full_board(), DAEMON_INFO, fields=chosen)).decode()
+    text = generate_latest(build_registry(mig_h200_board(), DAEMON_INFO, fields=chosen)).decode()
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"gpuwatchd_gpu_power_watts", "gpuwatchd_gpu_energy_joules"} <= names
     assert "gpuwatchd_gpu_temperature_celsius" not in names
@@ -154,7 +144,7 @@ def test_fields_choose_the_per_gpu_families_exported() -> None:
 
 def test_no_fields_exports_every_family() -> None:
     assert parse_config({}).exporter.fields == ()
-    exposed = _exposed_by(_full_board())
+    exposed = _exposed_by(mig_h200_board())
     assert exposed["gpu"] == set(SELECTABLE[0].families)
 
 
