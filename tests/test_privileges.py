@@ -18,6 +18,7 @@ from test_kubernetes import _container, _one, rendered  # noqa: F401 (fixture)
 from test_systemd_unit import _service
 
 from gpuwatchd.config import Config, DaemonConfig
+from gpuwatchd.daemon import privileges
 from gpuwatchd.daemon.privileges import ALLOW_ROOT, SYSTEM_DIRS, PrivilegeError, drop_root
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a root start needs root")
@@ -62,8 +63,11 @@ def test_a_root_start_without_a_user_to_become_refuses_in_one_line(
 
 
 @pytest.fixture
-def nobodys(tmp_path: Path) -> Iterator[Path]:
-    """A folder nobody may enter, holding the daemon's configured folders."""
+def nobodys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A folder nobody may enter, holding the daemon's configured folders. The switch
+    itself is under test: the install counts as readable (this machine's interpreter may
+    sit in root's 0700 home; test_unreadable_* checks that part)."""
+    monkeypatch.setattr(privileges, "unreadable", lambda user, paths: None)
     d = Path(tempfile.mkdtemp(prefix="gw-drop-", dir="/tmp"))
     d.chmod(0o755)
     yield d
@@ -187,3 +191,32 @@ def test_the_daemonset_runs_the_daemon_and_its_worker_as_non_root(
     for var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TMPDIR"):
         assert var not in env
     assert env["CACHE_DIRECTORY"] == "/var/cache/gpuwatchd"
+
+
+@needs_root
+def test_unreadable_names_the_first_path_the_user_cannot_read(tmp_path: Path) -> None:
+    closed = Path(tempfile.mkdtemp(prefix="gw-closed-", dir="/tmp"))  # 0700, root's
+    try:
+        assert privileges.unreadable(NOBODY, (Path("/usr"), closed)) == closed
+        assert privileges.unreadable(NOBODY, (Path("/usr"), Path("/bin"))) is None
+    finally:
+        closed.rmdir()
+
+
+@needs_root
+@pytest.mark.parametrize("backend", ["nvml", "sim"])
+def test_a_root_start_whose_user_cannot_read_the_install(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, backend: str
+) -> None:
+    """A daemon refuses in one line; the simulated demo, whose socket and spool only root
+    can reach, keeps root and says why (never a traceback from a lazy import later)."""
+    monkeypatch.setattr(privileges, "unreadable", lambda user, paths: Path("/root/venv"))
+    cfg = Config(daemon=DaemonConfig(user="nobody", backend=backend))
+    env: dict[str, str] = {}
+    if backend == "nvml":
+        with pytest.raises(PrivilegeError, match=r"'nobody' cannot read /root/venv"):
+            drop_root(cfg, env)
+    else:
+        assert drop_root(cfg, env) is None
+        assert "nobody cannot read /root/venv" in caplog.text
+    assert env == {} and os.geteuid() == 0

@@ -22,6 +22,7 @@ import pytest
 from builders import closed_url, free_port, wait_until
 from daemon_helpers import http_get
 
+from gpuwatchd.daemon.privileges import install_paths, unreadable
 from gpuwatchd.store import StoreError
 from gpuwatchd.store.location import make_private_dir
 
@@ -68,8 +69,14 @@ def test_the_sim_demo_as_root_leaves_the_system_store_and_run_dir_untouched(
     port = free_port()
     # As root the demo gives root up: it runs as [daemon] user, else nobody, in that
     # user's private directory under the temporary folder (root's XDG folder is not its).
-    runs_as = _demo_user()
-    sim_dir = Path(tempfile.gettempdir()) / f"gpuwatchd-sim-{runs_as.pw_uid}"
+    # Where that user cannot use the install (a venv in root's 0700 home), the demo keeps
+    # root instead, in root's private folder: only root reaches its socket and spool.
+    demo_user = _demo_user()
+    if unreadable(demo_user, install_paths()) is None:
+        runs_as = demo_user.pw_uid
+        sim_dir = Path(tempfile.gettempdir()) / f"gpuwatchd-sim-{runs_as}"
+    else:
+        runs_as, sim_dir = 0, tmp_path / "xdg" / "gpuwatchd-sim"
     shutil.rmtree(sim_dir, ignore_errors=True)
     args = ["--scenario", "power-cap", "--speed", "10", "--listen", f"127.0.0.1:{port}"]
     daemon = subprocess.Popen(
@@ -86,7 +93,7 @@ def test_the_sim_demo_as_root_leaves_the_system_store_and_run_dir_untouched(
             what="the simulated daemon to serve",
         )
         assert daemon.poll() is None, daemon.stdout.read() if daemon.stdout else ""
-        assert _uids(daemon.pid) == {runs_as.pw_uid}
+        assert _uids(daemon.pid) == {runs_as}
         retune = _gpuwatchd(env, "retune", "--pending")  # finds the simulated daemon's socket
         assert retune.returncode == 0, retune.stderr
     finally:

@@ -24,6 +24,7 @@ import logging
 import os
 import pwd
 import stat
+import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,40 @@ def _sim_user(name: str) -> pwd.struct_passwd:
         return _user(FALLBACK_USER)
 
 
+def install_paths() -> tuple[Path, ...]:
+    """What the daemon and its worker read after root is given up: the interpreter and
+    gpuwatchd's own package (modules load lazily, long after the start)."""
+    import gpuwatchd
+
+    return (Path(os.path.realpath(sys.executable)), Path(gpuwatchd.__file__).resolve().parent)
+
+
+def unreadable(user: pwd.struct_passwd, paths: tuple[Path, ...]) -> Path | None:
+    """The first of ``paths`` that ``user`` cannot use (run a file: execute permission;
+    a folder: read and enter), checked in a forked child that has become ``user``; None
+    when it can use them all."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status only
+        code = 0
+        try:
+            os.setgroups(os.getgrouplist(user.pw_name, user.pw_gid))
+            os.setresgid(user.pw_gid, user.pw_gid, user.pw_gid)
+            os.setresuid(user.pw_uid, user.pw_uid, user.pw_uid)
+            code = next((i + 1 for i, p in enumerate(paths) if not os.access(p, _needs(p))), 0)
+        except BaseException:
+            code = 255
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code == 0:
+        return None
+    return paths[code - 1] if 0 < code <= len(paths) else paths[0]
+
+
+def _needs(path: Path) -> int:
+    return os.R_OK | os.X_OK if path.is_dir() else os.X_OK
+
+
 def _own_dir(d: SystemDir, uid: int, gid: int) -> None:
     """``d`` exists as a folder (not a link) of ``uid``; created with ``gid`` and its mode."""
     try:
@@ -116,6 +151,23 @@ def drop_root(
         return None  # `gpuwatchd run` warns once the daemon is up (warn_if_root)
     simulated = cfg.daemon.backend in SIMULATED
     user = _sim_user(cfg.daemon.user) if simulated else _user(cfg.daemon.user)
+    blocked = unreadable(user, install_paths())
+    if blocked is not None and simulated:
+        # Its socket and spool sit in root's private 0700 folder: only root can hand it work.
+        log.warning(
+            "started as root: %s cannot read %s, so this simulated daemon keeps root (only "
+            "root reaches its private folder); install gpuwatchd where %s can read it to "
+            "run it as that user",
+            user.pw_name,
+            blocked,
+            user.pw_name,
+        )
+        return None
+    if blocked is not None:
+        raise _refuse(
+            f"[daemon] user {user.pw_name!r} cannot read {blocked} (install gpuwatchd "
+            "where that user can read it, e.g. in /opt)"
+        )
     configured = {
         "STATE_DIRECTORY": cfg.daemon.state_dir,
         "RUNTIME_DIRECTORY": cfg.daemon.control_socket,
@@ -145,5 +197,5 @@ def drop_root(
 
 def warn_if_root() -> None:
     """One warning from a daemon that kept root (``GPUWATCHD_ALLOW_ROOT=1``), once it is up."""
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and os.environ.get(ALLOW_ROOT) == "1":
         log.warning("running as root (%s=1): job input is handled with root's power", ALLOW_ROOT)
